@@ -1,0 +1,130 @@
+"""The contract between an engine and a KV connector (mirrors vLLM's KVConnectorBase_V1).
+
+The engine builds a connector twice, once per role. The scheduler-side instance plans:
+it reports external prefix hits, learns the blocks allocated for them, and at the end of each
+step packs a ``KVConnectorMetadata`` describing the loads and stores the worker must run. The
+worker-side instance executes: it receives the KV-cache tensors once, then per step gets the
+metadata bound, starts loads before the forward pass, saves after it, and reports which
+requests' asynchronous loads (recved) and stores (sent) finished.
+
+Call order per engine step::
+
+    scheduler: get_num_new_matched_tokens → update_state_after_alloc → build_connector_meta
+    worker:    bind_connector_metadata → start_load_kv → [wait_for_layer_load / save_kv_layer
+               per layer] → wait_for_save → get_finished → clear_connector_metadata
+    scheduler: update_connector_output(worker's KVConnectorOutput); request_finished on finish
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+class KVConnectorRole(enum.Enum):
+    SCHEDULER = 0
+    WORKER = 1
+
+
+class KVConnectorMetadata:
+    """Base for the per-step plan passed from the scheduler half to the worker half."""
+
+
+@dataclass(slots=True)
+class KVConnectorOutput:
+    """What the worker half reports back each step."""
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+    worker_meta: Any = None
+
+    def is_empty(self) -> bool:
+        return not (self.finished_sending or self.finished_recving or self.failed_recving or self.worker_meta)
+
+
+class KVConnectorBase(ABC):
+    def __init__(self, config: Any, role: KVConnectorRole) -> None:
+        self._config = config
+        self._role = role
+        self._connector_metadata: KVConnectorMetadata | None = None
+
+    @property
+    def role(self) -> KVConnectorRole:
+        return self._role
+
+    # ---- worker side -------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Receive the paged KV-cache tensors once, before the first step."""
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        self._connector_metadata = connector_metadata
+
+    def clear_connector_metadata(self) -> None:
+        self._connector_metadata = None
+
+    def _get_connector_metadata(self) -> KVConnectorMetadata:
+        assert self._connector_metadata is not None, "no connector metadata bound for this step"
+        return self._connector_metadata
+
+    def handle_preemptions(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Finish every transfer touching preempted requests' blocks before they are reused."""
+
+    def start_load_kv(self, **kwargs: Any) -> None:
+        """Begin loading this step's external KV into the paged cache (may be asynchronous)."""
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Block until layer ``layer_name``'s KV has landed (layer-wise pipelining)."""
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, **kwargs: Any) -> None:
+        """Offer one layer's freshly written KV for saving."""
+
+    def wait_for_save(self) -> None:
+        """Called after the forward pass; the KV of this step must be safe to read from here on."""
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Request ids whose async sends and receives finished; must not block."""
+        return None, None
+
+    def get_failed_recving(self) -> set[str]:
+        """Requests whose async load failed since the last call: they must be recomputed."""
+        return set()
+
+    def build_connector_worker_meta(self) -> Any:
+        return None
+
+    # ---- scheduler side ----------------------------------------------------------------
+    @abstractmethod
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens beyond ``num_computed_tokens`` the connector can supply, and whether async.
+
+        ``None`` means "cannot tell yet, ask again next step".
+        """
+
+    @abstractmethod
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """Learn the device blocks allocated for a request (external tokens land in them)."""
+
+    @abstractmethod
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        """Pack this step's plan for the worker; resets per-step scheduler-side state."""
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Digest the worker's report (finished loads and stores)."""
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        """Return True to keep the request's blocks until its sends are reported finished."""
+        return False, None
+
+    def take_events(self) -> Iterable[Any]:
+        return ()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for reports (hits per tier, bytes moved); empty when there are none."""
+        return {}

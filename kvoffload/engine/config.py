@@ -1,0 +1,49 @@
+"""EngineConfig: every knob of the bundled engine, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = "tiny"
+    block_size: int = 16
+    num_gpu_blocks: int = 64
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 32
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    #: OffloadConfig, path to a YAML file, a dict, or None (no offload).
+    kv_offload: Any = None
+    #: A connector by registered name or ``module:Class``; set implicitly by ``kv_offload``.
+    kv_connector: str | None = None
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        positive = ("block_size", "num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "max_num_seqs")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"EngineConfig.{name}={value!r}: must be a positive integer")
+        if self.num_gpu_blocks < 2:
+            raise ValueError(f"EngineConfig.num_gpu_blocks={self.num_gpu_blocks}: need >= 2 (block 0 is reserved)")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                f"EngineConfig.long_prefill_token_threshold={self.long_prefill_token_threshold}: must be >= 0 (0 = off)"
+            )
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"EngineConfig.scheduling_policy={self.scheduling_policy!r}: use 'fcfs' or 'priority'")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"EngineConfig.dtype={self.dtype!r}: use float32, float16 or bfloat16")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"EngineConfig.max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len="
+                f"{self.max_model_len} needs enable_chunked_prefill=True, or raise the budget"
+            )

@@ -1,0 +1,60 @@
+"""Coordinates the per-group managers so every group agrees on one prefix-hit length."""
+
+from __future__ import annotations
+
+from kvoffload.engine.block_pool import BlockPool
+from kvoffload.engine.hashing import BlockHash
+from kvoffload.engine.kv_cache_block import KVCacheBlock
+from kvoffload.engine.single_type_manager import FullAttentionManager, SingleTypeKVCacheManager
+
+
+class KVCacheCoordinator:
+    def __init__(self, block_pool: BlockPool, block_size: int, num_groups: int = 1) -> None:
+        if num_groups < 1:
+            raise ValueError(f"num_kv_cache_groups={num_groups}: need at least one group")
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.managers: list[SingleTypeKVCacheManager] = [
+            FullAttentionManager(block_pool, block_size, gid) for gid in range(num_groups)
+        ]
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """Fixed point over groups: shrink the candidate length until every group hits it."""
+        length = max_length
+        while True:
+            per_group = tuple(m.find_longest_cache_hit(block_hashes, length) for m in self.managers)
+            agreed = min(len(blocks) for blocks in per_group) * self.block_size
+            if agreed == length or all(len(b) * self.block_size == agreed for b in per_group):
+                num_blocks = agreed // self.block_size
+                return tuple(b[:num_blocks] for b in per_group), agreed
+            length = agreed
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: tuple[list[KVCacheBlock], ...]
+    ) -> int:
+        return sum(
+            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i])
+            for i, m in enumerate(self.managers)
+        )
+
+    def save_new_computed_blocks(
+        self, request_id: str, new_computed_blocks: tuple[list[KVCacheBlock], ...]
+    ) -> None:
+        for i, m in enumerate(self.managers):
+            m.save_new_computed_blocks(request_id, new_computed_blocks[i])
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.managers)
+
+    def cache_blocks(self, request_id: str, block_hashes: list[BlockHash], num_tokens: int) -> None:
+        for m in self.managers:
+            m.cache_blocks(request_id, block_hashes, num_tokens)
+
+    def free(self, request_id: str) -> None:
+        for m in self.managers:
+            m.free(request_id)
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(list(m.req_to_blocks.get(request_id, ())) for m in self.managers)

@@ -1,0 +1,128 @@
+"""KVCacheManager: the scheduler's interface to device blocks (prefix hits, allocation, free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvoffload.engine.block_pool import BlockPool
+from kvoffload.engine.kv_cache_block import KVCacheBlock
+from kvoffload.engine.kv_cache_coordinator import KVCacheCoordinator
+from kvoffload.engine.request import Request
+
+
+@dataclass(slots=True)
+class KVCacheBlocks:
+    """Blocks per KV-cache group; ``get_block_ids`` is what travels to the worker."""
+
+    blocks: tuple[list[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks)))
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks[0]) if self.blocks else 0
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    queries: int = 0
+    hits: int = 0
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        num_groups: int = 1,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size}: must be >= 1")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.coordinator = KVCacheCoordinator(self.block_pool, block_size, num_groups)
+        self.num_groups = num_groups
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    def empty_blocks(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Longest cached prefix of full blocks; the last prompt token is always recomputed."""
+        if not self.enable_caching:
+            return self.empty_blocks(), 0
+        max_hit = request.num_tokens - 1
+        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_hit)
+        self.prefix_cache_stats.queries += request.num_tokens
+        self.prefix_cache_stats.hits += num_hit_tokens
+        return KVCacheBlocks(blocks), num_hit_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+    ) -> KVCacheBlocks | None:
+        """Make room for | computed | new_computed | external_computed | new | lookahead |.
+
+        Returns the freshly allocated blocks, or None (and nothing changed) when the pool cannot
+        supply them. With ``delay_cache_blocks`` the new blocks are not yet registered in the
+        prefix cache: their contents are still arriving from an external source.
+        """
+        if num_new_tokens < 0 or num_external_computed_tokens < 0:
+            raise ValueError(
+                f"allocate_slots: num_new_tokens={num_new_tokens}, "
+                f"num_external_computed_tokens={num_external_computed_tokens} must be >= 0"
+            )
+        computed = new_computed_blocks.blocks if new_computed_blocks else self.empty_blocks().blocks
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_need_slot = min(
+            num_local_computed + num_external_computed_tokens + num_new_tokens + num_lookahead_tokens,
+            self.max_model_len,
+        )
+        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot, computed)
+        if need > self.block_pool.get_num_free_blocks():
+            return None
+        if self.enable_caching:
+            for group in computed:
+                self.block_pool.touch(group)
+        self.coordinator.save_new_computed_blocks(request.request_id, computed)
+        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
+        if self.enable_caching and not delay_cache_blocks:
+            num_tokens_to_cache = min(
+                num_local_computed + num_external_computed_tokens + num_new_tokens, request.num_tokens
+            )
+            self.coordinator.cache_blocks(request.request_id, request.block_hashes, num_tokens_to_cache)
+        return KVCacheBlocks(new_blocks)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request.request_id, request.block_hashes, num_computed_tokens)
+
+    def free(self, request: Request) -> None:
+        self.coordinator.free(request.request_id)
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()

@@ -1,0 +1,248 @@
+"""LLM: the user-facing facade that runs the scheduler and the model runner step by step."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvoffload.connector.base import KVConnectorBase, KVConnectorRole
+from kvoffload.connector.factory import KVConnectorFactory
+from kvoffload.engine.config import EngineConfig
+from kvoffload.engine.kv_cache_manager import KVCacheManager
+from kvoffload.engine.model_config import ModelConfig
+from kvoffload.engine.model_runner import ModelRunner
+from kvoffload.engine.outputs import RequestOutput
+from kvoffload.engine.request import Request, RequestStatus
+from kvoffload.engine.sampling_params import SamplingParams
+from kvoffload.engine.scheduler import Scheduler
+from kvoffload.engine.single_type_manager import cdiv
+from kvoffload.engine.tokenizer import ByteTokenizer
+
+Prompt = str | Sequence[int]
+
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+#: Steps in a row with nothing scheduled and no transfer pending before the engine gives up.
+_MAX_IDLE_STEPS = 100_000
+
+
+class LLM:
+    def __init__(self, config: EngineConfig | None = None, *, record_logits: bool = False, **overrides: Any) -> None:
+        if config is None:
+            config = EngineConfig(**overrides)
+        elif overrides:
+            raise TypeError("pass either an EngineConfig or keyword overrides, not both")
+        self.config = config
+        self.tokenizer = ByteTokenizer()
+        if config.model in ("tiny", "small"):
+            self.model_config = ModelConfig.tiny(config.model)
+        else:
+            self.model_config = ModelConfig.from_pretrained(config.model)
+        self.scheduler_connector, self.worker_connector = self._build_connectors(config)
+        self.kv_cache_manager = KVCacheManager(
+            config.num_gpu_blocks, config.block_size, config.max_model_len, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache_manager,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
+            connector=self.scheduler_connector,
+        )
+        self.runner = ModelRunner(
+            self.model_config,
+            num_blocks=config.num_gpu_blocks,
+            block_size=config.block_size,
+            seed=config.seed,
+            dtype=getattr(torch, config.dtype),
+            device=config.device,
+            connector=self.worker_connector,
+            record_logits=record_logits,
+        )
+        self._ids = itertools.count()
+        self._ttfts: list[float] = []
+        self._num_requests = 0
+        self._prompt_tokens = 0
+        self._generated_tokens = 0
+        self._closed = False
+        self.last_logits: dict[str, list[torch.Tensor]] = {}
+
+    @staticmethod
+    def _build_connectors(config: EngineConfig) -> tuple[KVConnectorBase | None, KVConnectorBase | None]:
+        name = config.kv_connector
+        if name is None and config.kv_offload is None:
+            return None, None
+        name = name or "OffloadingConnector"
+        return (
+            KVConnectorFactory.create_connector(name, config, KVConnectorRole.SCHEDULER),
+            KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER),
+        )
+
+    # ---- requests ----------------------------------------------------------------------
+    def _to_token_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        token_ids = [int(t) for t in prompt]
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return token_ids
+
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, priority: int = 0,
+                    cache_salt: str | None = None) -> str:
+        if self._closed:
+            raise RuntimeError("LLM is closed; create a new one")
+        cfg = self.config
+        token_ids = self._to_token_ids(prompt)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if len(token_ids) >= cfg.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt has {len(token_ids)} tokens, max_model_len={cfg.max_model_len} "
+                "leaves no room to generate; shorten the prompt or raise max_model_len"
+            )
+        need = cdiv(min(len(token_ids) + params.max_tokens, cfg.max_model_len), cfg.block_size)
+        if need > cfg.num_gpu_blocks - 1:
+            raise ValueError(
+                f"request {rid!r}: needs {need} KV blocks but num_gpu_blocks={cfg.num_gpu_blocks} "
+                f"holds {cfg.num_gpu_blocks - 1}; raise num_gpu_blocks or lower max_tokens"
+            )
+        request = Request(
+            request_id=rid,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            block_size=cfg.block_size,
+            eos_token_id=self.model_config.eos_token_id,
+            priority=priority,
+            cache_salt=cache_salt,
+            seed=(cfg.seed * 7919 + self._num_requests) & 0x7FFFFFFF,
+        )
+        self.scheduler.add_request(request)
+        self._num_requests += 1
+        self._prompt_tokens += len(token_ids)
+        return rid
+
+    def step(self) -> list[Request]:
+        so = self.scheduler.schedule()
+        out = self.runner.execute_model(so)
+        if self.runner.record_logits:
+            for rid, logit in out.logits.items():
+                self.last_logits.setdefault(rid, []).append(logit)
+        return self.scheduler.update_from_output(so, out)
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        requests = {rid: self.scheduler.requests[rid] for rid in rids}
+        self._run_until_done(set(rids), use_tqdm)
+        return [self._to_output(requests[rid]) for rid in rids]
+
+    def _run_until_done(self, rids: set[str], use_tqdm: bool) -> None:
+        pending = set(rids)
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(pending), desc="requests", unit="req")
+        idle = 0
+        try:
+            while pending or self.scheduler.has_pending_frees():
+                finished = self.step()
+                for request in finished:
+                    if request.request_id in pending:
+                        pending.discard(request.request_id)
+                        self._record_finished(request)
+                        if bar is not None:
+                            bar.update(1)
+                if finished or self.scheduler.stats.steps == 0:
+                    idle = 0
+                else:
+                    idle += 1
+                if idle > _MAX_IDLE_STEPS:
+                    raise RuntimeError(f"engine made no progress for {_MAX_IDLE_STEPS} steps; pending {sorted(pending)[:5]}")
+                if not self._scheduled_anything_last_step():
+                    time.sleep(0.0002)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _scheduled_anything_last_step(self) -> bool:
+        return any(r.status == RequestStatus.RUNNING for r in self.scheduler.running)
+
+    def _record_finished(self, request: Request) -> None:
+        self._generated_tokens += request.num_output_tokens
+        if request.first_token_time is not None:
+            self._ttfts.append(request.first_token_time - request.arrival_time)
+
+    def _to_output(self, request: Request) -> RequestOutput:
+        ttft = None if request.first_token_time is None else request.first_token_time - request.arrival_time
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            token_ids=list(request.output_token_ids),
+            text=self.tokenizer.decode(request.output_token_ids),
+            finish_reason=_FINISH_REASON.get(request.status, "unknown"),
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            ttft_s=ttft,
+        )
+
+    # ---- lifecycle and reports ---------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def stats(self) -> dict[str, Any]:
+        s = self.scheduler.stats
+        connector_stats = self.scheduler_connector.stats() if self.scheduler_connector else {}
+        worker_stats = self.worker_connector.stats() if self.worker_connector else {}
+        hits = {"device": s.device_hit_tokens, "cpu": 0, "disk": 0}
+        hits.update(connector_stats.get("hit_tokens_by_tier", {}))
+        return {
+            "requests": self._num_requests,
+            "prompt_tokens": self._prompt_tokens,
+            "generated_tokens": self._generated_tokens,
+            "prefill_tokens_computed": s.prefill_tokens_computed,
+            "prefix_hit_tokens": hits,
+            "external_hit_tokens": s.external_hit_tokens,
+            "preemptions": s.preemptions,
+            "failed_loads": s.failed_loads,
+            "steps": s.steps,
+            "device_cache_evictions": self.kv_cache_manager.block_pool.num_cache_evictions,
+            "ttft_s": list(self._ttfts),
+            "connector": connector_stats,
+            "transfer": worker_stats,
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn in (self.worker_connector, self.scheduler_connector):
+            close = getattr(conn, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

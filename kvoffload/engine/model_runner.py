@@ -1,0 +1,176 @@
+"""ModelRunner: persistent per-request rows, block tables, slot mapping, forward and sampling.
+
+The KV cache is allocated once here and never resized. A connector's worker half, when
+present, receives the cache tensors at start-up and is driven around each forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
+from kvoffload.engine.model import build_model
+from kvoffload.engine.model_config import ModelConfig
+from kvoffload.engine.outputs import ModelRunnerOutput
+from kvoffload.engine.paged_attention import AttentionMetadata
+from kvoffload.engine.sampler import sample_token
+from kvoffload.engine.sampling_params import SamplingParams
+from kvoffload.engine.scheduler_output import SchedulerOutput
+
+
+@dataclass(slots=True)
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    sampling_params: SamplingParams
+    seed: int
+    num_prompt_tokens: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        connector: KVConnectorBase | None = None,
+        record_logits: bool = False,
+    ) -> None:
+        self.model_config = model_config
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = torch.device(device)
+        self.model = build_model(model_config, seed, dtype, self.device)
+        shape = (2, num_blocks, block_size, model_config.num_key_value_heads, model_config.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(model_config.num_hidden_layers)]
+        self.layer_names = [f"model.layers.{i}.self_attn" for i in range(model_config.num_hidden_layers)]
+        self.requests: dict[str, CachedRequestState] = {}
+        self.connector = connector
+        self.record_logits = record_logits
+        if connector is not None:
+            connector.register_kv_caches(dict(zip(self.layer_names, self.kv_caches)))
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        # Preempted rows stay: a resumed request arrives with a full token and block replacement.
+        for rid in so.finished_req_ids:
+            self.requests.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            self.requests[new.req_id] = CachedRequestState(
+                req_id=new.req_id,
+                token_ids=list(new.prompt_token_ids),
+                block_ids=tuple(list(g) for g in new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+                sampling_params=new.sampling_params,
+                seed=new.seed,
+                num_prompt_tokens=len(new.prompt_token_ids),
+            )
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            state = self.requests[rid]
+            new_ids = cached.new_block_ids[i]
+            if cached.resumed_from_preemption[i]:
+                token_ids = cached.resumed_token_ids[i]
+                assert token_ids is not None and new_ids is not None
+                state.token_ids = list(token_ids)
+                state.block_ids = tuple(list(g) for g in new_ids)
+            elif new_ids is not None:
+                for group, ids in zip(state.block_ids, new_ids):
+                    group.extend(ids)
+            state.num_computed_tokens = cached.num_computed_tokens[i]
+
+    def _prepare_inputs(self, so: SchedulerOutput, order: list[str]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        bs = self.block_size
+        for rid in order:
+            state = self.requests[rid]
+            n = so.num_scheduled_tokens[rid]
+            start = state.num_computed_tokens
+            table = state.block_ids[0]
+            for pos in range(start, start + n):
+                tokens.append(state.token_ids[pos])
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+            tables.append(table)
+        width = max((len(t) for t in tables), default=0)
+        block_tables = torch.zeros((len(tables), width), dtype=torch.int64)
+        for r, table in enumerate(tables):
+            block_tables[r, : len(table)] = torch.tensor(table, dtype=torch.int64)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+            query_start_loc=qsl,
+            seq_lens=seq_lens,
+            block_tables=block_tables.to(self.device),
+            block_size=bs,
+        )
+        return (
+            torch.tensor(tokens, dtype=torch.int64, device=self.device),
+            torch.tensor(positions, dtype=torch.int64, device=self.device),
+            meta,
+        )
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(so)
+        connector = self.connector
+        if connector is not None:
+            meta_obj = so.kv_connector_metadata
+            connector.bind_connector_metadata(meta_obj)
+            connector.handle_preemptions(meta_obj)
+            connector.start_load_kv()
+        order = [r.req_id for r in so.scheduled_new_reqs] + list(so.scheduled_cached_reqs.req_ids)
+        order = [rid for rid in order if so.num_scheduled_tokens.get(rid, 0) > 0]
+        sampled: list[list[int]] = []
+        logits_out: dict[str, torch.Tensor] = {}
+        if order:
+            input_ids, positions, meta = self._prepare_inputs(so, order)
+            before = after = None
+            if connector is not None:
+                names = self.layer_names
+
+                def before(i: int, _kv: torch.Tensor) -> None:
+                    connector.wait_for_layer_load(names[i])
+
+                def after(i: int, kv: torch.Tensor) -> None:
+                    connector.save_kv_layer(names[i], kv)
+
+            hidden = self.model(input_ids, positions, self.kv_caches, meta, before, after)
+            last_rows = [meta.query_start_loc[r + 1] - 1 for r in range(len(order))]
+            logits = self.model.compute_logits(hidden[last_rows])
+            for r, rid in enumerate(order):
+                state = self.requests[rid]
+                state.num_computed_tokens += so.num_scheduled_tokens[rid]
+                if state.num_computed_tokens < len(state.token_ids):
+                    sampled.append([])
+                    continue
+                output_index = len(state.token_ids) - state.num_prompt_tokens
+                token = sample_token(logits[r], state.sampling_params, state.seed, output_index)
+                state.token_ids.append(token)
+                sampled.append([token])
+                if self.record_logits:
+                    logits_out[rid] = logits[r].clone()
+        kv_output = None
+        if connector is not None:
+            connector.wait_for_save()
+            sent, recved = connector.get_finished(so.finished_req_ids)
+            kv_output = KVConnectorOutput(
+                finished_sending=set(sent or ()),
+                finished_recving=set(recved or ()),
+                failed_recving=connector.get_failed_recving(),
+                worker_meta=connector.build_connector_worker_meta(),
+            )
+            connector.clear_connector_metadata()
+        return ModelRunnerOutput(req_ids=order, sampled_token_ids=sampled, logits=logits_out, kv_connector_output=kv_output)

@@ -1,0 +1,368 @@
+"""Scheduler: one token budget per step shared by decode and prefill (vLLM V1 style).
+
+Running requests are served first; when the pool cannot hold a running request's new tokens,
+another running request is preempted (recompute: its blocks are freed and it restarts from
+token 0 at the front of the waiting queue). Waiting requests are admitted only in steps that
+preempted nobody. An optional KV connector is consulted at five fixed points.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
+from kvoffload.engine.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from kvoffload.engine.outputs import ModelRunnerOutput
+from kvoffload.engine.request import Request, RequestStatus
+from kvoffload.engine.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+class SchedulingPolicy(str, enum.Enum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    steps: int = 0
+    preemptions: int = 0
+    prefill_tokens_computed: int = 0
+    decode_tokens: int = 0
+    device_hit_tokens: int = 0
+    external_hit_tokens: int = 0
+    failed_loads: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        long_prefill_token_threshold: int = 0,
+        enable_chunked_prefill: bool = True,
+        policy: SchedulingPolicy | str = SchedulingPolicy.FCFS,
+        connector: KVConnectorBase | None = None,
+    ) -> None:
+        self.kv_cache_manager = kv_cache_manager
+        self.block_size = kv_cache_manager.block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = SchedulingPolicy(policy)
+        self.connector = connector
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.finished_recving_kv_req_ids: set[str] = set()
+        self.failed_recving_kv_req_ids: set[str] = set()
+        #: Local (device) hit tokens of requests whose external load is in flight.
+        self._local_hit_tokens: dict[str, int] = {}
+        self.stats = SchedulerStats()
+
+    # ---- request lifecycle --------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- one step -----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_blocks_of: dict[str, KVCacheBlocks] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        scheduled_resumed: list[Request] = []
+        preempted: list[Request] = []
+
+        idx = 0
+        while idx < len(self.running) and budget > 0:
+            request = self.running[idx]
+            num_new = self._clamp_new_tokens(request, request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
+            if num_new <= 0:
+                idx += 1
+                continue
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_preemption_victim()
+                pos = self.running.index(victim)
+                del self.running[pos]
+                if pos < idx:
+                    idx -= 1
+                if victim in scheduled_running:
+                    scheduled_running.remove(victim)
+                    budget += num_scheduled.pop(victim.request_id)
+                    new_blocks_of.pop(victim.request_id, None)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            scheduled_running.append(request)
+            new_blocks_of[request.request_id] = new_blocks
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            idx += 1
+
+        skipped: deque[Request] = deque()
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                request = self.waiting[0]
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    if not self._update_waiting_for_remote_kv(request):
+                        skipped.append(self.waiting.popleft())
+                        continue
+                load_async = False
+                num_external = 0
+                if request.num_computed_tokens == 0:
+                    computed_blocks, num_local = self.kv_cache_manager.get_computed_blocks(request)
+                    if self.connector is not None:
+                        matched, load_async = self.connector.get_num_new_matched_tokens(request, num_local)
+                        if matched is None:
+                            skipped.append(self.waiting.popleft())
+                            continue
+                        num_external = matched
+                    num_computed = num_local + num_external
+                else:
+                    computed_blocks, num_local = self.kv_cache_manager.empty_blocks(), 0
+                    num_computed = request.num_computed_tokens
+                if load_async:
+                    num_new = 0
+                else:
+                    num_new = request.num_tokens - num_computed
+                    if not self.enable_chunked_prefill and num_new > budget:
+                        break
+                    num_new = self._clamp_new_tokens(request, num_new, budget)
+                    assert num_new > 0, f"request {request.request_id} has nothing left to compute"
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request,
+                    num_new,
+                    num_local,
+                    computed_blocks,
+                    num_external_computed_tokens=num_external,
+                    delay_cache_blocks=load_async,
+                )
+                if new_blocks is None:
+                    break
+                if self.connector is not None:
+                    self.connector.update_state_after_alloc(
+                        request, computed_blocks + new_blocks, num_external
+                    )
+                self.waiting.popleft()
+                self.stats.device_hit_tokens += num_local
+                self.stats.external_hit_tokens += num_external
+                if load_async:
+                    self._local_hit_tokens[request.request_id] = num_local
+                    request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    skipped.append(request)
+                    continue
+                self.running.append(request)
+                if request.status == RequestStatus.PREEMPTED:
+                    scheduled_resumed.append(request)
+                else:
+                    scheduled_new.append(request)
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_computed
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_computed
+                new_blocks_of[request.request_id] = new_blocks
+                num_scheduled[request.request_id] = num_new
+                budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+
+        output = self._build_output(
+            scheduled_new, scheduled_resumed, scheduled_running, new_blocks_of, num_scheduled, preempted
+        )
+        if self.connector is not None:
+            output.kv_connector_metadata = self.connector.build_connector_meta(output)
+        self._update_after_schedule(output)
+        return output
+
+    def _clamp_new_tokens(self, request: Request, num_new: int, budget: int) -> int:
+        threshold = self.long_prefill_token_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
+        return min(num_new, budget)
+
+    def _pick_preemption_victim(self) -> Request:
+        if self.policy == SchedulingPolicy.PRIORITY:
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _update_waiting_for_remote_kv(self, request: Request) -> bool:
+        """A request whose external load finished becomes schedulable again."""
+        rid = request.request_id
+        if rid in self.failed_recving_kv_req_ids:
+            # Recompute everything the load should have delivered: keep only local hits.
+            self.failed_recving_kv_req_ids.discard(rid)
+            self.stats.failed_loads += 1
+            self.kv_cache_manager.free(request)
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.WAITING
+            self._local_hit_tokens.pop(rid, None)
+            return True
+        if rid not in self.finished_recving_kv_req_ids:
+            return False
+        self.finished_recving_kv_req_ids.discard(rid)
+        (block_ids, *_rest) = self.kv_cache_manager.get_block_ids(rid)
+        num_computed = min(len(block_ids) * self.block_size, request.num_tokens)
+        if num_computed == request.num_tokens:
+            num_computed -= 1
+        self.kv_cache_manager.cache_blocks(request, num_computed)
+        request.num_computed_tokens = num_computed
+        request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        self._local_hit_tokens.pop(rid, None)
+        return True
+
+    def _build_output(
+        self,
+        new: list[Request],
+        resumed: list[Request],
+        running: list[Request],
+        new_blocks_of: dict[str, KVCacheBlocks],
+        num_scheduled: dict[str, int],
+        preempted: list[Request],
+    ) -> SchedulerOutput:
+        new_data = [
+            NewRequestData(
+                req_id=r.request_id,
+                prompt_token_ids=list(r.all_token_ids),
+                sampling_params=r.sampling_params,
+                block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens,
+                seed=_request_seed(r),
+            )
+            for r in new
+        ]
+        cached = CachedRequestData()
+        for r in running:
+            cached.req_ids.append(r.request_id)
+            cached.resumed_from_preemption.append(False)
+            cached.resumed_token_ids.append(None)
+            cached.new_block_ids.append(new_blocks_of[r.request_id].get_block_ids())
+            cached.num_computed_tokens.append(r.num_computed_tokens)
+        for r in resumed:
+            cached.req_ids.append(r.request_id)
+            cached.resumed_from_preemption.append(True)
+            cached.resumed_token_ids.append(list(r.all_token_ids))
+            cached.new_block_ids.append(self.kv_cache_manager.get_block_ids(r.request_id))
+            cached.num_computed_tokens.append(r.num_computed_tokens)
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_data,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            preempted_req_ids={r.request_id for r in preempted},
+            finished_req_ids=self.finished_req_ids,
+        )
+        self.finished_req_ids = set()
+        return output
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        self.stats.steps += 1
+        for rid, n in output.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            is_decode = request.num_output_tokens > 0 and request.num_computed_tokens == request.num_tokens - 1
+            if is_decode:
+                self.stats.decode_tokens += n
+            else:
+                self.stats.prefill_tokens_computed += n
+            request.num_computed_tokens += n
+
+    # ---- results ------------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[Request]:
+        """Append sampled tokens, finish requests, digest the connector report.
+
+        Returns the requests that finished in this step.
+        """
+        finished: list[Request] = []
+        index = {rid: i for i, rid in enumerate(runner_output.req_ids)}
+        for rid in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished or rid not in index:
+                continue
+            sampled = runner_output.sampled_token_ids[index[rid]]
+            if not sampled:
+                continue
+            request.append_output_token_ids(sampled[0])
+            if request.check_stop(self.max_model_len):
+                self.running.remove(request)
+                self._free_request(request)
+                finished.append(request)
+        kv_out = runner_output.kv_connector_output
+        if self.connector is not None and kv_out is not None:
+            self._update_from_kv_connector_output(kv_out)
+        return finished
+
+    def _update_from_kv_connector_output(self, kv_out: KVConnectorOutput) -> None:
+        assert self.connector is not None
+        self.connector.update_connector_output(kv_out)
+        self.finished_recving_kv_req_ids |= kv_out.finished_recving
+        self.failed_recving_kv_req_ids |= kv_out.failed_recving
+        for rid in kv_out.finished_sending:
+            request = self.requests.get(rid)
+            if request is not None and request.is_finished:
+                self._free_blocks(request)
+
+    def _free_request(self, request: Request) -> None:
+        assert request.is_finished
+        delay_free = False
+        if self.connector is not None:
+            delay_free, _ = self.connector.request_finished(
+                request, self.kv_cache_manager.get_block_ids(request.request_id)
+            )
+        self.finished_req_ids.add(request.request_id)
+        if not delay_free:
+            self._free_blocks(request)
+
+    def _free_blocks(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.requests.pop(request.request_id, None)
+
+    def has_pending_frees(self) -> bool:
+        """Finished requests whose blocks a connector still holds."""
+        return any(r.is_finished for r in self.requests.values())
+
+
+def _request_seed(request: Request) -> int:
+    seed = request.sampling_params.seed
+    return seed if seed is not None else request.seed
