@@ -1,0 +1,1 @@
+"""Benchmarks behind `kvoffload bench`: each prints our figure, a baseline and the ratio."""

@@ -1,0 +1,124 @@
+"""`kvoffload` command line: run, bench, config check (and sim, once policies land)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+
+def _engine_config(args: argparse.Namespace, kv_offload: Any):
+    from kvoffload.engine import EngineConfig
+
+    return EngineConfig(model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
+                        max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_seqs=args.max_num_seqs, kv_offload=kv_offload, seed=args.seed)
+
+
+def _run_once(args: argparse.Namespace, kv_offload: Any) -> tuple[dict[str, Any], list[list[int]], dict[str, Any]]:
+    from kvoffload.engine import LLM
+    from kvoffload.report import summarize
+    from kvoffload.workload import ChatWorkload, run_chat_workload
+
+    wl = ChatWorkload(conversations=args.conversations, turns=args.turns, system_tokens=args.system_tokens,
+                      user_tokens=args.user_tokens, max_tokens=args.max_tokens, seed=args.seed)
+    with LLM(_engine_config(args, kv_offload)) as llm:
+        t0 = time.perf_counter()
+        generated = run_chat_workload(llm, wl)
+        wall = time.perf_counter() - t0
+        stats = llm.stats()
+    return summarize(stats, wall), generated, stats
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kvoffload.report import format_table
+
+    columns: dict[str, dict[str, Any]] = {}
+    base_summary, base_tokens, _ = _run_once(args, None)
+    columns["no offload"] = base_summary
+    if args.config and not args.no_offload:
+        summary, tokens, stats = _run_once(args, args.config)
+        transfer = stats.get("transfer", {})
+        for direction in ("device_to_host", "host_to_device"):
+            d = transfer.get(direction)
+            if d:
+                summary[f"GB/s {direction}"] = f"{d['gb_per_s']:.2f}"
+        columns["offload"] = summary
+        same = tokens == base_tokens
+        print(format_table(columns))
+        print(f"outputs identical to the run without offload: {'yes' if same else 'NO'}")
+        return 0 if same else 1
+    print(format_table(columns))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "engine":
+        from kvoffload.bench.engine_bench import main as bench_main
+    elif args.what == "manager":
+        from kvoffload.bench.manager_bench import main as bench_main
+    else:  # pragma: no cover - argparse restricts choices
+        raise AssertionError(args.what)
+    bench_main()
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from kvoffload.config import ConfigError, OffloadConfig, describe
+
+    try:
+        cfg = OffloadConfig.from_yaml(args.file)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(cfg, block_bytes=args.block_bytes))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvoffload", description="KV-cache offload connector and bundled engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the bundled engine on a multi-turn chat workload and report")
+    run.add_argument("--model", default="tiny", help="tiny | small | path to a Llama checkpoint directory")
+    run.add_argument("--config", help="offload YAML; compared side by side with a run without offload")
+    run.add_argument("--no-offload", action="store_true", help="ignore --config and run without offload")
+    run.add_argument("--num-gpu-blocks", type=int, default=96, help="device KV cache size in blocks")
+    run.add_argument("--block-size", type=int, default=16)
+    run.add_argument("--max-model-len", type=int, default=4096)
+    run.add_argument("--max-num-batched-tokens", type=int, default=512)
+    run.add_argument("--max-num-seqs", type=int, default=16)
+    run.add_argument("--conversations", type=int, default=8)
+    run.add_argument("--turns", type=int, default=3)
+    run.add_argument("--system-tokens", type=int, default=256)
+    run.add_argument("--user-tokens", type=int, default=48)
+    run.add_argument("--max-tokens", type=int, default=16)
+    run.add_argument("--seed", type=int, default=0)
+    run.set_defaults(func=cmd_run)
+
+    bench = sub.add_parser("bench", help="speed figures with baselines and ratios")
+    bench.add_argument("what", choices=["engine", "manager"])
+    bench.set_defaults(func=cmd_bench)
+
+    config = sub.add_parser("config", help="offload config tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser("check", help="validate a YAML file and print the resolved tiers")
+    check.add_argument("file")
+    check.add_argument("--block-bytes", type=int, default=None,
+                       help="bytes per offloaded block (default: the bundled tiny model at block size 16)")
+    check.set_defaults(func=cmd_config_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
