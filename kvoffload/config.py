@@ -1,0 +1,259 @@
+"""Offload configuration: one YAML file (or dict) → frozen, validated dataclasses.
+
+Every problem raises ``ConfigError`` with the key path and the fix, in one line. Nothing is
+silently rewritten: a value is either accepted as given or rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """An invalid offload configuration; the message names the key path and the fix."""
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any, key: str) -> int:
+    """``8GiB``, ``1.5GB``, ``512MiB`` or an int → bytes (> 0)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: {value!r} is not a size; use bytes or a string like '8GiB'")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ConfigError(
+                f"{key}: cannot parse size {value!r}; use a number with KiB, MiB, GiB, TiB, KB, MB, GB or TB"
+            )
+        size = int(float(m.group(1)) * _UNITS[unit])
+    else:
+        raise ConfigError(f"{key}: {value!r} is not a size; use bytes or a string like '8GiB'")
+    if size <= 0:
+        raise ConfigError(f"{key}: size must be positive, got {value!r}")
+    return size
+
+
+def _check_keys(raw: Mapping[str, Any], allowed: set[str], path: str) -> None:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        where = f"{path}.{unknown[0]}" if path else unknown[0]
+        raise ConfigError(f"{where}: unknown key; allowed keys here: {', '.join(sorted(allowed))}")
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int | None, path: str, minimum: int) -> int | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{path}{key}: {value!r} must be an integer >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    name: str
+    medium: str
+    capacity_bytes: int
+    eviction_policy: str = "lru"
+    path: str | None = None
+
+    def num_blocks(self, block_bytes: int, key: str = "") -> int:
+        n = self.capacity_bytes // block_bytes
+        if n < 1:
+            raise ConfigError(
+                f"{key or 'tiers'}.capacity: {self.capacity_bytes} bytes is smaller than one offloaded block "
+                f"({block_bytes} bytes); raise the capacity"
+            )
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class TransferConfig:
+    backend: str = "auto"
+    num_streams: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    events: bool = False
+    prometheus_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadConfig:
+    tiers: tuple[TierConfig, ...]
+    offloaded_block_size: int | None = None
+    store_threshold: int = 0
+    max_tracker_size: int = 64_000
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    spec_name: str = "CPUOffloadingSpec"
+    spec_module_path: str | None = None
+
+    # ---- construction --------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> OffloadConfig:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+        try:
+            return cls.from_dict(raw if raw is not None else {})
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> OffloadConfig:
+        _check_keys(raw, {"offloaded_block_size", "store_threshold", "max_tracker_size", "tiers", "transfer",
+                          "metrics", "spec_name", "spec_module_path"}, "")
+        if "tiers" not in raw:
+            raise ConfigError("tiers: required; list at least one tier, e.g. [{name: cpu, medium: cpu, capacity: 8GiB}]")
+        tiers = _parse_tiers(raw["tiers"])
+        threshold = _int(raw, "store_threshold", 0, "", 0)
+        transfer_raw = raw.get("transfer") or {}
+        _check_keys(transfer_raw, {"backend", "num_streams"}, "transfer")
+        backend = transfer_raw.get("backend", "auto")
+        if backend not in ("auto", "cuda", "cpu"):
+            raise ConfigError(f"transfer.backend: {backend!r}; use auto, cuda or cpu")
+        metrics_raw = raw.get("metrics") or {}
+        _check_keys(metrics_raw, {"events", "prometheus_port"}, "metrics")
+        events = metrics_raw.get("events", False)
+        if not isinstance(events, bool):
+            raise ConfigError(f"metrics.events: {events!r}; use true or false")
+        port = _int(metrics_raw, "prometheus_port", None, "metrics.", 1)
+        if port is not None and port > 65535:
+            raise ConfigError(f"metrics.prometheus_port: {port} is not a TCP port (1-65535)")
+        spec_name = raw.get("spec_name", "CPUOffloadingSpec")
+        spec_module_path = raw.get("spec_module_path")
+        for key, value in (("spec_name", spec_name), ("spec_module_path", spec_module_path)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{key}: {value!r} must be a string")
+        return cls(
+            tiers=tiers,
+            offloaded_block_size=_int(raw, "offloaded_block_size", None, "", 1),
+            store_threshold=threshold or 0,
+            max_tracker_size=_int(raw, "max_tracker_size", 64_000, "", 1) or 64_000,
+            transfer=TransferConfig(backend=backend, num_streams=_int(transfer_raw, "num_streams", 4, "transfer.", 1) or 4),
+            metrics=MetricsConfig(events=events, prometheus_port=port),
+            spec_name=spec_name,
+            spec_module_path=spec_module_path,
+        )
+
+    @classmethod
+    def coerce(cls, value: OffloadConfig | str | Path | Mapping[str, Any]) -> OffloadConfig:
+        """Accept an OffloadConfig, a YAML path or a dict (as EngineConfig.kv_offload does)."""
+        if isinstance(value, OffloadConfig):
+            return value
+        if isinstance(value, (str, Path)):
+            return cls.from_yaml(value)
+        if isinstance(value, Mapping):
+            return cls.from_dict(value)
+        raise ConfigError(f"kv_offload: {type(value).__name__} is not a config; pass OffloadConfig, a YAML path or a dict")
+
+    # ---- derived values ------------------------------------------------------------------
+    def block_size_factor(self, engine_block_size: int) -> int:
+        """Engine blocks per offloaded block."""
+        size = self.offloaded_block_size
+        if size is None:
+            return 1
+        if size % engine_block_size:
+            raise ConfigError(
+                f"offloaded_block_size: {size} is not a multiple of the engine block size {engine_block_size}; "
+                f"use {engine_block_size * max(1, size // engine_block_size)}"
+            )
+        return size // engine_block_size
+
+    def tier_blocks(self, block_bytes: int) -> list[int]:
+        return [t.num_blocks(block_bytes, f"tiers[{i}]") for i, t in enumerate(self.tiers)]
+
+
+def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
+    from kvoffload.offload.policy_registry import UnknownPolicyError, get_policy_class
+
+    if not isinstance(raw_tiers, list) or not raw_tiers:
+        raise ConfigError("tiers: must be a non-empty list of tiers, fastest first")
+    tiers: list[TierConfig] = []
+    for i, raw in enumerate(raw_tiers):
+        key = f"tiers[{i}]"
+        _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path"}, key)
+        medium = raw.get("medium")
+        if medium not in ("cpu", "disk"):
+            raise ConfigError(f"{key}.medium: {medium!r}; use cpu or disk")
+        name = raw.get("name", medium)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{key}.name: {name!r} must be a non-empty string")
+        if any(t.name == name for t in tiers):
+            raise ConfigError(f"{key}.name: duplicate tier name {name!r}; give each tier its own name")
+        if "capacity" not in raw:
+            raise ConfigError(f"{key}.capacity: required, e.g. 8GiB")
+        capacity = parse_size(raw["capacity"], f"{key}.capacity")
+        policy = raw.get("eviction_policy", "lru")
+        if not isinstance(policy, str):
+            raise ConfigError(f"{key}.eviction_policy: {policy!r} must be a string")
+        try:
+            get_policy_class(policy)
+        except UnknownPolicyError as exc:
+            raise ConfigError(f"{key}.eviction_policy: {exc}") from None
+        path = raw.get("path")
+        if medium == "disk" and not path:
+            raise ConfigError(f"{key}.path: a disk tier needs a directory path, e.g. /var/cache/kvoffload")
+        if medium == "cpu" and path is not None:
+            raise ConfigError(f"{key}.path: only disk tiers take a path; remove it")
+        tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
+                                path=str(path) if path is not None else None))
+    if tiers[0].medium != "cpu":
+        raise ConfigError("tiers[0].medium: the first (fastest) tier must be cpu; disk loads pass through host memory")
+    if len(tiers) > 2 or (len(tiers) == 2 and tiers[1].medium != "disk"):
+        raise ConfigError("tiers: supported layouts are [cpu] and [cpu, disk]")
+    return tuple(tiers)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_size: int = 16) -> str:
+    """Human-readable resolved config (tiers, blocks per tier, bytes per block)."""
+    factor = cfg.block_size_factor(engine_block_size)
+    if block_bytes is None:
+        block_bytes = 8192 * factor  # bundled tiny model: 2 layers x K/V x 16 tokens x 2 heads x 16 dims x fp32
+    blocks = cfg.tier_blocks(block_bytes)
+    lines = [
+        f"offloaded block: {engine_block_size * factor} tokens ({factor} engine block(s)), {format_bytes(block_bytes)}",
+        f"reuse filter: {'store on sighting #%d' % cfg.store_threshold if cfg.store_threshold >= 2 else 'off'}"
+        f" (tracker {cfg.max_tracker_size})",
+        f"transfer: backend={cfg.transfer.backend}, streams={cfg.transfer.num_streams}",
+        f"spec: {cfg.spec_module_path or cfg.spec_name}",
+        "tiers:",
+    ]
+    for tier, n in zip(cfg.tiers, blocks):
+        where = f" at {tier.path}" if tier.path else ""
+        lines.append(f"  {tier.name:<8} {tier.medium:<5} {format_bytes(tier.capacity_bytes):>12} = {n} blocks,"
+                     f" policy {tier.eviction_policy}{where}")
+    return "\n".join(lines)

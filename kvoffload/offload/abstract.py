@@ -1,0 +1,96 @@
+"""The scheduler-side offload contract: OffloadingManager and the records it returns.
+
+Everything here is tensor-free bookkeeping. A manager tracks which offloaded blocks exist,
+where (slot ids in its medium) and whether they are ready; the worker moves the bytes.
+
+Protocol (per block hash):
+    prepare_store → [worker writes] → complete_store(success)   store path
+    lookup → prepare_load → [worker reads] → complete_load       load path
+A block is *ready* once its store completed. Loads pin blocks (ref_cnt > 0) so eviction
+cannot reuse their slots while a copy reads them; a block being written (ref_cnt == -1) is
+neither loadable nor evictable.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+BlockHash = Hashable
+
+
+class LoadStoreSpec(ABC):
+    """Where blocks live in one medium: slot ids aligned with the block hashes given."""
+
+    __slots__ = ("block_ids",)
+
+    def __init__(self, block_ids: Sequence[int] | np.ndarray) -> None:
+        self.block_ids: np.ndarray = np.asarray(block_ids, dtype=np.int64).reshape(-1)
+
+    @staticmethod
+    @abstractmethod
+    def medium() -> str:
+        """Medium name, e.g. "GPU", "CPU", "DISK"."""
+
+    def __len__(self) -> int:
+        return len(self.block_ids)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and np.array_equal(self.block_ids, other.block_ids)  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.block_ids.tolist()})"
+
+
+@dataclass(slots=True)
+class PrepareStoreOutput:
+    block_hashes_to_store: list[BlockHash]
+    store_spec: LoadStoreSpec
+    block_hashes_evicted: list[BlockHash]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadingEvent:
+    """Blocks stored into (``removed=False``) or evicted from (``removed=True``) a medium."""
+
+    block_hashes: list[BlockHash]
+    block_size: int
+    medium: str
+    removed: bool
+
+
+class OffloadingManager(ABC):
+    @abstractmethod
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
+        """Length of the leading run of present *and ready* blocks; None = ask again later."""
+
+    @abstractmethod
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        """Pin every (ready) block against eviction and return their slots, in order."""
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Mark blocks recently used; ``block_hashes[0]`` ends up the most recent."""
+
+    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Unpin blocks after their load finished."""
+
+    @abstractmethod
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        """Allocate slots for the hashes not yet stored, evicting if needed.
+
+        New blocks are inserted not ready. Returns None, with nothing changed, when eviction
+        cannot free enough slots.
+        """
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        """Mark stored blocks ready, or drop them and free their slots on failure."""
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """Drain queued stored/removed events (empty when events are disabled)."""
+        return ()
+
+    def close(self) -> None:
+        """Release resources (files, threads); the manager is unusable afterwards."""

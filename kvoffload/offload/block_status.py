@@ -1,0 +1,83 @@
+"""Per-block state kept slot-indexed, so tracking a block costs bytes, not a Python object.
+
+``BlockLedger`` holds one entry per slot of a tier: the ref count (numpy int32), the hash
+stored there, a recency stamp and a list tag for the policy. ``BlockStatus`` is the
+vLLM-shaped record (``ref_cnt``, ``block_id``) exposed to policies and tests: a live view of
+one ledger slot, or a free-standing record until a policy adopts it.
+
+ref_cnt: -1 = being written (not ready); 0 = ready and evictable; n > 0 = n in-flight reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvoffload.offload.abstract import BlockHash
+
+#: Ledger tag of a slot that belongs to no policy list.
+FREE_TAG = 0
+
+
+class BlockStatus:
+    __slots__ = ("_refs", "_idx", "block_id")
+
+    def __init__(self, block_id: int, ref_cnt: int = -1) -> None:
+        self._refs = np.array([ref_cnt], dtype=np.int32)
+        self._idx = 0
+        self.block_id = int(block_id)
+
+    @classmethod
+    def view(cls, refs: np.ndarray, block_id: int) -> BlockStatus:
+        status = cls.__new__(cls)
+        status._refs = refs
+        status._idx = block_id
+        status.block_id = block_id
+        return status
+
+    def bind(self, refs: np.ndarray) -> None:
+        """Move this record's value into ``refs[block_id]`` and become a view of it."""
+        refs[self.block_id] = self._refs[self._idx]
+        self._refs = refs
+        self._idx = self.block_id
+
+    @property
+    def ref_cnt(self) -> int:
+        return int(self._refs[self._idx])
+
+    @ref_cnt.setter
+    def ref_cnt(self, value: int) -> None:
+        self._refs[self._idx] = value
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ref_cnt >= 0
+
+    def __repr__(self) -> str:
+        return f"BlockStatus(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
+
+
+class BlockLedger:
+    """Slot-indexed arrays plus the one hash → slot dict; shared by a manager and its policy."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"ledger capacity={capacity}: must be >= 1")
+        self.capacity = capacity
+        self.index: dict[BlockHash, int] = {}
+        self.hashes: list[BlockHash | None] = [None] * capacity
+        self.ref_cnt = np.zeros(capacity, dtype=np.int32)
+        self.stamp = np.zeros(capacity, dtype=np.int64)
+        self.tag = np.zeros(capacity, dtype=np.int8)
+        self.clock = 1
+
+    def status(self, block_id: int) -> BlockStatus:
+        return BlockStatus.view(self.ref_cnt, block_id)
+
+    def next_stamps(self, n: int) -> np.ndarray:
+        stamps = np.arange(self.clock, self.clock + n, dtype=np.int64)
+        self.clock += n
+        return stamps
+
+    def nbytes_per_slot(self) -> float:
+        arrays = self.ref_cnt.nbytes + self.stamp.nbytes + self.tag.nbytes
+        return arrays / self.capacity + 8  # + one list pointer per slot

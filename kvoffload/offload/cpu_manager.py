@@ -1,0 +1,202 @@
+"""CPUOffloadingManager: the block ledger of one tier (slots, ref counts, events).
+
+Slot ids: never-used ids first in increasing order, then freed ids last-freed-first.
+Eviction decisions belong to the CachePolicy; this class owns everything else. Built-in
+policies share its BlockLedger and are driven through slot-level fast paths; any other
+CachePolicy gets the plain hash-level calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from kvoffload.offload.abstract import (
+    BlockHash,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+)
+from kvoffload.offload.block_status import BlockLedger
+from kvoffload.offload.mediums import CPULoadStoreSpec
+from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
+from kvoffload.offload.policy_registry import create_policy
+
+
+class BlockNotReadyError(KeyError):
+    """prepare_load was asked for a block that is absent or still being written."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CPUOffloadingManager(OffloadingManager):
+    spec_type: type[LoadStoreSpec] = CPULoadStoreSpec
+
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str | CachePolicy = "lru",
+        enable_events: bool = False,
+        block_size: int = 0,
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks}: a tier needs at least one block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.medium = self.spec_type.medium()
+        self.ledger = BlockLedger(num_blocks)
+        self.policy = create_policy(cache_policy, num_blocks)
+        self._fast = isinstance(self.policy, LedgerCachePolicy)
+        if self._fast:
+            self.policy.bind_ledger(self.ledger)  # type: ignore[attr-defined]
+        self._num_allocated = 0
+        self._free_list: list[int] = []
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+
+    # ---- helpers -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_list) + self.num_blocks - self._num_allocated
+
+    @property
+    def num_used_blocks(self) -> int:
+        return len(self.ledger.index)
+
+    def _allocate(self, n: int) -> list[int]:
+        fresh = min(n, self.num_blocks - self._num_allocated)
+        slots = list(range(self._num_allocated, self._num_allocated + fresh))
+        self._num_allocated += fresh
+        for _ in range(n - fresh):
+            slots.append(self._free_list.pop())
+        return slots
+
+    def _forget(self, block_hash: BlockHash, slot: int) -> None:
+        del self.ledger.index[block_hash]
+        self.ledger.hashes[slot] = None
+        self._free_list.append(slot)
+
+    def _emit(self, hashes: list[BlockHash], removed: bool) -> None:
+        if self._events is not None and hashes:
+            self._events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
+
+    def _slots_of(self, block_hashes: Iterable[BlockHash]) -> tuple[list[BlockHash], np.ndarray]:
+        hashes = list(block_hashes)
+        index = self.ledger.index
+        try:
+            slots = np.fromiter(map(index.__getitem__, hashes), dtype=np.int64, count=len(hashes))
+        except KeyError as exc:
+            raise BlockNotReadyError(f"block {exc.args[0]!r} is not stored in the {self.medium} tier") from None
+        return hashes, slots
+
+    # ---- contract ------------------------------------------------------------------------
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        index = self.ledger.index
+        refs = self.ledger.ref_cnt
+        hits = 0
+        for block_hash in block_hashes:
+            slot = index.get(block_hash)
+            if slot is None or refs[slot] < 0:
+                break
+            hits += 1
+        return hits
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        hashes, slots = self._slots_of(block_hashes)
+        refs = self.ledger.ref_cnt
+        not_ready = np.flatnonzero(refs[slots] < 0)
+        if len(not_ready):
+            raise BlockNotReadyError(
+                f"block {hashes[int(not_ready[0])]!r} is still being written; lookup() before prepare_load()"
+            )
+        np.add.at(refs, slots, 1)
+        return self.spec_type(slots)
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        hashes = list(dict.fromkeys(block_hashes))
+        if self._fast:
+            index = self.ledger.index
+            slots = np.fromiter((index[h] for h in hashes if h in index), dtype=np.int64)
+            self.policy.touch_slots(slots, hashes)  # type: ignore[attr-defined]
+        else:
+            self.policy.touch(hashes)
+
+    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+        hashes, slots = self._slots_of(block_hashes)
+        refs = self.ledger.ref_cnt
+        if (refs[slots] <= 0).any():
+            bad = hashes[int(np.flatnonzero(refs[slots] <= 0)[0])]
+            raise ValueError(f"complete_load for block {bad!r} without a matching prepare_load")
+        np.add.at(refs, slots, -1)
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        hashes = list(dict.fromkeys(block_hashes))
+        index = self.ledger.index
+        new = [h for h in hashes if h not in index]
+        need = len(new) - self.num_free_blocks
+        evicted: list[BlockHash] = []
+        if need > 0:
+            if need > self.num_blocks:
+                return None
+            protected = set(hashes)
+            if self._fast:
+                victims = self.policy.evict_slots(need, protected)  # type: ignore[attr-defined]
+                if victims is None:
+                    return None
+                for slot in victims:
+                    block_hash = self.ledger.hashes[slot]
+                    evicted.append(block_hash)
+                    self._forget(block_hash, slot)
+            else:
+                pairs = self.policy.evict(need, protected)
+                if pairs is None:
+                    return None
+                for block_hash, status in pairs:
+                    evicted.append(block_hash)
+                    self._forget(block_hash, status.block_id)
+            self._emit(evicted, removed=True)
+        slots = self._allocate(len(new))
+        ledger = self.ledger
+        for block_hash, slot in zip(new, slots):
+            index[block_hash] = slot
+            ledger.hashes[slot] = block_hash
+        slot_arr = np.array(slots, dtype=np.int64)
+        ledger.ref_cnt[slot_arr] = -1
+        if self._fast:
+            self.policy.insert_slots(slot_arr)  # type: ignore[attr-defined]
+        else:
+            for block_hash, slot in zip(new, slots):
+                self.policy.insert(block_hash, ledger.status(slot))
+        return PrepareStoreOutput(new, self.spec_type(slot_arr), evicted)
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        index = self.ledger.index
+        refs = self.ledger.ref_cnt
+        done: list[BlockHash] = []
+        for block_hash in dict.fromkeys(block_hashes):
+            slot = index.get(block_hash)
+            if slot is None or refs[slot] != -1:
+                continue
+            done.append(block_hash)
+            if success:
+                refs[slot] = 0
+            else:
+                if self._fast:
+                    self.policy.remove_slots(np.array([slot], dtype=np.int64))  # type: ignore[attr-defined]
+                else:
+                    self.policy.remove(block_hash)
+                self._forget(block_hash, slot)
+        if success:
+            self._emit(done, removed=False)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        slot = self.ledger.index.get(block_hash)
+        return slot is not None and self.ledger.ref_cnt[slot] >= 0

@@ -1,0 +1,128 @@
+"""CachePolicy: decides which offloaded block leaves when a tier is full.
+
+Contract (the manager relies on it):
+  * ``get/insert/remove`` maintain membership; ``touch`` records use, ``hashes[0]`` ending
+    most recent (a request's tail is evicted before its head).
+  * ``evict(n, protected)`` returns exactly n ``(hash, BlockStatus)`` victims and forgets
+    them, or returns None and changes nothing. It never picks a block whose ref_cnt != 0
+    (being written or being read) nor one in ``protected``.
+
+A policy may keep plain ``hash -> BlockStatus`` maps (the textbook way, as research policies
+in ``policies/`` do). The built-in ones derive from ``LedgerCachePolicy`` instead: they keep
+state in the manager's slot-indexed ``BlockLedger`` and offer slot-level fast paths.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterable
+
+import numpy as np
+
+from kvoffload.offload.abstract import BlockHash
+from kvoffload.offload.block_status import BlockLedger, BlockStatus
+
+
+class CachePolicy(ABC):
+    def __init__(self, cache_capacity: int) -> None:
+        if cache_capacity < 1:
+            raise ValueError(f"cache_capacity={cache_capacity}: must be >= 1")
+        self.cache_capacity = cache_capacity
+
+    @abstractmethod
+    def get(self, block_hash: BlockHash) -> BlockStatus | None: ...
+
+    @abstractmethod
+    def insert(self, block_hash: BlockHash, block: BlockStatus) -> None: ...
+
+    @abstractmethod
+    def remove(self, block_hash: BlockHash) -> None: ...
+
+    @abstractmethod
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None: ...
+
+    @abstractmethod
+    def evict(self, n: int, protected: Collection[BlockHash]) -> list[tuple[BlockHash, BlockStatus]] | None: ...
+
+    def set_future(self, future: object) -> None:
+        """Offline policies (Belady) receive the access sequence here; others ignore it."""
+
+
+class LedgerCachePolicy(CachePolicy):
+    """A policy whose per-block state lives in a shared BlockLedger.
+
+    The ``*_slots`` methods are the fast paths a manager calls after it has updated the
+    ledger's index itself; the hash-level methods keep the index too, for standalone use.
+    """
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self.ledger = BlockLedger(cache_capacity)
+        self._on_bind()
+
+    def bind_ledger(self, ledger: BlockLedger) -> None:
+        """Adopt a manager's ledger; only allowed while this policy is empty."""
+        if self.ledger.index:
+            raise ValueError("cannot rebind a policy that already holds blocks")
+        if ledger.capacity < self.cache_capacity:
+            raise ValueError(f"ledger capacity {ledger.capacity} < policy capacity {self.cache_capacity}")
+        self.ledger = ledger
+        self._on_bind()
+
+    def _on_bind(self) -> None:
+        """(Re)create list structures over ``self.ledger``."""
+
+    # ---- slot-level fast paths -----------------------------------------------------------
+    @abstractmethod
+    def insert_slots(self, slots: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def remove_slots(self, slots: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def touch_slots(self, slots: np.ndarray, block_hashes: Iterable[BlockHash]) -> None:
+        """``slots``: present blocks in touch order; ``block_hashes``: everything touched."""
+
+    @abstractmethod
+    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None: ...
+
+    def num_ghosts(self) -> int:
+        return 0
+
+    # ---- hash-level contract -------------------------------------------------------------
+    def get(self, block_hash: BlockHash) -> BlockStatus | None:
+        slot = self.ledger.index.get(block_hash)
+        return None if slot is None else self.ledger.status(slot)
+
+    def insert(self, block_hash: BlockHash, block: BlockStatus) -> None:
+        ledger = self.ledger
+        if block._refs is not ledger.ref_cnt:
+            block.bind(ledger.ref_cnt)
+        ledger.index[block_hash] = block.block_id
+        ledger.hashes[block.block_id] = block_hash
+        self.insert_slots(np.array([block.block_id], dtype=np.int64))
+
+    def remove(self, block_hash: BlockHash) -> None:
+        slot = self.ledger.index.pop(block_hash, None)
+        if slot is not None:
+            self.ledger.hashes[slot] = None
+            self.remove_slots(np.array([slot], dtype=np.int64))
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        hashes = list(dict.fromkeys(block_hashes))
+        index = self.ledger.index
+        slots = [index[h] for h in hashes if h in index]
+        self.touch_slots(np.array(slots, dtype=np.int64), hashes)
+
+    def evict(self, n: int, protected: Collection[BlockHash]) -> list[tuple[BlockHash, BlockStatus]] | None:
+        slots = self.evict_slots(n, protected)
+        if slots is None:
+            return None
+        ledger = self.ledger
+        out = []
+        for slot in slots:
+            block_hash = ledger.hashes[slot]
+            del ledger.index[block_hash]
+            ledger.hashes[slot] = None
+            out.append((block_hash, BlockStatus(slot, int(ledger.ref_cnt[slot]))))
+        return out

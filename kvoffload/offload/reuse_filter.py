@@ -1,0 +1,77 @@
+"""FilterReusedOffloadingManager: store a block only once it has been offered N times.
+
+Most blocks of a serving workload are never reused; writing them to a tier costs bandwidth
+and evicts blocks that would have hit. A *sighting* is one request offering a block for
+store (the connector offers each full block of a request once). Prefix lookups are not
+counted: they stop at the first miss, so a lookup-fed counter needs ~2N+1 repeats to warm an
+N-block prefix. Counts live in an LRU-bounded tracker; a call whose backing store answers
+None leaves every count unchanged, so the connector's retry is not counted twice.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from kvoffload.offload.abstract import (
+    BlockHash,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+)
+
+
+class FilterReusedOffloadingManager(OffloadingManager):
+    def __init__(self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
+        if store_threshold < 2:
+            raise ValueError(f"store_threshold={store_threshold}: the reuse filter needs >= 2 (use the backing manager directly)")
+        if max_tracker_size < 1:
+            raise ValueError(f"max_tracker_size={max_tracker_size}: must be >= 1")
+        self.backing = backing
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        self.counts: OrderedDict[BlockHash, int] = OrderedDict()
+        self.num_filtered = 0
+
+    def __getattr__(self, name: str):  # medium, block_size, ledger... of the backing manager
+        return getattr(self.backing, name)
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
+        return self.backing.lookup(block_hashes)
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        return self.backing.prepare_load(block_hashes)
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.backing.touch(block_hashes)
+
+    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.backing.complete_load(block_hashes)
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        hashes = list(dict.fromkeys(block_hashes))
+        counts = self.counts
+        admitted = [h for h in hashes if counts.get(h, 0) + 1 >= self.store_threshold]
+        result = self.backing.prepare_store(admitted)
+        if result is None:
+            return None
+        for h in hashes:
+            if h in counts:
+                counts[h] += 1
+                counts.move_to_end(h)
+            else:
+                if len(counts) >= self.max_tracker_size:
+                    counts.popitem(last=False)
+                counts[h] = 1
+        self.num_filtered += len(hashes) - len(admitted)
+        return result
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        self.backing.complete_store(block_hashes, success)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        return self.backing.take_events()
+
+    def close(self) -> None:
+        self.backing.close()
