@@ -115,10 +115,10 @@ class CPUOffloadingManager(OffloadingManager):
         return self.spec_type(slots)
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes = list(dict.fromkeys(block_hashes))
+        hashes = list(block_hashes)
         if self._fast:
             index = self.ledger.index
-            slots = np.fromiter((index[h] for h in hashes if h in index), dtype=np.int64)
+            slots = np.fromiter((index[h] for h in dict.fromkeys(hashes) if h in index), dtype=np.int64)
             self.policy.touch_slots(slots, hashes)  # type: ignore[attr-defined]
         else:
             self.policy.touch(hashes)

@@ -109,9 +109,9 @@ class LedgerCachePolicy(CachePolicy):
             self.remove_slots(np.array([slot], dtype=np.int64))
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes = list(dict.fromkeys(block_hashes))
+        hashes = list(block_hashes)
         index = self.ledger.index
-        slots = [index[h] for h in hashes if h in index]
+        slots = [index[h] for h in dict.fromkeys(hashes) if h in index]
         self.touch_slots(np.array(slots, dtype=np.int64), hashes)
 
     def evict(self, n: int, protected: Collection[BlockHash]) -> list[tuple[BlockHash, BlockStatus]] | None:

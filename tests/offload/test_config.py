@@ -1,0 +1,95 @@
+from pathlib import Path
+
+import pytest
+
+from kvoffload.config import ConfigError, OffloadConfig, parse_size
+from kvoffload.offload import CPUOffloadingManager, EngineKVInfo, FilterReusedOffloadingManager, OffloadingSpecFactory
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def cpu(**kw):
+    tier = {"name": "cpu", "medium": "cpu", "capacity": "1MiB"}
+    tier.update(kw)
+    return {"tiers": [tier]}
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("512MiB", 512 << 20), ("8GiB", 8 << 30), ("1.5GB", 1_500_000_000), (4096, 4096), ("2 KiB", 2048), ("3kb", 3000)],
+)
+def test_sizes(text, expected):
+    assert parse_size(text, "k") == expected
+
+
+@pytest.mark.parametrize(
+    "raw, key",
+    [
+        ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "bogus": 1}, "bogus: unknown key"),
+        (cpu(colour="red"), r"tiers\[0\].colour: unknown key"),
+        (cpu(capacity="12 parsecs"), r"tiers\[0\].capacity: cannot parse"),
+        (cpu(capacity=-5), r"tiers\[0\].capacity: size must be positive"),
+        (cpu(capacity=0), r"tiers\[0\].capacity: size must be positive"),
+        (cpu(eviction_policy="mru"), r"tiers\[0\].eviction_policy: unknown eviction policy 'mru'; known: arc, .*lru"),
+        ({"tiers": [{"name": "a", "medium": "cpu", "capacity": 10}, {"name": "a", "medium": "disk", "capacity": 10, "path": "/tmp"}]},
+         r"tiers\[1\].name: duplicate tier name 'a'"),
+        ({"tiers": [{"medium": "tape", "capacity": 10}]}, r"tiers\[0\].medium: 'tape'"),
+        ({"tiers": [{"medium": "cpu", "capacity": 10}, {"medium": "disk", "capacity": 10}]}, r"tiers\[1\].path: a disk tier needs"),
+        ({"tiers": []}, "tiers: must be a non-empty list"),
+        ({}, "tiers: required"),
+        ({**cpu(), "store_threshold": -1}, "store_threshold: -1"),
+        ({**cpu(), "offloaded_block_size": 0}, "offloaded_block_size: 0"),
+        ({**cpu(), "transfer": {"backend": "gpu"}}, "transfer.backend: 'gpu'"),
+        ({**cpu(), "transfer": {"num_streams": 0}}, "transfer.num_streams: 0"),
+        ({**cpu(), "metrics": {"prometheus_port": 70000}}, "metrics.prometheus_port: 70000"),
+        ({**cpu(), "metrics": {"colour": 1}}, "metrics.colour: unknown key"),
+    ],
+)
+def test_invalid_configs_name_the_key(raw, key):
+    with pytest.raises(ConfigError, match=key):
+        OffloadConfig.from_dict(raw)
+
+
+def test_non_multiple_block_size_and_tiny_capacity():
+    cfg = OffloadConfig.from_dict({**cpu(capacity=1000), "offloaded_block_size": 24})
+    with pytest.raises(ConfigError, match="offloaded_block_size: 24 is not a multiple of the engine block size 16"):
+        cfg.block_size_factor(16)
+    assert OffloadConfig.from_dict({**cpu(), "offloaded_block_size": 64}).block_size_factor(16) == 4
+    with pytest.raises(ConfigError, match=r"tiers\[0\].capacity: 1000 bytes is smaller than one offloaded block"):
+        OffloadConfig.from_dict(cpu(capacity=1000)).tier_blocks(8192)
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tiers:\n  - medium: cpu\n    capacity: 8 bananas\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: tiers\[0\].capacity"):
+        OffloadConfig.from_yaml(bad)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        OffloadConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("name", ["cpu.yaml", "cpu_disk.yaml", "research_arc.yaml"])
+def test_examples_load(name):
+    cfg = OffloadConfig.from_yaml(EXAMPLES / name)
+    assert cfg.tiers[0].medium == "cpu"
+
+
+def test_spec_builds_manager_from_config():
+    cfg = OffloadConfig.from_dict({**cpu(capacity="64KiB", eviction_policy="arc"), "offloaded_block_size": 32})
+    spec = OffloadingSpecFactory.create_spec(cfg, EngineKVInfo(block_size=16, block_bytes=1024))
+    assert spec.block_size_factor == 2 and spec.offloaded_block_bytes == 2048
+    mgr = spec.get_manager()
+    assert isinstance(mgr, CPUOffloadingManager) and mgr.num_blocks == 32 and mgr.block_size == 32
+    filtered = OffloadingSpecFactory.create_spec(
+        OffloadConfig.from_dict({**cpu(), "store_threshold": 2}), EngineKVInfo(16, 1024)).get_manager()
+    assert isinstance(filtered, FilterReusedOffloadingManager)
+    with pytest.raises(ConfigError, match="unknown spec 'Nope'"):
+        OffloadingSpecFactory.create_spec(OffloadConfig.from_dict({**cpu(), "spec_name": "Nope"}), EngineKVInfo(16, 1024))
+
+
+def test_config_check_cli(capsys):
+    from kvoffload.cli import main
+
+    assert main(["config", "check", str(EXAMPLES / "cpu.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "blocks" in out and "policy lru" in out
