@@ -54,13 +54,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "engine":
-        from kvoffload.bench.engine_bench import main as bench_main
-    elif args.what == "manager":
-        from kvoffload.bench.manager_bench import main as bench_main
-    else:  # pragma: no cover - argparse restricts choices
-        raise AssertionError(args.what)
-    bench_main()
+    import importlib
+
+    module = importlib.import_module(f"kvoffload.bench.{args.what}_bench")
+    module.main(args.rest)
     return 0
 
 
@@ -99,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="speed figures with baselines and ratios")
     bench.add_argument("what", choices=["engine", "manager"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark")
     bench.set_defaults(func=cmd_bench)
 
     config = sub.add_parser("config", help="offload config tools")

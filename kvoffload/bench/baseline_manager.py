@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
+from itertools import islice
 
 
 class Block:
@@ -80,7 +81,7 @@ class TextbookManager:
     def _evict(self, n: int, protected: set) -> list[tuple[Hashable, Block]] | None:
         ok = lambda item: item[1].ref_cnt == 0 and item[0] not in protected  # noqa: E731
         if self.policy == "lru":
-            victims = [item for item in self.lru.items() if ok(item)][:n]
+            victims = list(islice(filter(ok, self.lru.items()), n))
             if len(victims) < n:
                 return None
             for h, _ in victims:

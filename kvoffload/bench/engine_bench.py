@@ -75,7 +75,7 @@ def bench_model(model: str = "tiny", num_reqs: int = 32, prompt_len: int = 128, 
     return tokens / wall, wall / steps
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads")
     dec = bench_schedule(256, 64, mixed=False)
     mix = bench_schedule(32, 1024, mixed=True)

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 
-import numpy as np
-
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.policy import LedgerCachePolicy
 from kvoffload.offload.stamp_order import StampOrder
@@ -31,65 +29,73 @@ class ARCCachePolicy(LedgerCachePolicy):
     def num_ghosts(self) -> int:
         return len(self.b1) + len(self.b2)
 
-    def insert_slots(self, slots: np.ndarray) -> None:
-        self.t1.add(slots, self.ledger.next_stamps(len(slots)))
+    def insert_slots(self, slots: list[int]) -> None:
+        self.t1.add(slots)
         hashes = self.ledger.hashes
-        for slot in slots.tolist():
+        b1_pop, b2_pop = self.b1.pop, self.b2.pop
+        for slot in slots:
             h = hashes[slot]
-            self.b1.pop(h, None)
-            self.b2.pop(h, None)
+            b1_pop(h, None)
+            b2_pop(h, None)
 
-    def remove_slots(self, slots: np.ndarray) -> None:
-        tags = self.ledger.tag[slots]
-        self.t1.discard(slots[tags == _T1])
-        self.t2.discard(slots[tags == _T2])
+    def remove_slots(self, slots: list[int]) -> None:
+        tags = self.ledger.tags
+        self.t1.discard([s for s in slots if tags[s] == _T1])
+        self.t2.discard([s for s in slots if tags[s] == _T2])
 
-    def touch_slots(self, slots: np.ndarray, block_hashes: Iterable[BlockHash]) -> None:
+    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
         ledger = self.ledger
-        if len(slots):
-            rev = slots[::-1]
-            stamps = ledger.next_stamps(len(rev))
-            promote = (ledger.tag[rev] == _T1) & (ledger.ref_cnt[rev] >= 0)
-            if promote.any():
-                self.t1.discard(rev[promote])
-                self.t2.add(rev[promote], stamps[promote])
-            ledger.stamp[rev[~promote]] = stamps[~promote]
-        index = ledger.index
-        for h in reversed(list(block_hashes)):
-            if h in index:
-                continue
-            if h in self.b1:
-                delta = max(1.0, len(self.b2) / len(self.b1))
+        index_get = ledger.index.get
+        tags, stamps, refs = ledger.tags, ledger.stamps, ledger.refs
+        clock = ledger.clock
+        b1, b2 = self.b1, self.b2
+        promoted = 0
+        for h in reversed(block_hashes):
+            slot = index_get(h)
+            if slot is not None:
+                if tags[slot] == _T1 and refs[slot] >= 0:
+                    tags[slot] = _T2
+                    promoted += 1
+                stamps[slot] = clock
+                clock += 1
+            elif h in b1:
+                delta = max(1.0, len(b2) / len(b1))
                 self.target_t1_size = min(self.target_t1_size + delta, float(self.cache_capacity))
-                self.b1.move_to_end(h)
-            elif h in self.b2:
-                delta = max(1.0, len(self.b1) / len(self.b2))
+                b1.move_to_end(h)
+            elif h in b2:
+                delta = max(1.0, len(b1) / len(b2))
                 self.target_t1_size = max(self.target_t1_size - delta, 0.0)
-                self.b2.move_to_end(h)
+                b2.move_to_end(h)
+        ledger.clock = clock
+        self.t1.size -= promoted
+        self.t2.size += promoted
 
     def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
         if n <= 0:
             return []
         self.t1.compact()
         self.t2.compact()
-        t1_iter = self.t1.candidates(protected)
-        t2_iter = self.t2.candidates(protected)
+        c1 = self.t1.collect(n, protected)
+        c2 = self.t2.collect(n, protected)
+        i1 = i2 = 0
         chosen: list[tuple[int, bool]] = []  # (slot, from T1) in selection order
         virtual_t1 = self.t1.size
         for _ in range(n):
-            slot = next(t1_iter, None) if virtual_t1 >= int(self.target_t1_size) else None
-            from_t1 = slot is not None
-            if slot is None:
-                slot = next(t2_iter, None)
-            if slot is None:
-                slot = next(t1_iter, None)
-                from_t1 = True
-            if slot is None:
+            if virtual_t1 >= int(self.target_t1_size) and i1 < len(c1):
+                chosen.append((c1[i1], True))
+                i1 += 1
+                virtual_t1 -= 1
+            elif i2 < len(c2):
+                chosen.append((c2[i2], False))
+                i2 += 1
+            elif i1 < len(c1):
+                chosen.append((c1[i1], True))
+                i1 += 1
+                virtual_t1 -= 1
+            else:
                 return None
-            chosen.append((slot, from_t1))
-            virtual_t1 -= from_t1
-        self.t1.discard(np.array([s for s, t1 in chosen if t1], dtype=np.int64))
-        self.t2.discard(np.array([s for s, t1 in chosen if not t1], dtype=np.int64))
+        self.t1.discard([s for s, t1 in chosen if t1])
+        self.t2.discard([s for s, t1 in chosen if not t1])
         hashes = self.ledger.hashes
         for slot, from_t1 in chosen:
             (self.b1 if from_t1 else self.b2)[hashes[slot]] = None

@@ -1,7 +1,8 @@
 """Per-block state kept slot-indexed, so tracking a block costs bytes, not a Python object.
 
-``BlockLedger`` holds one entry per slot of a tier: the ref count (numpy int32), the hash
-stored there, a recency stamp and a list tag for the policy. ``BlockStatus`` is the
+``BlockLedger`` holds one entry per slot of a tier: the ref count, the hash stored there, a
+recency stamp and a list tag for the policy. Each array is an ``array.array`` (fast scalar
+access for per-request batches) with a zero-copy numpy view (vectorised scans). ``BlockStatus`` is the
 vLLM-shaped record (``ref_cnt``, ``block_id``) exposed to policies and tests: a live view of
 one ledger slot, or a free-standing record until a policy adopts it.
 
@@ -9,6 +10,8 @@ ref_cnt: -1 = being written (not ready); 0 = ready and evictable; n > 0 = n in-f
 """
 
 from __future__ import annotations
+
+from array import array
 
 import numpy as np
 
@@ -22,19 +25,19 @@ class BlockStatus:
     __slots__ = ("_refs", "_idx", "block_id")
 
     def __init__(self, block_id: int, ref_cnt: int = -1) -> None:
-        self._refs = np.array([ref_cnt], dtype=np.int32)
+        self._refs = array("i", [ref_cnt])
         self._idx = 0
         self.block_id = int(block_id)
 
     @classmethod
-    def view(cls, refs: np.ndarray, block_id: int) -> BlockStatus:
+    def view(cls, refs: array, block_id: int) -> BlockStatus:
         status = cls.__new__(cls)
         status._refs = refs
         status._idx = block_id
         status.block_id = block_id
         return status
 
-    def bind(self, refs: np.ndarray) -> None:
+    def bind(self, refs: array) -> None:
         """Move this record's value into ``refs[block_id]`` and become a view of it."""
         refs[self.block_id] = self._refs[self._idx]
         self._refs = refs
@@ -42,7 +45,7 @@ class BlockStatus:
 
     @property
     def ref_cnt(self) -> int:
-        return int(self._refs[self._idx])
+        return self._refs[self._idx]
 
     @ref_cnt.setter
     def ref_cnt(self, value: int) -> None:
@@ -57,7 +60,10 @@ class BlockStatus:
 
 
 class BlockLedger:
-    """Slot-indexed arrays plus the one hash → slot dict; shared by a manager and its policy."""
+    """Slot-indexed arrays plus the one hash → slot dict; shared by a manager and its policy.
+
+    ``refs``/``stamps``/``tags`` are the arrays; ``ref_cnt``/``stamp``/``tag`` their numpy views.
+    """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -65,19 +71,16 @@ class BlockLedger:
         self.capacity = capacity
         self.index: dict[BlockHash, int] = {}
         self.hashes: list[BlockHash | None] = [None] * capacity
-        self.ref_cnt = np.zeros(capacity, dtype=np.int32)
-        self.stamp = np.zeros(capacity, dtype=np.int64)
-        self.tag = np.zeros(capacity, dtype=np.int8)
+        self.refs = array("i", bytes(4 * capacity))
+        self.stamps = array("q", bytes(8 * capacity))
+        self.tags = array("b", bytes(capacity))
+        self.ref_cnt = np.frombuffer(self.refs, dtype=np.int32)
+        self.stamp = np.frombuffer(self.stamps, dtype=np.int64)
+        self.tag = np.frombuffer(self.tags, dtype=np.int8)
         self.clock = 1
 
     def status(self, block_id: int) -> BlockStatus:
-        return BlockStatus.view(self.ref_cnt, block_id)
-
-    def next_stamps(self, n: int) -> np.ndarray:
-        stamps = np.arange(self.clock, self.clock + n, dtype=np.int64)
-        self.clock += n
-        return stamps
+        return BlockStatus.view(self.refs, block_id)
 
     def nbytes_per_slot(self) -> float:
-        arrays = self.ref_cnt.nbytes + self.stamp.nbytes + self.tag.nbytes
-        return arrays / self.capacity + 8  # + one list pointer per slot
+        return (4 + 8 + 1) + 8  # refs, stamps, tags + one list pointer per slot

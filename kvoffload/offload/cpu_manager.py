@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
-
 from kvoffload.offload.abstract import (
     BlockHash,
     LoadStoreSpec,
@@ -69,8 +67,11 @@ class CPUOffloadingManager(OffloadingManager):
         fresh = min(n, self.num_blocks - self._num_allocated)
         slots = list(range(self._num_allocated, self._num_allocated + fresh))
         self._num_allocated += fresh
-        for _ in range(n - fresh):
-            slots.append(self._free_list.pop())
+        reused = n - fresh
+        if reused:
+            free = self._free_list
+            slots.extend(free[: -reused - 1 : -1])  # last freed first
+            del free[-reused:]
         return slots
 
     def _forget(self, block_hash: BlockHash, slot: int) -> None:
@@ -82,58 +83,57 @@ class CPUOffloadingManager(OffloadingManager):
         if self._events is not None and hashes:
             self._events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
 
-    def _slots_of(self, block_hashes: Iterable[BlockHash]) -> tuple[list[BlockHash], np.ndarray]:
-        hashes = list(block_hashes)
+    def _slots_of(self, block_hashes: Iterable[BlockHash]) -> list[int]:
         index = self.ledger.index
         try:
-            slots = np.fromiter(map(index.__getitem__, hashes), dtype=np.int64, count=len(hashes))
+            return [index[h] for h in block_hashes]
         except KeyError as exc:
             raise BlockNotReadyError(f"block {exc.args[0]!r} is not stored in the {self.medium} tier") from None
-        return hashes, slots
 
     # ---- contract ------------------------------------------------------------------------
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        index = self.ledger.index
-        refs = self.ledger.ref_cnt
+        index_get = self.ledger.index.get
+        refs = self.ledger.refs
         hits = 0
         for block_hash in block_hashes:
-            slot = index.get(block_hash)
+            slot = index_get(block_hash)
             if slot is None or refs[slot] < 0:
                 break
             hits += 1
         return hits
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
-        hashes, slots = self._slots_of(block_hashes)
-        refs = self.ledger.ref_cnt
-        not_ready = np.flatnonzero(refs[slots] < 0)
-        if len(not_ready):
-            raise BlockNotReadyError(
-                f"block {hashes[int(not_ready[0])]!r} is still being written; lookup() before prepare_load()"
-            )
-        np.add.at(refs, slots, 1)
+        hashes = list(block_hashes)
+        slots = self._slots_of(hashes)
+        refs = self.ledger.refs
+        for h, slot in zip(hashes, slots):
+            if refs[slot] < 0:
+                raise BlockNotReadyError(f"block {h!r} is still being written; lookup() before prepare_load()")
+        for slot in slots:
+            refs[slot] += 1
         return self.spec_type(slots)
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes = list(block_hashes)
+        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
         if self._fast:
-            index = self.ledger.index
-            slots = np.fromiter((index[h] for h in dict.fromkeys(hashes) if h in index), dtype=np.int64)
-            self.policy.touch_slots(slots, hashes)  # type: ignore[attr-defined]
+            self.policy.touch_hashes(hashes)  # type: ignore[attr-defined]
         else:
             self.policy.touch(hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes, slots = self._slots_of(block_hashes)
-        refs = self.ledger.ref_cnt
-        if (refs[slots] <= 0).any():
-            bad = hashes[int(np.flatnonzero(refs[slots] <= 0)[0])]
-            raise ValueError(f"complete_load for block {bad!r} without a matching prepare_load")
-        np.add.at(refs, slots, -1)
+        hashes = list(block_hashes)
+        slots = self._slots_of(hashes)
+        refs = self.ledger.refs
+        for h, slot in zip(hashes, slots):
+            if refs[slot] <= 0:
+                raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
+        for slot in slots:
+            refs[slot] -= 1
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         hashes = list(dict.fromkeys(block_hashes))
-        index = self.ledger.index
+        ledger = self.ledger
+        index = ledger.index
         new = [h for h in hashes if h not in index]
         need = len(new) - self.num_free_blocks
         evicted: list[BlockHash] = []
@@ -145,10 +145,13 @@ class CPUOffloadingManager(OffloadingManager):
                 victims = self.policy.evict_slots(need, protected)  # type: ignore[attr-defined]
                 if victims is None:
                     return None
+                slot_hashes = ledger.hashes
+                evicted = [slot_hashes[slot] for slot in victims]
+                for block_hash in evicted:
+                    del index[block_hash]
                 for slot in victims:
-                    block_hash = self.ledger.hashes[slot]
-                    evicted.append(block_hash)
-                    self._forget(block_hash, slot)
+                    slot_hashes[slot] = None
+                self._free_list.extend(victims)
             else:
                 pairs = self.policy.evict(need, protected)
                 if pairs is None:
@@ -158,25 +161,24 @@ class CPUOffloadingManager(OffloadingManager):
                     self._forget(block_hash, status.block_id)
             self._emit(evicted, removed=True)
         slots = self._allocate(len(new))
-        ledger = self.ledger
+        refs, slot_hashes = ledger.refs, ledger.hashes
         for block_hash, slot in zip(new, slots):
             index[block_hash] = slot
-            ledger.hashes[slot] = block_hash
-        slot_arr = np.array(slots, dtype=np.int64)
-        ledger.ref_cnt[slot_arr] = -1
+            slot_hashes[slot] = block_hash
+            refs[slot] = -1
         if self._fast:
-            self.policy.insert_slots(slot_arr)  # type: ignore[attr-defined]
+            self.policy.insert_slots(slots)  # type: ignore[attr-defined]
         else:
             for block_hash, slot in zip(new, slots):
                 self.policy.insert(block_hash, ledger.status(slot))
-        return PrepareStoreOutput(new, self.spec_type(slot_arr), evicted)
+        return PrepareStoreOutput(new, self.spec_type(slots), evicted)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
-        index = self.ledger.index
-        refs = self.ledger.ref_cnt
+        index_get = self.ledger.index.get
+        refs = self.ledger.refs
         done: list[BlockHash] = []
         for block_hash in dict.fromkeys(block_hashes):
-            slot = index.get(block_hash)
+            slot = index_get(block_hash)
             if slot is None or refs[slot] != -1:
                 continue
             done.append(block_hash)
@@ -184,7 +186,7 @@ class CPUOffloadingManager(OffloadingManager):
                 refs[slot] = 0
             else:
                 if self._fast:
-                    self.policy.remove_slots(np.array([slot], dtype=np.int64))  # type: ignore[attr-defined]
+                    self.policy.remove_slots([slot])  # type: ignore[attr-defined]
                 else:
                     self.policy.remove(block_hash)
                 self._forget(block_hash, slot)
@@ -199,4 +201,4 @@ class CPUOffloadingManager(OffloadingManager):
 
     def is_ready(self, block_hash: BlockHash) -> bool:
         slot = self.ledger.index.get(block_hash)
-        return slot is not None and self.ledger.ref_cnt[slot] >= 0
+        return slot is not None and self.ledger.refs[slot] >= 0

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from itertools import islice
-
-import numpy as np
+from collections.abc import Collection
 
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.policy import LedgerCachePolicy
@@ -18,22 +15,30 @@ class LRUCachePolicy(LedgerCachePolicy):
     def _on_bind(self) -> None:
         self.order = StampOrder(self.ledger, _LRU_TAG)
 
-    def insert_slots(self, slots: np.ndarray) -> None:
-        self.order.add(slots, self.ledger.next_stamps(len(slots)))
+    def insert_slots(self, slots: list[int]) -> None:
+        self.order.add(slots)
 
-    def remove_slots(self, slots: np.ndarray) -> None:
+    def remove_slots(self, slots: list[int]) -> None:
         self.order.discard(slots)
 
-    def touch_slots(self, slots: np.ndarray, block_hashes: Iterable[BlockHash]) -> None:
-        if len(slots):
-            self.order.refresh(slots[::-1], self.ledger.next_stamps(len(slots)))
+    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
+        ledger = self.ledger
+        index_get = ledger.index.get
+        stamps = ledger.stamps
+        clock = ledger.clock
+        for block_hash in reversed(block_hashes):
+            slot = index_get(block_hash)
+            if slot is not None:
+                stamps[slot] = clock
+                clock += 1
+        ledger.clock = clock
 
     def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
         if n <= 0:
             return []
         self.order.compact()
-        victims = list(islice(self.order.candidates(protected), n))
+        victims = self.order.collect(n, protected)
         if len(victims) < n:
             return None
-        self.order.discard(np.array(victims, dtype=np.int64))
+        self.order.discard(victims)
         return victims

@@ -17,8 +17,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable
 
-import numpy as np
-
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.block_status import BlockLedger, BlockStatus
 
@@ -74,17 +72,19 @@ class LedgerCachePolicy(CachePolicy):
 
     # ---- slot-level fast paths -----------------------------------------------------------
     @abstractmethod
-    def insert_slots(self, slots: np.ndarray) -> None: ...
+    def insert_slots(self, slots: list[int]) -> None:
+        """New blocks (index and hashes already set by the caller), most recent last."""
 
     @abstractmethod
-    def remove_slots(self, slots: np.ndarray) -> None: ...
+    def remove_slots(self, slots: list[int]) -> None: ...
 
     @abstractmethod
-    def touch_slots(self, slots: np.ndarray, block_hashes: Iterable[BlockHash]) -> None:
-        """``slots``: present blocks in touch order; ``block_hashes``: everything touched."""
+    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
+        """``touch`` without the per-call conversions; absent hashes are allowed."""
 
     @abstractmethod
-    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None: ...
+    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
+        """Victim slots (removed from the policy's lists, still in the ledger index)."""
 
     def num_ghosts(self) -> int:
         return 0
@@ -96,23 +96,20 @@ class LedgerCachePolicy(CachePolicy):
 
     def insert(self, block_hash: BlockHash, block: BlockStatus) -> None:
         ledger = self.ledger
-        if block._refs is not ledger.ref_cnt:
-            block.bind(ledger.ref_cnt)
+        if block._refs is not ledger.refs:
+            block.bind(ledger.refs)
         ledger.index[block_hash] = block.block_id
         ledger.hashes[block.block_id] = block_hash
-        self.insert_slots(np.array([block.block_id], dtype=np.int64))
+        self.insert_slots([block.block_id])
 
     def remove(self, block_hash: BlockHash) -> None:
         slot = self.ledger.index.pop(block_hash, None)
         if slot is not None:
             self.ledger.hashes[slot] = None
-            self.remove_slots(np.array([slot], dtype=np.int64))
+            self.remove_slots([slot])
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes = list(block_hashes)
-        index = self.ledger.index
-        slots = [index[h] for h in dict.fromkeys(hashes) if h in index]
-        self.touch_slots(np.array(slots, dtype=np.int64), hashes)
+        self.touch_hashes(list(block_hashes))
 
     def evict(self, n: int, protected: Collection[BlockHash]) -> list[tuple[BlockHash, BlockStatus]] | None:
         slots = self.evict_slots(n, protected)
@@ -124,5 +121,5 @@ class LedgerCachePolicy(CachePolicy):
             block_hash = ledger.hashes[slot]
             del ledger.index[block_hash]
             ledger.hashes[slot] = None
-            out.append((block_hash, BlockStatus(slot, int(ledger.ref_cnt[slot]))))
+            out.append((block_hash, BlockStatus(slot, ledger.refs[slot])))
         return out

@@ -1,21 +1,20 @@
 """A recency list over ledger slots, kept as stamps instead of links.
 
-Touching or inserting a block is one vectorised stamp assignment; the least-recent end is
+Touching or inserting a block writes one stamp (no unlinking); the least-recent end is
 materialised lazily as a sorted queue of (slot, stamp) that covers every member whose stamp
 is <= the queue's horizon. A queue entry is stale once its slot's stamp or tag changed (the
 block was touched, moved or freed); stale entries are skipped and never become valid again,
-because stamps only grow. Members beyond the horizon are sorted in when a scan needs them.
+because stamps only grow. Members beyond the horizon are sorted in when a scan needs them,
+a bounded batch at a time, with vectorised numpy over the ledger's views.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable
 
 import numpy as np
 
 from kvoffload.offload.block_status import FREE_TAG, BlockLedger
-
-_CHUNK = 64
 
 
 class StampOrder:
@@ -23,31 +22,33 @@ class StampOrder:
         self.ledger = ledger
         self.tag = tag
         self.size = 0
-        self._queue = np.empty(0, dtype=np.int64)
-        self._qstamp = np.empty(0, dtype=np.int64)
+        self._queue: list[int] = []
+        self._qstamp: list[int] = []
         self._pos = 0
         self._horizon = 0
         self._batch = max(4096, ledger.capacity // 64)
 
-    def add(self, slots: np.ndarray, stamps: np.ndarray) -> None:
-        """Make ``slots`` (not members yet) members, most recent last."""
-        self.ledger.tag[slots] = self.tag
-        self.ledger.stamp[slots] = stamps
-        self.size += len(slots)
+    def add(self, slots: Iterable[int]) -> None:
+        """Make ``slots`` (not members yet) members, each more recent than the last."""
+        ledger = self.ledger
+        tags, stamps = ledger.tags, ledger.stamps
+        clock = ledger.clock
+        n = 0
+        for slot in slots:
+            tags[slot] = self.tag
+            stamps[slot] = clock
+            clock += 1
+            n += 1
+        ledger.clock = clock
+        self.size += n
 
-    def refresh(self, slots: np.ndarray, stamps: np.ndarray) -> None:
-        self.ledger.stamp[slots] = stamps
-
-    def discard(self, slots: np.ndarray) -> None:
-        self.ledger.tag[slots] = FREE_TAG
-        self.size -= len(slots)
-
-    def clear(self) -> None:
-        members = np.flatnonzero(self.ledger.tag == self.tag)
-        self.ledger.tag[members] = FREE_TAG
-        self.size = 0
-        self._queue = self._qstamp = np.empty(0, dtype=np.int64)
-        self._pos = 0
+    def discard(self, slots: Iterable[int]) -> None:
+        tags = self.ledger.tags
+        n = 0
+        for slot in slots:
+            tags[slot] = FREE_TAG
+            n += 1
+        self.size -= n
 
     def oldest_first(self) -> np.ndarray:
         """Every member slot, least recent first (for inspection and tests; O(n log n))."""
@@ -55,10 +56,10 @@ class StampOrder:
         return members[np.argsort(self.ledger.stamp[members], kind="stable")]
 
     def compact(self) -> None:
-        """Drop the consumed prefix of the queue; call only while no scan is running."""
-        if self._pos:
-            self._queue = self._queue[self._pos :]
-            self._qstamp = self._qstamp[self._pos :]
+        """Drop the consumed prefix once it is half the queue; never while a scan runs."""
+        if self._pos > 1024 and self._pos * 2 > len(self._queue):
+            del self._queue[: self._pos]
+            del self._qstamp[: self._pos]
             self._pos = 0
 
     def _extend(self) -> bool:
@@ -73,27 +74,32 @@ class StampOrder:
             keep = np.argpartition(stamps, self._batch - 1)[: self._batch]
             members, stamps = members[keep], stamps[keep]
         order = np.argsort(stamps, kind="stable")
-        self._queue = np.concatenate((self._queue, members[order]))
-        self._qstamp = np.concatenate((self._qstamp, stamps[order]))
-        self._horizon = int(self._qstamp[-1])
+        self._queue.extend(members[order].tolist())
+        self._qstamp.extend(stamps[order].tolist())
+        self._horizon = self._qstamp[-1]
         return True
 
-    def candidates(self, protected: Container | None = None) -> Iterator[int]:
-        """Evictable members (ref_cnt 0, hash not protected), least recent first."""
+    def collect(self, n: int, protected: Container | None = None) -> list[int]:
+        """Up to ``n`` evictable members (ref_cnt 0, hash not protected), least recent first."""
         ledger = self.ledger
+        tags, stamps, refs, hashes = ledger.tags, ledger.stamps, ledger.refs, ledger.hashes
+        tag = self.tag
+        queue, qstamp = self._queue, self._qstamp
+        out: list[int] = []
         i = self._pos
-        while True:
-            if i >= len(self._queue) and not self._extend():
-                return
-            j = min(i + _CHUNK, len(self._queue))
-            slots = self._queue[i:j]
-            valid = (ledger.tag[slots] == self.tag) & (ledger.stamp[slots] == self._qstamp[i:j])
-            if i == self._pos:
-                self._pos = j if not valid.any() else i + int(np.argmax(valid))
-            ok = slots[valid & (ledger.ref_cnt[slots] == 0)]
-            hashes = ledger.hashes
-            for slot in ok.tolist():
-                if protected and hashes[slot] in protected:
-                    continue
-                yield slot
-            i = j
+        size = len(queue)
+        leading = True  # still in the run of stale entries at the queue's front
+        while len(out) < n:
+            if i >= size:
+                if not self._extend():
+                    break
+                size = len(queue)
+            slot = queue[i]
+            if tags[slot] == tag and stamps[slot] == qstamp[i]:
+                leading = False
+                if refs[slot] == 0 and not (protected and hashes[slot] in protected):
+                    out.append(slot)
+            elif leading:
+                self._pos = i + 1
+            i += 1
+        return out

@@ -86,7 +86,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert len(set(slots)) == len(slots), "slot allocated twice"
         assert self.mgr.num_free_blocks + len(slots) == CAPACITY
         assert all(ledger.hashes[s] == h for h, s in ledger.index.items())
-        assert (ledger.ref_cnt[slots] >= -1).all() if slots else True
+        assert all(ledger.refs[s] >= -1 for s in slots)
         pins = self._pins()
         for h, s in ledger.index.items():
             want = -1 if h in self.pending else pins.get(h, 0)
