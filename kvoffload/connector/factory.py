@@ -54,6 +54,6 @@ def get_connector_class(name: str) -> type[KVConnectorBase]:
 
 class KVConnectorFactory:
     @staticmethod
-    def create_connector(name: str, config: Any, role: KVConnectorRole) -> KVConnectorBase:
+    def create_connector(name: str, config: Any, role: KVConnectorRole, **kwargs: Any) -> KVConnectorBase:
         """One instance per role; the connector builds only the half that role needs."""
-        return get_connector_class(name)(config, role)
+        return get_connector_class(name)(config, role, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections.abc import Sequence
@@ -23,6 +24,19 @@ from kvoffload.engine.single_type_manager import cdiv
 from kvoffload.engine.tokenizer import ByteTokenizer
 
 Prompt = str | Sequence[int]
+
+def engine_kv_info(config: EngineConfig, model: ModelConfig) -> Any:
+    """The KV geometry a connector needs: block size, bytes per block, a layout digest."""
+    from kvoffload.offload.spec import EngineKVInfo
+
+    itemsize = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
+    block_bytes = model.num_hidden_layers * 2 * config.block_size * model.num_key_value_heads * model.head_dim * itemsize
+    digest = hashlib.sha256(
+        f"{model.checkpoint_dir or config.model}|{config.seed}|{model}|{config.dtype}|{config.block_size}".encode()
+    ).hexdigest()[:16]
+    return EngineKVInfo(block_size=config.block_size, block_bytes=block_bytes,
+                        num_device_blocks=config.num_gpu_blocks, layout_digest=digest)
+
 
 _FINISH_REASON = {
     RequestStatus.FINISHED_STOPPED: "stop",
@@ -46,7 +60,8 @@ class LLM:
             self.model_config = ModelConfig.tiny(config.model)
         else:
             self.model_config = ModelConfig.from_pretrained(config.model)
-        self.scheduler_connector, self.worker_connector = self._build_connectors(config)
+        self.kv_info = engine_kv_info(config, self.model_config)
+        self.scheduler_connector, self.worker_connector = self._build_connectors(config, self.kv_info)
         self.kv_cache_manager = KVCacheManager(
             config.num_gpu_blocks, config.block_size, config.max_model_len, config.enable_prefix_caching
         )
@@ -79,14 +94,14 @@ class LLM:
         self.last_logits: dict[str, list[torch.Tensor]] = {}
 
     @staticmethod
-    def _build_connectors(config: EngineConfig) -> tuple[KVConnectorBase | None, KVConnectorBase | None]:
+    def _build_connectors(config: EngineConfig, kv_info: Any) -> tuple[KVConnectorBase | None, KVConnectorBase | None]:
         name = config.kv_connector
         if name is None and config.kv_offload is None:
             return None, None
         name = name or "OffloadingConnector"
         return (
-            KVConnectorFactory.create_connector(name, config, KVConnectorRole.SCHEDULER),
-            KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER),
+            KVConnectorFactory.create_connector(name, config, KVConnectorRole.SCHEDULER, kv_info=kv_info),
+            KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER, kv_info=kv_info),
         )
 
     # ---- requests ----------------------------------------------------------------------

@@ -62,8 +62,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
-        #: Local (device) hit tokens of requests whose external load is in flight.
-        self._local_hit_tokens: dict[str, int] = {}
+        #: Tokens a request will have computed once its external load lands.
+        self._pending_computed: dict[str, int] = {}
         self.stats = SchedulerStats()
 
     # ---- request lifecycle --------------------------------------------------------------
@@ -135,12 +135,17 @@ class Scheduler:
 
         skipped: deque[Request] = deque()
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            # Requests loading external KV hold blocks, so they count against max_num_seqs.
+            num_loading = len(self._pending_computed)
+            while self.waiting and budget > 0:
                 request = self.waiting[0]
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                     if not self._update_waiting_for_remote_kv(request):
                         skipped.append(self.waiting.popleft())
                         continue
+                    num_loading -= 1
+                elif len(self.running) + num_loading >= self.max_num_seqs:
+                    break
                 load_async = False
                 num_external = 0
                 if request.num_computed_tokens == 0:
@@ -163,11 +168,15 @@ class Scheduler:
                         break
                     num_new = self._clamp_new_tokens(request, num_new, budget)
                     assert num_new > 0, f"request {request.request_id} has nothing left to compute"
+                # An async load also reserves its prompt's remaining blocks, so a request whose
+                # load landed never waits for room while holding blocks (no hold-and-wait).
+                reserve = request.num_tokens - num_computed if load_async else 0
                 new_blocks = self.kv_cache_manager.allocate_slots(
                     request,
                     num_new,
                     num_local,
                     computed_blocks,
+                    num_lookahead_tokens=reserve,
                     num_external_computed_tokens=num_external,
                     delay_cache_blocks=load_async,
                 )
@@ -181,7 +190,8 @@ class Scheduler:
                 self.stats.device_hit_tokens += num_local
                 self.stats.external_hit_tokens += num_external
                 if load_async:
-                    self._local_hit_tokens[request.request_id] = num_local
+                    self._pending_computed[request.request_id] = num_computed
+                    num_loading += 1
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     skipped.append(request)
                     continue
@@ -236,19 +246,15 @@ class Scheduler:
             self.kv_cache_manager.free(request)
             request.num_computed_tokens = 0
             request.status = RequestStatus.WAITING
-            self._local_hit_tokens.pop(rid, None)
+            self._pending_computed.pop(rid, None)
             return True
         if rid not in self.finished_recving_kv_req_ids:
             return False
         self.finished_recving_kv_req_ids.discard(rid)
-        (block_ids, *_rest) = self.kv_cache_manager.get_block_ids(rid)
-        num_computed = min(len(block_ids) * self.block_size, request.num_tokens)
-        if num_computed == request.num_tokens:
-            num_computed -= 1
+        num_computed = min(self._pending_computed.pop(rid), request.num_tokens - 1)
         self.kv_cache_manager.cache_blocks(request, num_computed)
         request.num_computed_tokens = num_computed
         request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
-        self._local_hit_tokens.pop(rid, None)
         return True
 
     def _build_output(
@@ -336,8 +342,14 @@ class Scheduler:
     def _update_from_kv_connector_output(self, kv_out: KVConnectorOutput) -> None:
         assert self.connector is not None
         self.connector.update_connector_output(kv_out)
-        self.finished_recving_kv_req_ids |= kv_out.finished_recving
-        self.failed_recving_kv_req_ids |= kv_out.failed_recving
+        for rid in kv_out.finished_recving | kv_out.failed_recving:
+            request = self.requests.get(rid)
+            if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                continue  # aborted while loading: nothing to resume
+            if rid in kv_out.failed_recving:
+                self.failed_recving_kv_req_ids.add(rid)
+            else:
+                self.finished_recving_kv_req_ids.add(rid)
         for rid in kv_out.finished_sending:
             request = self.requests.get(rid)
             if request is not None and request.is_finished:

@@ -8,6 +8,7 @@ from typing import Any
 from kvoffload.config import ConfigError
 from kvoffload.offload.abstract import LoadStoreSpec, OffloadingManager
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
+from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 from kvoffload.offload.spec import OffloadingSpec
 
@@ -32,4 +33,15 @@ class CPUOffloadingSpec(OffloadingSpec):
         return manager
 
     def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
-        raise NotImplementedError("worker-side handlers arrive with the transfer layer")
+        """Device <-> host handlers over ``kv_caches`` (a CanonicalKVCache); imports torch."""
+        from kvoffload.transfer.device_host_handler import DeviceHostHandler
+        from kvoffload.transfer.host_buffer import HostBlockBuffer
+        from kvoffload.transfer.streams import make_stream_pool
+
+        (num_blocks, *_) = self.num_blocks_per_tier()
+        device = kv_caches.device
+        host = HostBlockBuffer(num_blocks * self.block_size_factor, kv_caches.page_bytes, pin=device.type == "cuda")
+        pool = make_stream_pool(self.config.transfer.backend, device, self.config.transfer.num_streams)
+        handler = DeviceHostHandler(kv_caches, host, self.block_size_factor, pool)
+        yield GPULoadStoreSpec, CPULoadStoreSpec, handler
+        yield CPULoadStoreSpec, GPULoadStoreSpec, handler

@@ -29,6 +29,7 @@ class EngineKVInfo:
 
     block_size: int  # tokens per engine block
     block_bytes: int  # bytes of one engine block across all layers (K and V)
+    num_device_blocks: int = 0  # engine blocks in the device KV cache
     layout_digest: str = ""  # identifies model + layout, so persistent tiers never misread
 
 

@@ -44,7 +44,8 @@ def test_async_load_then_resume_and_delayed_free():
     so = sched.schedule()  # 8 external tokens, loaded asynchronously
     assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert so.num_scheduled_tokens == {}
-    assert conn.calls[2:] == [("match", "a", 0), ("alloc", "a", ([1, 2],), 8), ("meta", [])]
+    # The load covers 8 tokens; the rest of the prompt is reserved up front (no hold-and-wait).
+    assert conn.calls[2:] == [("match", "a", 0), ("alloc", "a", ([1, 2, 3, 4],), 8), ("meta", [])]
     assert sched.schedule().num_scheduled_tokens == {}  # load not finished yet
 
     out = ModelRunnerOutput([], [], kv_connector_output=KVConnectorOutput(finished_recving={"a"}))

@@ -1,0 +1,23 @@
+"""The per-step plan the offloading scheduler half sends its worker half."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvoffload.connector.base import KVConnectorMetadata
+from kvoffload.offload.abstract import LoadStoreSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TransferJob:
+    job_id: int
+    src: LoadStoreSpec
+    dst: LoadStoreSpec
+
+
+@dataclass
+class OffloadingConnectorMetadata(KVConnectorMetadata):
+    reqs_to_load: dict[str, list[TransferJob]] = field(default_factory=dict)
+    #: Planned this step, submitted by the worker at the start of the next one.
+    reqs_to_store: dict[str, list[TransferJob]] = field(default_factory=dict)
+    preempted_req_ids: set[str] = field(default_factory=set)

@@ -1,0 +1,224 @@
+"""Scheduler half of the OffloadingConnector: plans loads and stores; never touches a tensor.
+
+Offloaded blocks may span ``block_size_factor`` engine blocks; offloaded block i is keyed by
+the chained hash of its last engine block (which covers the whole prefix up to it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, TransferJob
+from kvoffload.offload.abstract import BlockHash, OffloadingEvent
+from kvoffload.offload.mediums import GPULoadStoreSpec
+from kvoffload.offload.spec import OffloadingSpec
+
+
+@dataclass(slots=True)
+class _Job:
+    req_id: str
+    block_hashes: list[BlockHash]
+    is_store: bool
+
+
+@dataclass(slots=True)
+class SchedulerSideStats:
+    hit_tokens: int = 0
+    lookups_deferred: int = 0
+    blocks_loaded: int = 0
+    blocks_stored: int = 0
+    stores_failed: int = 0
+    loads_failed: int = 0
+    store_retries: int = 0
+    evicted_blocks: int = 0
+    tier_hits: Counter = field(default_factory=Counter)
+
+
+class OffloadingConnectorScheduler:
+    def __init__(self, spec: OffloadingSpec) -> None:
+        self.spec = spec
+        self.manager = spec.get_manager()
+        self.block_size = spec.kv_info.block_size
+        self.offloaded_block_size = spec.offloaded_block_size
+        self.factor = spec.block_size_factor
+        self.tier_name = spec.config.tiers[0].name
+        self._requests: dict[str, Any] = {}
+        self._block_ids: dict[str, list[int]] = {}
+        self._next_stored: dict[str, int] = {}
+        self._loading: dict[str, list[BlockHash]] = {}
+        self._storing: dict[str, Counter] = {}
+        self._blocks_being_loaded: set[BlockHash] = set()
+        self._reqs_to_load: dict[str, list[TransferJob]] = {}
+        self._jobs: dict[int, _Job] = {}
+        self._job_ids = itertools.count()
+        self.stats = SchedulerSideStats()
+
+    def _offload_hashes(self, request: Any, start: int, end: int) -> list[BlockHash]:
+        f = self.factor
+        return request.block_hashes[f * start + f - 1 : f * end : f]
+
+    # ---- lookups and loads -----------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        num_blocks = request.num_tokens // self.offloaded_block_size
+        hashes = self._offload_hashes(request, 0, num_blocks)
+        self.manager.touch(hashes)
+        start = num_computed_tokens // self.offloaded_block_size
+        if start >= len(hashes):
+            return 0, False
+        hits = self.manager.lookup(hashes[start:])
+        if hits is None:
+            return None, False
+        if hits == 0:
+            return 0, False
+        num_hit_tokens = (start + hits) * self.offloaded_block_size - num_computed_tokens
+        if num_hit_tokens <= 0:
+            return 0, False
+        if not self._blocks_being_loaded.isdisjoint(hashes[start : start + hits]):
+            self.stats.lookups_deferred += 1
+            return None, False  # another request is loading these blocks: ask again later
+        return num_hit_tokens, True
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        rid = request.request_id
+        self._requests[rid] = request
+        block_ids = list(blocks.get_block_ids()[0])
+        self._block_ids[rid] = block_ids
+        if num_external_tokens == 0:
+            return
+        # Local prefix hits are the blocks that already carry a hash; the rest are new.
+        num_local = sum(1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
+        full_tokens = num_local + num_external_tokens
+        if full_tokens % self.offloaded_block_size or num_external_tokens % self.block_size:
+            raise AssertionError(
+                f"request {rid}: {num_local} local + {num_external_tokens} external tokens do not end on "
+                f"an offloaded block boundary ({self.offloaded_block_size})"
+            )
+        start = num_local // self.offloaded_block_size
+        end = full_tokens // self.offloaded_block_size
+        hashes = self._offload_hashes(request, start, end)
+        src = self.manager.prepare_load(hashes)
+        dst = GPULoadStoreSpec(block_ids[num_local // self.block_size : full_tokens // self.block_size])
+        job_id = next(self._job_ids)
+        self._jobs[job_id] = _Job(rid, hashes, is_store=False)
+        self._reqs_to_load[rid] = [TransferJob(job_id, src, dst)]
+        self._loading[rid] = hashes
+        self._blocks_being_loaded.update(hashes)
+        self._next_stored[rid] = max(self._next_stored.get(rid, 0), end)
+        self.stats.hit_tokens += num_external_tokens
+        self.stats.tier_hits[self.tier_name] += num_external_tokens
+
+    # ---- stores ------------------------------------------------------------------------------
+    def _update_block_ids(self, so: Any) -> None:
+        for new in so.scheduled_new_reqs:
+            self._block_ids[new.req_id] = list(new.block_ids[0])
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            ids = cached.new_block_ids[i]
+            if cached.resumed_from_preemption[i]:
+                self._block_ids[rid] = list(ids[0]) if ids else []
+            elif ids:
+                self._block_ids.setdefault(rid, []).extend(ids[0])
+
+    def _plan_stores(self, so: Any) -> dict[str, list[TransferJob]]:
+        reqs_to_store: dict[str, list[TransferJob]] = {}
+        f = self.factor
+        for rid, n in so.num_scheduled_tokens.items():
+            request = self._requests.get(rid)
+            if request is None:
+                continue
+            num_tokens = request.num_computed_tokens + n
+            num_blocks = min(num_tokens // self.offloaded_block_size, len(request.block_hashes) // f)
+            start = self._next_stored.get(rid, 0)
+            if num_blocks <= start:
+                continue
+            hashes = self._offload_hashes(request, start, num_blocks)
+            out = self.manager.prepare_store(hashes)
+            if out is None:
+                self.stats.store_retries += 1
+                continue  # the cursor stays: retried next step
+            self._next_stored[rid] = num_blocks
+            self.manager.touch(hashes)
+            self.stats.evicted_blocks += len(out.block_hashes_evicted)
+            if not out.block_hashes_to_store:
+                continue
+            index_of = {h: start + k for k, h in enumerate(hashes)}
+            block_ids = self._block_ids[rid]
+            device_ids: list[int] = []
+            for h in out.block_hashes_to_store:
+                i = index_of[h]
+                device_ids.extend(block_ids[i * f : (i + 1) * f])
+            job_id = next(self._job_ids)
+            self._jobs[job_id] = _Job(rid, list(out.block_hashes_to_store), is_store=True)
+            reqs_to_store[rid] = [TransferJob(job_id, GPULoadStoreSpec(device_ids), out.store_spec)]
+            self._storing.setdefault(rid, Counter()).update(out.block_hashes_to_store)
+        return reqs_to_store
+
+    def build_connector_meta(self, scheduler_output: Any) -> OffloadingConnectorMetadata:
+        self._update_block_ids(scheduler_output)
+        meta = OffloadingConnectorMetadata(
+            reqs_to_load=self._reqs_to_load,
+            reqs_to_store=self._plan_stores(scheduler_output),
+            preempted_req_ids=set(scheduler_output.preempted_req_ids),
+        )
+        self._reqs_to_load = {}
+        return meta
+
+    # ---- completions -------------------------------------------------------------------------
+    def update_connector_output(self, connector_output: Any) -> None:
+        for result in connector_output.worker_meta or ():
+            job = self._jobs.pop(result.job_id, None)
+            if job is None:
+                continue
+            if job.is_store:
+                self.manager.complete_store(job.block_hashes, result.success)
+                storing = self._storing.get(job.req_id)
+                if storing is not None:
+                    storing.subtract(job.block_hashes)
+                    if not +storing:
+                        del self._storing[job.req_id]
+                if result.success:
+                    self.stats.blocks_stored += len(job.block_hashes)
+                else:
+                    self.stats.stores_failed += len(job.block_hashes)
+            else:
+                self.manager.complete_load(job.block_hashes)
+                self._blocks_being_loaded.difference_update(job.block_hashes)
+                self._loading.pop(job.req_id, None)
+                if result.success:
+                    self.stats.blocks_loaded += len(job.block_hashes)
+                else:
+                    self.stats.loads_failed += len(job.block_hashes)
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        self._requests.pop(rid, None)
+        self._block_ids.pop(rid, None)
+        self._next_stored.pop(rid, None)
+        for job in self._reqs_to_load.pop(rid, ()):  # planned, never sent: undo the pin now
+            hashes = self._jobs.pop(job.job_id).block_hashes
+            self.manager.complete_load(hashes)
+            self._blocks_being_loaded.difference_update(hashes)
+            self._loading.pop(rid, None)
+        # Keep the device blocks while any planned or in-flight copy still reads or fills them.
+        return bool(self._storing.get(rid)) or rid in self._loading, None
+
+    def take_events(self) -> list[OffloadingEvent]:
+        return list(self.manager.take_events())
+
+    def stats_dict(self) -> dict[str, Any]:
+        s = self.stats
+        filtered = getattr(self.manager, "num_filtered", 0)
+        return {
+            "hit_tokens_by_tier": dict(s.tier_hits),
+            "blocks_loaded": s.blocks_loaded,
+            "blocks_stored": s.blocks_stored,
+            "blocks_evicted": s.evicted_blocks,
+            "stores_skipped_by_filter": filtered,
+            "store_retries": s.store_retries,
+            "stores_failed": s.stores_failed,
+            "loads_failed": s.loads_failed,
+            "lookups_deferred": s.lookups_deferred,
+        }

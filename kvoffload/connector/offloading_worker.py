@@ -1,0 +1,149 @@
+"""Worker half of the OffloadingConnector: runs the planned copies; decides nothing.
+
+Loads are submitted as soon as their plan arrives; stores planned in step N are submitted at
+the start of step N+1 (the KV they read is only written by step N's forward pass, and
+submitting later keeps the copy off the path to sampling). A request is reported as
+finished-sending once the engine finished it and none of its copies is outstanding.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, TransferJob
+from kvoffload.offload.spec import OffloadingSpec
+from kvoffload.transfer.handler import OffloadingWorker, TransferResult
+from kvoffload.transfer.layout import canonicalize
+from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
+
+
+@dataclass(slots=True)
+class DirectionStats:
+    jobs: int = 0
+    failed: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        gbps = self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+        return {"jobs": self.jobs, "failed": self.failed, "bytes": self.nbytes, "seconds": self.seconds, "gb_per_s": gbps}
+
+
+@dataclass(slots=True)
+class TransferStats:
+    by_direction: dict[str, DirectionStats] = field(
+        default_factory=lambda: {DEVICE_TO_HOST: DirectionStats(), HOST_TO_DEVICE: DirectionStats()}
+    )
+
+    def record(self, r: TransferResult) -> None:
+        d = self.by_direction.setdefault(r.direction, DirectionStats())
+        d.jobs += 1
+        d.failed += not r.success
+        d.nbytes += r.nbytes
+        d.seconds += r.seconds
+
+
+class OffloadingConnectorWorker:
+    def __init__(self, spec: OffloadingSpec) -> None:
+        self.spec = spec
+        self.worker: OffloadingWorker | None = None
+        self.handlers: list[Any] = []
+        self._deferred: dict[str, list[TransferJob]] = {}
+        self._job_req: dict[int, tuple[str, bool]] = {}
+        self._outstanding: Counter[str] = Counter()
+        self._loads_pending: Counter[str] = Counter()
+        self._finished: set[str] = set()
+        self._failed_recving: set[str] = set()
+        self._results: list[TransferResult] = []
+        self.stats = TransferStats()
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        canonical = canonicalize(kv_caches, self.spec.kv_info.num_device_blocks)
+        self.worker = OffloadingWorker()
+        for src, dst, handler in self.spec.get_handlers(canonical):
+            self.worker.register_handler(src, dst, handler)
+            if all(handler is not h for h in self.handlers):
+                self.handlers.append(handler)
+
+    def _submit(self, rid: str, job: TransferJob, is_store: bool) -> None:
+        assert self.worker is not None, "register_kv_caches must run before any transfer"
+        if self.worker.transfer_async(job.job_id, (job.src, job.dst)):
+            self._job_req[job.job_id] = (rid, is_store)
+            self._outstanding[rid] += 1
+            if not is_store:
+                self._loads_pending[rid] += 1
+            return
+        direction = DEVICE_TO_HOST if is_store else HOST_TO_DEVICE
+        self._results.append(TransferResult(job.job_id, False, 0, 0.0, direction))
+        if not is_store:
+            self._failed_recving.add(rid)
+
+    def _submit_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, {}
+        for rid, jobs in deferred.items():
+            for job in jobs:
+                self._submit(rid, job, is_store=True)
+
+    def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
+        """Preemption is a barrier: copies reading a preempted request's blocks finish first."""
+        if meta is None or not meta.preempted_req_ids:
+            return
+        self._submit_deferred()
+        assert self.worker is not None
+        self.worker.wait([j for j, (rid, _) in self._job_req.items() if rid in meta.preempted_req_ids])
+
+    def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
+        for rid, jobs in meta.reqs_to_load.items():
+            for job in jobs:
+                self._submit(rid, job, is_store=False)
+        self._submit_deferred()
+        self._deferred = dict(meta.reqs_to_store)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        recved: set[str] = set()
+        assert self.worker is not None
+        for r in self.worker.get_finished():
+            rid, is_store = self._job_req.pop(r.job_id)
+            self.stats.record(r)
+            self._results.append(r)
+            self._outstanding[rid] -= 1
+            if self._outstanding[rid] <= 0:
+                del self._outstanding[rid]
+            if not is_store:
+                if not r.success:
+                    self._failed_recving.add(rid)
+                self._loads_pending[rid] -= 1
+                if self._loads_pending[rid] <= 0:
+                    del self._loads_pending[rid]
+                    if rid not in self._failed_recving:
+                        recved.add(rid)
+        self._finished |= finished_req_ids
+        sent = {rid for rid in self._finished if rid not in self._outstanding and rid not in self._deferred}
+        self._finished -= sent
+        return sent, recved
+
+    def get_failed_recving(self) -> set[str]:
+        failed, self._failed_recving = self._failed_recving, set()
+        return failed
+
+    def build_connector_worker_meta(self) -> list[TransferResult]:
+        results, self._results = self._results, []
+        return results
+
+    def flush(self) -> None:
+        """Submit deferred stores and wait for every outstanding copy."""
+        if self.worker is None:
+            return
+        self._submit_deferred()
+        self.worker.wait(list(self._job_req))
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.flush()
+            self.worker.close()
+            self.worker = None
+
+    def stats_dict(self) -> dict[str, Any]:
+        return {d: s.as_dict() for d, s in self.stats.by_direction.items()}

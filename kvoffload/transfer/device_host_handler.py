@@ -1,0 +1,98 @@
+"""Copies between the device KV cache and host memory, both directions, one handler.
+
+Store (GPU → CPU): every engine block of each offloaded block is copied into the block's
+``block_size_factor`` host rows. Load (CPU → GPU): the host rows of the offloaded blocks are
+copied into the given device blocks; when the first offloaded block is only partly needed
+(its head is already on the device), its leading rows are skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Collection
+
+import numpy as np
+import torch
+
+from kvoffload.offload.mediums import GPULoadStoreSpec
+from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, JobHandle, StreamPool
+from kvoffload_ext import copy_blocks
+
+
+class DeviceHostHandler(OffloadingHandler):
+    def __init__(self, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int, pool: StreamPool) -> None:
+        if host.row_bytes != kv.page_bytes:
+            raise ValueError(f"host rows of {host.row_bytes} bytes cannot hold engine pages of {kv.page_bytes}")
+        self.kv = kv
+        self.host = host
+        self.factor = block_size_factor
+        self.pool = pool
+        self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
+        self._jobs: dict[str, deque[tuple[int, JobHandle, int]]] = {DEVICE_TO_HOST: deque(), HOST_TO_DEVICE: deque()}
+        self._by_id: dict[int, JobHandle] = {}
+        self._lock = threading.Lock()
+        #: Test-only negative control: flip the bytes of every loaded block after copying.
+        self.corrupt_loads = False
+
+    def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:
+        return (host_blocks[:, None] * self.factor + np.arange(self.factor)[None, :]).reshape(-1)
+
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        src, dst = spec
+        if isinstance(src, GPULoadStoreSpec):
+            direction = DEVICE_TO_HOST
+            device_ids = src.block_ids
+            host_rows = self._host_rows(dst.block_ids)
+        else:
+            direction = HOST_TO_DEVICE
+            device_ids = dst.block_ids
+            host_rows = self._host_rows(src.block_ids)
+            skip = len(host_rows) - len(device_ids)
+            if not 0 <= skip < self.factor:
+                return False
+            host_rows = host_rows[skip:]
+        if len(host_rows) != len(device_ids):
+            return False
+        nbytes = len(device_ids) * self.kv.page_bytes
+        handle = self.pool.submit(direction, lambda: self._copy(direction, device_ids, host_rows))
+        with self._lock:
+            self._jobs[direction].append((job_id, handle, nbytes))
+            self._by_id[job_id] = handle
+        return True
+
+    def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray) -> None:
+        for view, offset in zip(self.kv.views, self.offsets):
+            width = view.shape[1]
+            for chunk, local_rows, dev in self.host.group(host_rows, device_ids):
+                cols = chunk[:, offset : offset + width]
+                if direction == DEVICE_TO_HOST:
+                    copy_blocks(view, cols, dev, local_rows)
+                else:
+                    copy_blocks(cols, view, local_rows, dev)
+        if direction == HOST_TO_DEVICE and self.corrupt_loads:
+            for view in self.kv.views:
+                view[torch.from_numpy(device_ids).to(view.device)] ^= 0x5A
+
+    def get_finished(self) -> list[TransferResult]:
+        out: list[TransferResult] = []
+        with self._lock:
+            for direction, jobs in self._jobs.items():
+                while jobs and jobs[0][1].done():
+                    job_id, handle, nbytes = jobs.popleft()
+                    del self._by_id[job_id]
+                    ok = handle.error() is None
+                    out.append(TransferResult(job_id, ok, nbytes if ok else 0, handle.seconds(), direction))
+        return out
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        with self._lock:
+            handles = [self._by_id[j] for j in job_ids if j in self._by_id]
+        for handle in handles:
+            handle.wait()
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,95 @@
+"""Worker-side transfer contract: handlers keyed by (source medium, destination medium)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from kvoffload.offload.abstract import LoadStoreSpec
+
+TransferSpec = tuple[LoadStoreSpec, LoadStoreSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferResult:
+    job_id: int
+    success: bool
+    nbytes: int
+    seconds: float
+    direction: str
+
+
+class OffloadingHandler(ABC):
+    """Moves blocks between two media. Never raises for a failed copy: it reports it."""
+
+    @abstractmethod
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        """Start a copy; False if it could not even be submitted."""
+
+    @abstractmethod
+    def get_finished(self) -> list[TransferResult]:
+        """Jobs finished since the last call, in submission order per direction; never blocks."""
+
+    @abstractmethod
+    def wait(self, job_ids: Collection[int]) -> None:
+        """Block until the named jobs (those this handler owns) are done."""
+
+    def close(self) -> None:
+        """Finish outstanding jobs and release resources."""
+
+
+class UnsupportedTransferError(ValueError):
+    pass
+
+
+class OffloadingWorker:
+    """Dispatches each job to the handler registered for its media pair."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[tuple[str, str], OffloadingHandler] = {}
+        self._job_handler: dict[int, OffloadingHandler] = {}
+
+    def register_handler(self, src: type[LoadStoreSpec], dst: type[LoadStoreSpec], handler: OffloadingHandler) -> None:
+        key = (src.medium(), dst.medium())
+        if key in self._handlers:
+            raise ValueError(f"a handler for {key[0]} -> {key[1]} is already registered")
+        self._handlers[key] = handler
+
+    def _unique_handlers(self) -> list[OffloadingHandler]:
+        out: list[OffloadingHandler] = []
+        for h in self._handlers.values():
+            if all(h is not o for o in out):
+                out.append(h)
+        return out
+
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        src, dst = spec
+        key = (src.medium(), dst.medium())
+        handler = self._handlers.get(key)
+        if handler is None:
+            known = ", ".join(f"{a}->{b}" for a, b in self._handlers)
+            raise UnsupportedTransferError(f"no handler for {key[0]} -> {key[1]}; registered: {known}")
+        self._job_handler[job_id] = handler
+        return handler.transfer_async(job_id, spec)
+
+    def get_finished(self) -> list[TransferResult]:
+        results: list[TransferResult] = []
+        for handler in self._unique_handlers():
+            results.extend(handler.get_finished())
+        for r in results:
+            self._job_handler.pop(r.job_id, None)
+        return results
+
+    def wait(self, job_ids: Iterable[int]) -> None:
+        by_handler: dict[int, tuple[OffloadingHandler, list[int]]] = {}
+        for job_id in job_ids:
+            handler = self._job_handler.get(job_id)
+            if handler is not None:
+                by_handler.setdefault(id(handler), (handler, []))[1].append(job_id)
+        for handler, ids in by_handler.values():
+            handler.wait(ids)
+
+    def close(self) -> None:
+        for handler in self._unique_handlers():
+            handler.close()

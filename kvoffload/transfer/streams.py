@@ -1,0 +1,162 @@
+"""Stream/event pools that run copy jobs asynchronously, in submission order per direction.
+
+Each job gets a stream from the pool, a start and an end event, and waits for the end event
+of the previous job in the same direction, so completions arrive in submission order.
+Device-to-host jobs first wait for the compute stream, so they read finished KV.
+
+CPU backend: copy threads stand in for streams and futures for events (the copies release
+the GIL, so this is real concurrency). CUDA backend: torch streams and events.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+DEVICE_TO_HOST = "device_to_host"
+HOST_TO_DEVICE = "host_to_device"
+
+
+class JobHandle(ABC):
+    @abstractmethod
+    def done(self) -> bool: ...
+
+    @abstractmethod
+    def wait(self) -> None: ...
+
+    @abstractmethod
+    def error(self) -> BaseException | None:
+        """The exception the job raised, once done (None = success)."""
+
+    @abstractmethod
+    def seconds(self) -> float: ...
+
+
+class StreamPool(ABC):
+    @abstractmethod
+    def submit(self, direction: str, fn: Callable[[], None]) -> JobHandle: ...
+
+    def close(self) -> None:
+        """Wait for every submitted job and release the streams."""
+
+
+class _FutureHandle(JobHandle):
+    __slots__ = ("future",)
+
+    def __init__(self, future: cf.Future) -> None:
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def wait(self) -> None:
+        cf.wait([self.future])
+
+    def error(self) -> BaseException | None:
+        return self.future.exception()
+
+    def seconds(self) -> float:
+        return self.future.result() if self.future.exception() is None else 0.0
+
+
+class CPUStreamPool(StreamPool):
+    def __init__(self, num_streams: int = 4, delay_s: float = 0.0) -> None:
+        if num_streams < 1:
+            raise ValueError(f"num_streams={num_streams}: need at least one copy thread")
+        self._executor = cf.ThreadPoolExecutor(num_streams, thread_name_prefix="kvoffload-copy")
+        self._last: dict[str, cf.Future] = {}
+        self._lock = threading.Lock()
+        #: Artificial per-job latency, for tests of ordering and asynchrony.
+        self.delay_s = delay_s
+
+    def submit(self, direction: str, fn: Callable[[], None]) -> JobHandle:
+        with self._lock:
+            prev = self._last.get(direction)
+            delay = self.delay_s
+
+            def run() -> float:
+                if prev is not None:
+                    cf.wait([prev])  # the previous job's end event
+                t0 = time.perf_counter()
+                if delay:
+                    time.sleep(delay)
+                fn()
+                return time.perf_counter() - t0
+
+            future = self._executor.submit(run)
+            self._last[direction] = future
+        return _FutureHandle(future)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class _CudaHandle(JobHandle):
+    __slots__ = ("start", "end", "exc")
+
+    def __init__(self, start: torch.cuda.Event, end: torch.cuda.Event, exc: BaseException | None) -> None:
+        self.start, self.end, self.exc = start, end, exc
+
+    def done(self) -> bool:
+        return self.exc is not None or self.end.query()
+
+    def wait(self) -> None:
+        if self.exc is None:
+            self.end.synchronize()
+
+    def error(self) -> BaseException | None:
+        return self.exc
+
+    def seconds(self) -> float:
+        return 0.0 if self.exc is not None else self.start.elapsed_time(self.end) / 1000.0
+
+
+class CUDAStreamPool(StreamPool):
+    def __init__(self, device: torch.device, num_streams: int = 4) -> None:
+        self.device = device
+        self._streams = [torch.cuda.Stream(device) for _ in range(num_streams)]
+        self._next = 0
+        self._last: dict[str, torch.cuda.Event] = {}
+
+    def submit(self, direction: str, fn: Callable[[], None]) -> JobHandle:
+        stream = self._streams[self._next]
+        self._next = (self._next + 1) % len(self._streams)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        if direction == DEVICE_TO_HOST:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        prev = self._last.get(direction)
+        if prev is not None:
+            stream.wait_event(prev)
+        exc: BaseException | None = None
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            try:
+                fn()
+            except Exception as e:  # a failed copy is a failed job, never an engine crash
+                exc = e
+            end.record(stream)
+        self._last[direction] = end
+        return _CudaHandle(start, end, exc)
+
+    def close(self) -> None:
+        for stream in self._streams:
+            stream.synchronize()
+
+
+def make_stream_pool(backend: str, device: torch.device, num_streams: int) -> StreamPool:
+    """``auto`` picks CUDA when the KV cache lives on a CUDA device."""
+    if backend == "auto":
+        backend = "cuda" if device.type == "cuda" else "cpu"
+    if backend == "cuda":
+        if device.type != "cuda":
+            raise ValueError(f"transfer.backend=cuda but the KV cache is on {device}; use auto or cpu")
+        return CUDAStreamPool(device, num_streams)
+    if device.type != "cpu":
+        raise ValueError(f"transfer.backend=cpu but the KV cache is on {device}; use auto or cuda")
+    return CPUStreamPool(num_streams)
