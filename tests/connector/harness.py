@@ -1,0 +1,99 @@
+"""Drive the engine scheduler + the real connector halves with a recording fake handler."""
+
+from __future__ import annotations
+
+from kvoffload.connector.base import KVConnectorOutput, KVConnectorRole
+from kvoffload.connector.offloading_connector import OffloadingConnector
+from kvoffload.engine.outputs import ModelRunnerOutput
+from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.offload.spec import EngineKVInfo
+from kvoffload.transfer.handler import OffloadingHandler, OffloadingWorker, TransferResult
+from tests.engine.helpers import make_scheduler
+
+
+class FakeHandler(OffloadingHandler):
+    """Records every job; jobs finish only when the test says so (or on wait)."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[int, str, list[int], list[int]]] = []  # (job, kind, src ids, dst ids)
+        self.done: list[TransferResult] = []
+        self.pending: dict[int, str] = {}
+        self.waited: list[list[int]] = []
+        self.auto_complete = False
+
+    def transfer_async(self, job_id, spec):
+        src, dst = spec
+        kind = "store" if isinstance(src, GPULoadStoreSpec) else "load"
+        self.submitted.append((job_id, kind, src.block_ids.tolist(), dst.block_ids.tolist()))
+        self.pending[job_id] = kind
+        if self.auto_complete:
+            self.complete([job_id])
+        return True
+
+    def complete(self, job_ids, success=True):
+        for j in job_ids:
+            kind = self.pending.pop(j)
+            direction = "device_to_host" if kind == "store" else "host_to_device"
+            self.done.append(TransferResult(j, success, 1, 0.001, direction))
+
+    def jobs(self, kind):
+        return [j for j, k, _, _ in self.submitted if k == kind]
+
+    def get_finished(self):
+        out, self.done = self.done, []
+        return out
+
+    def wait(self, job_ids):
+        ids = [j for j in job_ids if j in self.pending]
+        self.waited.append(ids)
+        self.complete(ids)
+
+
+class Harness:
+    def __init__(self, num_blocks=64, block_size=4, tier_blocks=16, factor=1, threshold=0, budget=64, max_seqs=8,
+                 policy="lru"):
+        kv_info = EngineKVInfo(block_size=block_size, block_bytes=100, num_device_blocks=num_blocks)
+        cfg = {"tiers": [{"medium": "cpu", "capacity": tier_blocks * 100 * factor, "eviction_policy": policy}],
+               "offloaded_block_size": block_size * factor}
+        self.sched_conn = OffloadingConnector(cfg, KVConnectorRole.SCHEDULER, kv_info=kv_info)
+        self.worker_conn = OffloadingConnector(cfg, KVConnectorRole.WORKER, kv_info=kv_info)
+        self.handler = FakeHandler()
+        worker = OffloadingWorker()
+        worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, self.handler)
+        worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, self.handler)
+        self.worker_conn.connector_worker.worker = worker
+        self.sched = make_scheduler(num_blocks=num_blocks, block_size=block_size, budget=budget, max_seqs=max_seqs,
+                                    connector=self.sched_conn)
+        self.manager = self.sched_conn.connector_scheduler.manager
+        self.outputs = []
+
+    @property
+    def free_blocks(self) -> int:
+        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def step(self):
+        so = self.sched.schedule()
+        meta = so.kv_connector_metadata
+        w = self.worker_conn
+        w.bind_connector_metadata(meta)
+        w.handle_preemptions(meta)
+        w.start_load_kv()
+        ids, sampled = [], []
+        for rid in so.num_scheduled_tokens:
+            req = self.sched.requests[rid]
+            ids.append(rid)
+            sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
+        sent, recved = w.get_finished(so.finished_req_ids)
+        out = KVConnectorOutput(set(sent), set(recved), w.get_failed_recving(), w.build_connector_worker_meta())
+        w.clear_connector_metadata()
+        self.sched.update_from_output(so, ModelRunnerOutput(ids, sampled, kv_connector_output=out))
+        self.outputs.append(so)
+        return so
+
+    def run_until_idle(self, max_steps=200):
+        for _ in range(max_steps):
+            if not self.sched.has_unfinished_requests() and not self.sched.has_pending_frees():
+                return
+            self.handler.complete(list(self.handler.pending))
+            self.step()
+        raise AssertionError("harness did not become idle")

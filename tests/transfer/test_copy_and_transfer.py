@@ -1,0 +1,140 @@
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer.device_host_handler import DeviceHostHandler
+from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.layout import canonicalize
+from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, CPUStreamPool
+from kvoffload_ext import copy_blocks
+
+
+def test_copy_blocks_rows_and_runs():
+    src = torch.arange(10 * 16, dtype=torch.int64).to(torch.uint8).reshape(10, 16)
+    dst = torch.zeros(12, 16, dtype=torch.uint8)
+    copy_blocks(src, dst, [3, 4, 5, 9, 0], [0, 1, 2, 11, 7])  # a run of three, then singles
+    for s, d in [(3, 0), (4, 1), (5, 2), (9, 11), (0, 7)]:
+        assert torch.equal(dst[d], src[s])
+    assert dst[3:7].sum() == 0 and dst[8:11].sum() == 0
+
+
+def test_copy_blocks_strided_column_slices():
+    src = torch.randint(0, 255, (6, 32), dtype=torch.uint8)
+    dst = torch.zeros(6, 64, dtype=torch.uint8)
+    copy_blocks(src[:, 8:24], dst[:, 40:56], [1, 2, 3], [5, 4, 3])
+    assert torch.equal(dst[5, 40:56], src[1, 8:24]) and torch.equal(dst[3, 40:56], src[3, 8:24])
+    assert dst[:, :40].sum() == 0
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 9, dtype=torch.uint8), [0], [0]), "row widths differ"),
+        ((torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 8, dtype=torch.uint8), [4], [0]), "src block id 4 out of range"),
+        ((torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 8, dtype=torch.uint8), [0, 1], [0]), "2 source ids but 1"),
+        ((torch.zeros(4, 8), torch.zeros(4, 8), [0], [0]), "uint8"),
+    ],
+)
+def test_copy_blocks_rejects_bad_input(args, match):
+    with pytest.raises((ValueError, IndexError), match=match):
+        copy_blocks(*args)
+
+
+def make_handler(num_device_blocks=12, host_blocks=6, factor=2, delay=0.0, chunk_bytes=1 << 20):
+    layers = [torch.randn(2, num_device_blocks, 4, 2, 8) for _ in range(2)]
+    kv = canonicalize(layers, num_device_blocks)
+    host = HostBlockBuffer(host_blocks * factor, kv.page_bytes, chunk_bytes=chunk_bytes)
+    return DeviceHostHandler(kv, host, factor, CPUStreamPool(2, delay_s=delay)), kv
+
+
+def page(kv, i):
+    return b"".join(v[i].numpy().tobytes() for v in kv.views)
+
+
+def drain(handler, n, timeout=10.0):
+    out, t0 = [], time.time()
+    while len(out) < n:
+        out += handler.get_finished()
+        assert time.time() - t0 < timeout
+        time.sleep(0.001)
+    return out
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 2048], ids=["one-chunk", "many-chunks"])
+def test_store_then_load_round_trip_with_misaligned_first_block(chunk_bytes):
+    handler, kv = make_handler(chunk_bytes=chunk_bytes)
+    originals = {i: page(kv, i) for i in range(12)}
+    # Store device blocks 1..4 as offloaded blocks (factor 2) into host slots 3 and 0.
+    assert handler.transfer_async(1, (GPULoadStoreSpec([1, 2, 3, 4]), CPULoadStoreSpec([3, 0])))
+    (r,) = drain(handler, 1)
+    assert r.success and r.nbytes == 4 * kv.page_bytes and r.direction == DEVICE_TO_HOST
+    for v in kv.views:
+        v.zero_()
+    # Load both offloaded blocks but skip the first engine block (already on the device).
+    assert handler.transfer_async(2, (CPULoadStoreSpec([3, 0]), GPULoadStoreSpec([8, 9, 10])))
+    (r,) = drain(handler, 1)
+    assert r.success and r.direction == HOST_TO_DEVICE
+    assert [page(kv, i) for i in (8, 9, 10)] == [originals[i] for i in (2, 3, 4)]
+    assert page(kv, 7) == bytes(kv.page_bytes)
+    handler.close()
+
+
+def test_bad_skip_is_refused():
+    handler, _ = make_handler()
+    assert not handler.transfer_async(1, (CPULoadStoreSpec([0]), GPULoadStoreSpec([1, 2, 3])))
+    handler.close()
+
+
+def test_completions_in_submission_order_per_direction_and_wait_blocks():
+    handler, _ = make_handler(delay=0.02)
+    for job in range(6):
+        if job % 2 == 0:
+            handler.transfer_async(job, (GPULoadStoreSpec([job, job + 1]), CPULoadStoreSpec([job // 2])))
+        else:
+            handler.transfer_async(job, (CPULoadStoreSpec([0]), GPULoadStoreSpec([job, job + 1])))
+    assert handler.get_finished() == []  # nothing done yet: polling does not block
+    t0 = time.perf_counter()
+    handler.wait([4])
+    assert time.perf_counter() - t0 >= 0.02  # waited for real work
+    results = drain(handler, 6)
+    by_dir = {d: [r.job_id for r in results if r.direction == d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)}
+    assert by_dir == {DEVICE_TO_HOST: [0, 2, 4], HOST_TO_DEVICE: [1, 3, 5]}
+    handler.close()
+
+
+def test_failed_copy_is_a_failed_job_not_an_exception():
+    handler, _ = make_handler()
+    handler.host.num_rows = 2  # force an out-of-range host row inside the copy thread
+    assert handler.transfer_async(1, (GPULoadStoreSpec([0, 1, 2, 3]), CPULoadStoreSpec([5, 4])))
+    (r,) = drain(handler, 1)
+    assert not r.success and r.nbytes == 0
+    handler.close()
+
+
+def test_copies_overlap_with_the_caller():
+    """A long copy runs on a copy thread while the caller keeps going (GIL released)."""
+    handler, _ = make_handler(delay=0.05)
+    handler.transfer_async(1, (GPULoadStoreSpec([0, 1]), CPULoadStoreSpec([0])))
+    assert threading.active_count() >= 2
+    assert handler.get_finished() == []
+    drain(handler, 1)
+    handler.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_copy_blocks_matches_cpu():
+    src = torch.randint(0, 255, (64, 4096), dtype=torch.uint8, device="cuda")
+    host = torch.zeros(64, 4096, dtype=torch.uint8).pin_memory()
+    ids = np.random.permutation(64)[:32]
+    copy_blocks(src, host, ids, np.arange(32))
+    torch.cuda.synchronize()
+    assert torch.equal(host[:32], src[torch.from_numpy(ids).cuda()].cpu())
+    back = torch.zeros_like(src)
+    copy_blocks(host, back, np.arange(32), ids)
+    torch.cuda.synchronize()
+    assert torch.equal(back[torch.from_numpy(ids).cuda()], src[torch.from_numpy(ids).cuda()])
