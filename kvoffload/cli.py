@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for direction in ("device_to_host", "host_to_device"):
             d = transfer.get(direction)
             if d:
-                summary[f"GB/s {direction}"] = f"{d['gb_per_s']:.2f}"
+                summary[f"copied {direction} (MiB)"] = f"{d['bytes'] / 2**20:.1f}"
         columns["offload"] = summary
         same = tokens == base_tokens
         print(format_table(columns))
@@ -81,12 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default="tiny", help="tiny | small | path to a Llama checkpoint directory")
     run.add_argument("--config", help="offload YAML; compared side by side with a run without offload")
     run.add_argument("--no-offload", action="store_true", help="ignore --config and run without offload")
-    run.add_argument("--num-gpu-blocks", type=int, default=96, help="device KV cache size in blocks")
+    run.add_argument("--num-gpu-blocks", type=int, default=64, help="device KV cache size in blocks")
     run.add_argument("--block-size", type=int, default=16)
     run.add_argument("--max-model-len", type=int, default=4096)
     run.add_argument("--max-num-batched-tokens", type=int, default=512)
-    run.add_argument("--max-num-seqs", type=int, default=16)
-    run.add_argument("--conversations", type=int, default=8)
+    run.add_argument("--max-num-seqs", type=int, default=3)
+    run.add_argument("--conversations", type=int, default=12)
     run.add_argument("--turns", type=int, default=3)
     run.add_argument("--system-tokens", type=int, default=256)
     run.add_argument("--user-tokens", type=int, default=48)
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     bench = sub.add_parser("bench", help="speed figures with baselines and ratios")
-    bench.add_argument("what", choices=["engine", "manager"])
+    bench.add_argument("what", choices=["engine", "manager", "transfer", "e2e"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark")
     bench.set_defaults(func=cmd_bench)
 
