@@ -21,3 +21,5 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     #: Planned this step, submitted by the worker at the start of the next one.
     reqs_to_store: dict[str, list[TransferJob]] = field(default_factory=dict)
     preempted_req_ids: set[str] = field(default_factory=set)
+    #: CPU → disk copies of CPU-tier victims; run before their slots are overwritten.
+    demotions: list[TransferJob] = field(default_factory=list)

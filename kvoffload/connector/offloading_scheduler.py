@@ -17,11 +17,15 @@ from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import OffloadingSpec
 
 
+_LOAD, _STORE, _DEMOTE = "load", "store", "demote"
+
+
 @dataclass(slots=True)
 class _Job:
     req_id: str
     block_hashes: list[BlockHash]
-    is_store: bool
+    kind: str
+    medium: str = ""
 
 
 @dataclass(slots=True)
@@ -34,6 +38,8 @@ class SchedulerSideStats:
     loads_failed: int = 0
     store_retries: int = 0
     evicted_blocks: int = 0
+    blocks_demoted: int = 0
+    corrupt_blocks: int = 0
     tier_hits: Counter = field(default_factory=Counter)
 
 
@@ -44,7 +50,6 @@ class OffloadingConnectorScheduler:
         self.block_size = spec.kv_info.block_size
         self.offloaded_block_size = spec.offloaded_block_size
         self.factor = spec.block_size_factor
-        self.tier_name = spec.config.tiers[0].name
         self._requests: dict[str, Any] = {}
         self._block_ids: dict[str, list[int]] = {}
         self._next_stored: dict[str, int] = {}
@@ -99,16 +104,30 @@ class OffloadingConnectorScheduler:
         start = num_local // self.offloaded_block_size
         end = full_tokens // self.offloaded_block_size
         hashes = self._offload_hashes(request, start, end)
-        src = self.manager.prepare_load(hashes)
-        dst = GPULoadStoreSpec(block_ids[num_local // self.block_size : full_tokens // self.block_size])
-        job_id = next(self._job_ids)
-        self._jobs[job_id] = _Job(rid, hashes, is_store=False)
-        self._reqs_to_load[rid] = [TransferJob(job_id, src, dst)]
+        segment_fn = getattr(self.manager, "prepare_load_segments", None)
+        segments = segment_fn(hashes) if segment_fn else [(self.manager.prepare_load(hashes), hashes)]
+        jobs = []
+        first_engine = num_local // self.block_size
+        promote_from = end
+        offset = start
+        f = self.factor
+        for spec, seg_hashes in segments:
+            lo = max(offset * f, first_engine)
+            hi = (offset + len(seg_hashes)) * f
+            job_id = next(self._job_ids)
+            medium = spec.medium()
+            self._jobs[job_id] = _Job(rid, list(seg_hashes), _LOAD, medium)
+            jobs.append(TransferJob(job_id, spec, GPULoadStoreSpec(block_ids[lo:hi])))
+            tokens = (hi - lo) * self.block_size
+            self.stats.tier_hits[medium.lower()] += tokens  # "cpu" / "disk", as stats() reports
+            if medium != "CPU":
+                promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
+            offset += len(seg_hashes)
+        self._reqs_to_load[rid] = jobs
         self._loading[rid] = hashes
         self._blocks_being_loaded.update(hashes)
-        self._next_stored[rid] = max(self._next_stored.get(rid, 0), end)
+        self._next_stored[rid] = max(self._next_stored.get(rid, 0), promote_from)
         self.stats.hit_tokens += num_external_tokens
-        self.stats.tier_hits[self.tier_name] += num_external_tokens
 
     # ---- stores ------------------------------------------------------------------------------
     def _update_block_ids(self, so: Any) -> None:
@@ -151,17 +170,28 @@ class OffloadingConnectorScheduler:
                 i = index_of[h]
                 device_ids.extend(block_ids[i * f : (i + 1) * f])
             job_id = next(self._job_ids)
-            self._jobs[job_id] = _Job(rid, list(out.block_hashes_to_store), is_store=True)
+            self._jobs[job_id] = _Job(rid, list(out.block_hashes_to_store), _STORE)
             reqs_to_store[rid] = [TransferJob(job_id, GPULoadStoreSpec(device_ids), out.store_spec)]
             self._storing.setdefault(rid, Counter()).update(out.block_hashes_to_store)
         return reqs_to_store
 
+    def _plan_demotions(self) -> list[TransferJob]:
+        take = getattr(self.manager, "take_demotions", None)
+        jobs = []
+        for d in take() if take else ():
+            job_id = next(self._job_ids)
+            self._jobs[job_id] = _Job("", d.block_hashes, _DEMOTE, d.dst.medium())
+            jobs.append(TransferJob(job_id, d.src, d.dst))
+        return jobs
+
     def build_connector_meta(self, scheduler_output: Any) -> OffloadingConnectorMetadata:
         self._update_block_ids(scheduler_output)
+        reqs_to_store = self._plan_stores(scheduler_output)
         meta = OffloadingConnectorMetadata(
             reqs_to_load=self._reqs_to_load,
-            reqs_to_store=self._plan_stores(scheduler_output),
+            reqs_to_store=reqs_to_store,
             preempted_req_ids=set(scheduler_output.preempted_req_ids),
+            demotions=self._plan_demotions(),
         )
         self._reqs_to_load = {}
         return meta
@@ -172,7 +202,10 @@ class OffloadingConnectorScheduler:
             job = self._jobs.pop(result.job_id, None)
             if job is None:
                 continue
-            if job.is_store:
+            if job.kind == _DEMOTE:
+                self.manager.complete_demotion(job.block_hashes, result.success)  # type: ignore[attr-defined]
+                self.stats.blocks_demoted += len(job.block_hashes) if result.success else 0
+            elif job.kind == _STORE:
                 self.manager.complete_store(job.block_hashes, result.success)
                 storing = self._storing.get(job.req_id)
                 if storing is not None:
@@ -186,7 +219,14 @@ class OffloadingConnectorScheduler:
             else:
                 self.manager.complete_load(job.block_hashes)
                 self._blocks_being_loaded.difference_update(job.block_hashes)
-                self._loading.pop(job.req_id, None)
+                if job.req_id in self._loading and not any(
+                    j.req_id == job.req_id and j.kind == _LOAD for j in self._jobs.values()
+                ):
+                    del self._loading[job.req_id]
+                if result.bad_block_ids:
+                    drop = getattr(self.manager, "drop_corrupt", None)
+                    if drop is not None:
+                        self.stats.corrupt_blocks += drop(job.medium, list(result.bad_block_ids))
                 if result.success:
                     self.stats.blocks_loaded += len(job.block_hashes)
                 else:
@@ -198,7 +238,7 @@ class OffloadingConnectorScheduler:
         self._block_ids.pop(rid, None)
         self._next_stored.pop(rid, None)
         for job in self._reqs_to_load.pop(rid, ()):  # planned, never sent: undo the pin now
-            hashes = self._jobs.pop(job.job_id).block_hashes
+            hashes = self._jobs.pop(job.job_id).block_hashes  # one job per tier segment
             self.manager.complete_load(hashes)
             self._blocks_being_loaded.difference_update(hashes)
             self._loading.pop(rid, None)
@@ -221,4 +261,7 @@ class OffloadingConnectorScheduler:
             "stores_failed": s.stores_failed,
             "loads_failed": s.loads_failed,
             "lookups_deferred": s.lookups_deferred,
+            "blocks_demoted": s.blocks_demoted,
+            "corrupt_blocks": getattr(getattr(self.manager, "disk", None), "num_corrupt", s.corrupt_blocks),
+            "disk_blocks_recovered": getattr(getattr(self.manager, "disk", None), "num_recovered", 0),
         }

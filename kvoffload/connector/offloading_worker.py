@@ -68,16 +68,18 @@ class OffloadingConnectorWorker:
                 self.handlers.append(handler)
 
     def _submit(self, rid: str, job: TransferJob, is_store: bool) -> None:
+        """Submit one copy; ``rid == ""`` marks a demotion, which belongs to no request."""
         assert self.worker is not None, "register_kv_caches must run before any transfer"
         if self.worker.transfer_async(job.job_id, (job.src, job.dst)):
             self._job_req[job.job_id] = (rid, is_store)
-            self._outstanding[rid] += 1
-            if not is_store:
-                self._loads_pending[rid] += 1
+            if rid:
+                self._outstanding[rid] += 1
+                if not is_store:
+                    self._loads_pending[rid] += 1
             return
         direction = DEVICE_TO_HOST if is_store else HOST_TO_DEVICE
         self._results.append(TransferResult(job.job_id, False, 0, 0.0, direction))
-        if not is_store:
+        if rid and not is_store:
             self._failed_recving.add(rid)
 
     def _submit_deferred(self) -> None:
@@ -95,6 +97,8 @@ class OffloadingConnectorWorker:
         self.worker.wait([j for j, (rid, _) in self._job_req.items() if rid in meta.preempted_req_ids])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
+        for job in meta.demotions:  # before any store that may overwrite the victims' slots
+            self._submit("", job, is_store=True)
         for rid, jobs in meta.reqs_to_load.items():
             for job in jobs:
                 self._submit(rid, job, is_store=False)
@@ -108,6 +112,8 @@ class OffloadingConnectorWorker:
             rid, is_store = self._job_req.pop(r.job_id)
             self.stats.record(r)
             self._results.append(r)
+            if not rid:
+                continue
             self._outstanding[rid] -= 1
             if self._outstanding[rid] <= 0:
                 del self._outstanding[rid]

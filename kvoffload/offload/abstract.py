@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,8 @@ class PrepareStoreOutput:
     block_hashes_to_store: list[BlockHash]
     store_spec: LoadStoreSpec
     block_hashes_evicted: list[BlockHash]
+    #: Slots the evicted blocks occupied (aligned with block_hashes_evicted), for demotion.
+    evicted_block_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

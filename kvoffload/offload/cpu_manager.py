@@ -137,6 +137,7 @@ class CPUOffloadingManager(OffloadingManager):
         new = [h for h in hashes if h not in index]
         need = len(new) - self.num_free_blocks
         evicted: list[BlockHash] = []
+        evicted_slots: list[int] = []
         if need > 0:
             if need > self.num_blocks:
                 return None
@@ -152,12 +153,14 @@ class CPUOffloadingManager(OffloadingManager):
                 for slot in victims:
                     slot_hashes[slot] = None
                 self._free_list.extend(victims)
+                evicted_slots = list(victims)
             else:
                 pairs = self.policy.evict(need, protected)
                 if pairs is None:
                     return None
                 for block_hash, status in pairs:
                     evicted.append(block_hash)
+                    evicted_slots.append(status.block_id)
                     self._forget(block_hash, status.block_id)
             self._emit(evicted, removed=True)
         slots = self._allocate(len(new))
@@ -171,7 +174,7 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             for block_hash, slot in zip(new, slots):
                 self.policy.insert(block_hash, ledger.status(slot))
-        return PrepareStoreOutput(new, self.spec_type(slots), evicted)
+        return PrepareStoreOutput(new, self.spec_type(slots), evicted, evicted_slots)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         index_get = self.ledger.index.get
@@ -192,6 +195,46 @@ class CPUOffloadingManager(OffloadingManager):
                 self._forget(block_hash, slot)
         if success:
             self._emit(done, removed=False)
+
+    def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
+        """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
+        if self.ledger.index or self._num_allocated:
+            raise ValueError("restore() needs an empty manager")
+        entries = sorted(entries, key=lambda e: e[1])
+        used = {slot for _, slot in entries}
+        top = max(used) + 1 if used else 0
+        self._num_allocated = top
+        self._free_list = [s for s in range(top - 1, -1, -1) if s not in used]  # lowest popped first
+        ledger = self.ledger
+        for block_hash, slot in entries:
+            ledger.index[block_hash] = slot
+            ledger.hashes[slot] = block_hash
+            ledger.refs[slot] = 0
+        slots = [slot for _, slot in entries]
+        if self._fast:
+            self.policy.insert_slots(slots)  # type: ignore[attr-defined]
+        else:
+            for block_hash, slot in entries:
+                self.policy.insert(block_hash, ledger.status(slot))
+
+    def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        """Forget ready, unpinned blocks (found corrupt); returns the hashes dropped."""
+        dropped = []
+        for block_hash in block_hashes:
+            slot = self.ledger.index.get(block_hash)
+            if slot is None or self.ledger.refs[slot] != 0:
+                continue
+            if self._fast:
+                self.policy.remove_slots([slot])  # type: ignore[attr-defined]
+            else:
+                self.policy.remove(block_hash)
+            self._forget(block_hash, slot)
+            dropped.append(block_hash)
+        self._emit(dropped, removed=True)
+        return dropped
+
+    def hash_at(self, slot: int) -> BlockHash | None:
+        return self.ledger.hashes[slot]
 
     def take_events(self) -> list[OffloadingEvent]:
         if not self._events:

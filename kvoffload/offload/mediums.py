@@ -24,7 +24,13 @@ class CPULoadStoreSpec(LoadStoreSpec):
 
 
 class DiskLoadStoreSpec(LoadStoreSpec):
-    __slots__ = ()
+    """Disk slots; a write also carries the block hashes its records are keyed by."""
+
+    __slots__ = ("block_hashes",)
+
+    def __init__(self, block_ids, block_hashes: list | None = None) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(block_ids)
+        self.block_hashes = block_hashes
 
     @staticmethod
     def medium() -> str:

@@ -19,18 +19,21 @@ from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, JobHandle, StreamPool
 from kvoffload_ext import copy_blocks
 
 
 class DeviceHostHandler(OffloadingHandler):
-    def __init__(self, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int, pool: StreamPool) -> None:
+    def __init__(self, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int, pool: StreamPool,
+                 fences: SlotFences | None = None) -> None:
         if host.row_bytes != kv.page_bytes:
             raise ValueError(f"host rows of {host.row_bytes} bytes cannot hold engine pages of {kv.page_bytes}")
         self.kv = kv
         self.host = host
         self.factor = block_size_factor
         self.pool = pool
+        self.fences = fences
         self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
         self._jobs: dict[str, deque[tuple[int, JobHandle, int]]] = {DEVICE_TO_HOST: deque(), HOST_TO_DEVICE: deque()}
         self._by_id: dict[int, JobHandle] = {}
@@ -43,10 +46,12 @@ class DeviceHostHandler(OffloadingHandler):
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
         src, dst = spec
+        host_blocks: np.ndarray | None = None
         if isinstance(src, GPULoadStoreSpec):
             direction = DEVICE_TO_HOST
             device_ids = src.block_ids
-            host_rows = self._host_rows(dst.block_ids)
+            host_blocks = dst.block_ids
+            host_rows = self._host_rows(host_blocks)
         else:
             direction = HOST_TO_DEVICE
             device_ids = dst.block_ids
@@ -58,7 +63,14 @@ class DeviceHostHandler(OffloadingHandler):
         if len(host_rows) != len(device_ids):
             return False
         nbytes = len(device_ids) * self.kv.page_bytes
-        handle = self.pool.submit(direction, lambda: self._copy(direction, device_ids, host_rows))
+        fences = self.fences if host_blocks is not None else None
+
+        def run() -> None:
+            if fences is not None:
+                fences.wait(host_blocks.tolist())  # a demotion may still be reading these slots
+            self._copy(direction, device_ids, host_rows)
+
+        handle = self.pool.submit(direction, run)
         with self._lock:
             self._jobs[direction].append((job_id, handle, nbytes))
             self._by_id[job_id] = handle

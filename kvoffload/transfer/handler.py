@@ -18,6 +18,8 @@ class TransferResult:
     nbytes: int
     seconds: float
     direction: str
+    #: Source slots found corrupt (bad checksum, short read): the scheduler drops them.
+    bad_block_ids: tuple[int, ...] = ()
 
 
 class OffloadingHandler(ABC):

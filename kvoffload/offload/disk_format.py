@@ -1,0 +1,118 @@
+"""On-disk format of the disk tier: one preallocated file of fixed-size slot records.
+
+    file header (4 KiB): magic, version, layout digest, block bytes, block tokens, slots
+    slot i at HEADER_BYTES + i * (RECORD_HEADER + block_bytes):
+        record header (64 B): magic, key type, key length, key (<= 32 B), data xxh64, header xxh64
+        data (block_bytes)
+
+A record is written with one positioned write. On open, record headers are scanned (their own
+checksum rejects torn or stale headers); the data checksum is verified on every read, so a
+torn or flipped block is detected before it could be served. The file name carries the layout
+digest, and the header repeats it: a cache written for another model or layout is never read.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+
+import xxhash
+
+FILE_MAGIC = b"KVOFFLD\x01"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+RECORD_HEADER = 64
+_REC_MAGIC = b"KVB1"
+_FILE_FMT = "<8sI32sQQQ"  # magic, version, digest, block_bytes, block_tokens, num_slots
+_REC_FMT = "<4sBB32sQ"  # magic, key type, key length, key, data checksum  (then header checksum)
+_KEY_BYTES, _KEY_INT = 1, 2
+
+
+class DiskFormatError(ValueError):
+    pass
+
+
+def encode_key(key: Hashable) -> tuple[int, bytes]:
+    if isinstance(key, bytes) and len(key) <= 32:
+        return _KEY_BYTES, key
+    if isinstance(key, int) and not isinstance(key, bool) and -(2**63) <= key < 2**63:
+        return _KEY_INT, struct.pack("<q", key)
+    raise DiskFormatError(f"block hash {key!r}: the disk tier stores bytes (<= 32) or 64-bit int hashes")
+
+
+def decode_key(kind: int, raw: bytes) -> Hashable:
+    return raw if kind == _KEY_BYTES else struct.unpack("<q", raw)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class DiskLayout:
+    digest: str
+    block_bytes: int
+    block_tokens: int
+    num_slots: int
+
+    @property
+    def record_bytes(self) -> int:
+        return RECORD_HEADER + self.block_bytes
+
+    def offset(self, slot: int) -> int:
+        return HEADER_BYTES + slot * self.record_bytes
+
+    @property
+    def file_bytes(self) -> int:
+        return self.offset(self.num_slots)
+
+    def file_header(self) -> bytes:
+        body = struct.pack(_FILE_FMT, FILE_MAGIC, FORMAT_VERSION, self.digest.encode()[:32].ljust(32, b"\0"),
+                           self.block_bytes, self.block_tokens, self.num_slots)
+        return body.ljust(HEADER_BYTES, b"\0")
+
+    def matches(self, header: bytes) -> bool:
+        return len(header) >= HEADER_BYTES and header[:HEADER_BYTES] == self.file_header()
+
+
+def record_header(key: Hashable, data_checksum: int) -> bytes:
+    kind, raw = encode_key(key)
+    body = struct.pack(_REC_FMT, _REC_MAGIC, kind, len(raw), raw.ljust(32, b"\0"), data_checksum)
+    return (body + struct.pack("<Q", xxhash.xxh64_intdigest(body))).ljust(RECORD_HEADER, b"\0")
+
+
+def parse_record_header(raw: bytes) -> tuple[Hashable, int] | None:
+    """(key, data checksum), or None for an empty, torn or foreign header."""
+    size = struct.calcsize(_REC_FMT)
+    if len(raw) < size + 8 or raw[:4] != _REC_MAGIC:
+        return None
+    body, (check,) = raw[:size], struct.unpack("<Q", raw[size : size + 8])
+    if xxhash.xxh64_intdigest(body) != check:
+        return None
+    _, kind, length, key, data_checksum = struct.unpack(_REC_FMT, body)
+    if kind not in (_KEY_BYTES, _KEY_INT) or length > 32:
+        return None
+    return decode_key(kind, key[:length]), data_checksum
+
+
+def data_checksum(data: bytes | memoryview) -> int:
+    return xxhash.xxh64_intdigest(data)
+
+
+def scan_records(fd: int, layout: DiskLayout) -> Iterator[tuple[int, Hashable, bool]]:
+    """(slot, key, intact) for every slot holding a record header.
+
+    ``intact`` is False for a record cut short by the end of the file (truncation) or whose
+    header checksum fails while its magic is present (a torn header). Empty slots are skipped.
+    """
+    size = os.fstat(fd).st_size
+    for slot in range(layout.num_slots):
+        off = layout.offset(slot)
+        if off >= size:
+            return
+        raw = os.pread(fd, RECORD_HEADER, off)
+        if raw[:4] != _REC_MAGIC:
+            continue
+        parsed = parse_record_header(raw)
+        if parsed is None:
+            yield slot, None, False
+            continue
+        yield slot, parsed[0], off + layout.record_bytes <= size

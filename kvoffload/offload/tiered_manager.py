@@ -1,0 +1,127 @@
+"""TieredOffloadingManager: a CPU tier in front of a disk tier.
+
+Lookups see both tiers (the leading run of blocks ready in either). Stores go to the CPU
+tier; its victims are demoted to disk: each demotion is a CPU → disk copy the connector plans
+from ``take_demotions()`` and the worker runs before the victim's CPU slot is overwritten.
+Loads come from whichever tier holds each block, CPU first, as per-tier segments. A block
+loaded from disk is promoted by the connector storing it into the CPU tier again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvoffload.offload.abstract import (
+    BlockHash,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+)
+from kvoffload.offload.cpu_manager import CPUOffloadingManager
+from kvoffload.offload.disk_manager import DiskOffloadingManager
+from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Demotion:
+    block_hashes: list[BlockHash]
+    src: CPULoadStoreSpec
+    dst: LoadStoreSpec
+
+
+class TieredOffloadingManager(OffloadingManager):
+    def __init__(self, cpu: CPUOffloadingManager, disk: DiskOffloadingManager) -> None:
+        self.cpu = cpu
+        self.disk = disk
+        self.medium = cpu.medium
+        self.block_size = cpu.block_size
+        self._demotions: list[Demotion] = []
+        self._pins: dict[BlockHash, list[OffloadingManager]] = {}
+        self.num_demoted = 0
+        self.num_demotions_dropped = 0
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        hits = 0
+        for h in block_hashes:
+            if not (self.cpu.is_ready(h) or self.disk.is_ready(h)):
+                break
+            hits += 1
+        return hits
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        hashes = list(block_hashes)
+        self.cpu.touch(hashes)
+        self.disk.touch(hashes)
+
+    def prepare_load_segments(self, block_hashes: Iterable[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+        """Consecutive runs by tier (CPU preferred), each pinned in its tier."""
+        runs: list[tuple[CPUOffloadingManager, list[BlockHash]]] = []
+        for h in block_hashes:
+            tier = self.cpu if self.cpu.is_ready(h) else self.disk
+            if runs and runs[-1][0] is tier:
+                runs[-1][1].append(h)
+            else:
+                runs.append((tier, [h]))
+        out = []
+        for tier, hashes in runs:
+            out.append((tier.prepare_load(hashes), hashes))
+            for h in hashes:
+                self._pins.setdefault(h, []).append(tier)
+        return out
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        segments = self.prepare_load_segments(block_hashes)
+        if len(segments) != 1:
+            for _, hashes in segments:
+                self.complete_load(hashes)
+            raise ValueError("these blocks span tiers; use prepare_load_segments()")
+        return segments[0][0]
+
+    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+        for h in block_hashes:
+            tiers = self._pins.get(h)
+            if not tiers:
+                raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
+            tier = tiers.pop()
+            if not tiers:
+                del self._pins[h]
+            tier.complete_load([h])
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        out = self.cpu.prepare_store(block_hashes)
+        if out is None or not out.block_hashes_evicted:
+            return out
+        pairs = [(h, s) for h, s in zip(out.block_hashes_evicted, out.evicted_block_ids) if h not in self.disk.ledger.index]
+        if pairs:
+            disk_out = self.disk.prepare_store([h for h, _ in pairs])
+            if disk_out is None:
+                self.num_demotions_dropped += len(pairs)
+            elif disk_out.block_hashes_to_store:
+                slot_of = dict(pairs)
+                hashes = disk_out.block_hashes_to_store
+                dst = DiskLoadStoreSpec(disk_out.store_spec.block_ids, list(hashes))
+                self._demotions.append(Demotion(list(hashes), CPULoadStoreSpec([slot_of[h] for h in hashes]), dst))
+        return out
+
+    def take_demotions(self) -> list[Demotion]:
+        demotions, self._demotions = self._demotions, []
+        return demotions
+
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool) -> None:
+        self.disk.complete_store(block_hashes, success)
+        if success:
+            self.num_demoted += len(block_hashes)
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        self.cpu.complete_store(block_hashes, success)
+
+    def drop_corrupt(self, medium: str, slots: list[int]) -> int:
+        return self.disk.drop_corrupt(slots) if medium == self.disk.medium else 0
+
+    def take_events(self) -> list[OffloadingEvent]:
+        return list(self.cpu.take_events()) + list(self.disk.take_events())
+
+    def close(self) -> None:
+        self.disk.close()

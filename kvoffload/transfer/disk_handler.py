@@ -1,0 +1,149 @@
+"""Disk-tier copies: CPU slot → disk record (demotion) and disk record → device (load).
+
+Runs on its own small thread pool, off the scheduler's path, and reports through the same
+``get_finished`` accounting as device copies. Every read verifies the record header and the
+data checksum; a mismatch fails the job and names the corrupt slots, so nothing torn or
+flipped is ever copied into the KV cache. I/O errors (disk full, permissions) fail the job
+and are logged once per cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Collection
+
+import numpy as np
+import torch
+
+from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout, data_checksum, parse_record_header, record_header
+from kvoffload.offload.mediums import CPULoadStoreSpec
+from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.slot_fence import SlotFences
+from kvoffload.transfer.streams import CPUStreamPool, JobHandle
+from kvoffload_ext import copy_blocks
+
+logger = logging.getLogger(__name__)
+
+HOST_TO_DISK = "host_to_disk"
+DISK_TO_DEVICE = "disk_to_device"
+
+
+class CorruptBlocksError(IOError):
+    def __init__(self, slots: list[int]) -> None:
+        super().__init__(f"disk records failed their checksum: slots {slots[:8]}")
+        self.slots = slots
+
+
+class DiskHandler(OffloadingHandler):
+    def __init__(self, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int, layout: DiskLayout,
+                 path: str | os.PathLike, fences: SlotFences, num_threads: int = 2) -> None:
+        if kv.page_bytes * block_size_factor != layout.block_bytes:
+            raise ValueError(
+                f"disk records hold {layout.block_bytes} bytes but an offloaded block is "
+                f"{kv.page_bytes * block_size_factor}; the tier was configured for another layout"
+            )
+        self.kv = kv
+        self.host = host
+        self.factor = block_size_factor
+        self.layout = layout
+        self.path = str(path)
+        self.fences = fences
+        self.fd = os.open(self.path, os.O_RDWR)
+        self.pool = CPUStreamPool(num_threads)
+        self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
+        self._jobs: dict[str, deque[tuple[int, JobHandle, int]]] = {HOST_TO_DISK: deque(), DISK_TO_DEVICE: deque()}
+        self._by_id: dict[int, JobHandle] = {}
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        src, dst = spec
+        if isinstance(src, CPULoadStoreSpec):
+            direction = HOST_TO_DISK
+            cpu_blocks, disk_slots = src.block_ids.tolist(), dst.block_ids.tolist()
+            keys = getattr(dst, "block_hashes", None)
+            if len(cpu_blocks) != len(disk_slots) or keys is None or len(keys) != len(disk_slots):
+                return False  # a record must name its block hash, or it cannot be recovered
+            nbytes = len(disk_slots) * self.layout.block_bytes
+            handle = self.pool.submit(direction, lambda: self._demote(cpu_blocks, disk_slots, keys))
+            self.fences.mark(cpu_blocks, handle)
+        else:
+            direction = DISK_TO_DEVICE
+            disk_slots, device_ids = src.block_ids.tolist(), dst.block_ids
+            skip = len(disk_slots) * self.factor - len(device_ids)
+            if not 0 <= skip < self.factor:
+                return False
+            nbytes = len(device_ids) * self.kv.page_bytes
+            handle = self.pool.submit(direction, lambda: self._load(disk_slots, device_ids, skip))
+        with self._lock:
+            self._jobs[direction].append((job_id, handle, nbytes))
+            self._by_id[job_id] = handle
+        return True
+
+    def _demote(self, cpu_blocks: list[int], disk_slots: list[int], keys: list) -> None:
+        try:
+            for cpu_block, slot, key in zip(cpu_blocks, disk_slots, keys):
+                rows = self.host.rows(cpu_block * self.factor, self.factor)
+                data = memoryview(rows.numpy().reshape(-1))
+                header = record_header(key, data_checksum(data))
+                written = os.pwritev(self.fd, [header, data], self.layout.offset(slot))
+                if written != RECORD_HEADER + len(data):
+                    raise OSError(f"short write of slot {slot}: {written} bytes")
+        except OSError as exc:
+            self._log_once(f"write:{exc.errno}", "disk tier %s: store failed (%s); the engine keeps serving", exc)
+            raise
+
+    def _load(self, disk_slots: list[int], device_ids: np.ndarray, skip: int) -> None:
+        staging = torch.empty((len(disk_slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8)
+        bad: list[int] = []
+        header = bytearray(RECORD_HEADER)
+        for i, slot in enumerate(disk_slots):
+            block = staging[i * self.factor : (i + 1) * self.factor].numpy().reshape(-1)
+            try:
+                n = os.preadv(self.fd, [header, memoryview(block)], self.layout.offset(slot))
+            except OSError as exc:
+                self._log_once(f"read:{exc.errno}", "disk tier %s: load failed (%s); recomputing instead", exc)
+                raise
+            parsed = parse_record_header(bytes(header))
+            if n != RECORD_HEADER + len(block) or parsed is None or parsed[1] != data_checksum(memoryview(block)):
+                bad.append(slot)
+        if bad:
+            raise CorruptBlocksError(bad)
+        rows = np.arange(skip, len(disk_slots) * self.factor)
+        for view, off in zip(self.kv.views, self.offsets):
+            copy_blocks(staging[:, off : off + view.shape[1]], view, rows, device_ids)
+
+    def _log_once(self, key: str, msg: str, exc: BaseException) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.warning(msg, self.path, exc)
+
+    def get_finished(self) -> list[TransferResult]:
+        out: list[TransferResult] = []
+        with self._lock:
+            for direction, jobs in self._jobs.items():
+                while jobs and jobs[0][1].done():
+                    job_id, handle, nbytes = jobs.popleft()
+                    del self._by_id[job_id]
+                    err = handle.error()
+                    bad = tuple(err.slots) if isinstance(err, CorruptBlocksError) else ()
+                    out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
+                                              direction, bad))
+        return out
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        with self._lock:
+            handles = [self._by_id[j] for j in job_ids if j in self._by_id]
+        for h in handles:
+            h.wait()
+
+    def close(self) -> None:
+        self.pool.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
