@@ -1,0 +1,204 @@
+"""The disk tier: CPU→disk demotion, restart recovery, corruption never served, failures."""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from kvoffload.config import ConfigError
+from kvoffload.engine import LLM, EngineConfig
+from kvoffload.offload.disk_format import DiskLayout, RECORD_HEADER
+from kvoffload.offload.disk_manager import DiskOffloadingManager, DiskTierError, tier_file
+from kvoffload.workload import ChatWorkload, run_chat_workload
+
+WORKLOAD = ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12)
+BLOCK_BYTES = 8192  # the tiny model at block size 16
+
+
+def tiers(path, cpu_blocks=40, disk="64MiB"):
+    return {"tiers": [{"name": "cpu", "medium": "cpu", "capacity": cpu_blocks * BLOCK_BYTES},
+                      {"name": "ssd", "medium": "disk", "path": str(path), "capacity": disk}]}
+
+
+def run(kv_offload=None, workload=WORKLOAD):
+    cfg = EngineConfig(num_gpu_blocks=60, max_num_seqs=3, max_num_batched_tokens=256, kv_offload=kv_offload)
+    with LLM(cfg) as llm:
+        tokens = run_chat_workload(llm, workload)
+        return tokens, llm.stats()
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return run()
+
+
+def data_file(path):
+    (f,) = [p for p in os.listdir(path) if p.endswith(".kvdata")]
+    return os.path.join(path, f)
+
+
+def test_working_set_beyond_cpu_is_served_from_disk(tmp_path, baseline):
+    tokens, stats = run(tiers(tmp_path))
+    assert tokens == baseline[0]
+    assert stats["prefix_hit_tokens"]["disk"] > 0
+    assert stats["connector"]["blocks_demoted"] > 0
+    assert stats["prefill_tokens_computed"] < baseline[1]["prefill_tokens_computed"]
+
+
+def test_restart_serves_previous_runs_cache_and_drops_corrupt_blocks(tmp_path, baseline):
+    run(tiers(tmp_path))
+    # A fresh engine on the same path: no CPU tier contents, hits from the first run's disk cache.
+    tokens, stats = run(tiers(tmp_path))
+    assert tokens == baseline[0]
+    recovered = stats["connector"]["disk_blocks_recovered"]
+    assert recovered > 0 and stats["prefix_hit_tokens"]["disk"] > 0
+    # Flip bytes inside one stored block's data and cut the file inside another record.
+    path = data_file(tmp_path)
+    layout_records = sorted(_record_offsets(path))
+    flip_off = layout_records[0] + RECORD_HEADER + 100
+    with open(path, "r+b") as f:
+        f.seek(flip_off)
+        b = f.read(8)
+        f.seek(flip_off)
+        f.write(bytes(x ^ 0xFF for x in b))
+        f.truncate(layout_records[-1] + RECORD_HEADER + 10)  # the last written record is torn
+    tokens, stats = run(tiers(tmp_path))
+    assert tokens == baseline[0]
+    c = stats["connector"]
+    assert c["disk_blocks_recovered"] == recovered - 1  # the truncated one is dropped on open
+    assert c["corrupt_blocks"] >= 2  # truncated (on open) + flipped (on read)
+    assert stats["transfer"].get("disk_to_device", {}).get("failed", 0) >= 1
+    assert c["loads_failed"] >= 1
+
+
+def _record_offsets(path):
+    from kvoffload.offload.disk_format import HEADER_BYTES, parse_record_header
+
+    size = os.path.getsize(path)
+    rec = RECORD_HEADER + BLOCK_BYTES
+    out = []
+    with open(path, "rb") as f:
+        for off in range(HEADER_BYTES, size, rec):
+            f.seek(off)
+            if parse_record_header(f.read(RECORD_HEADER)) is not None:
+                out.append(off)
+    return out
+
+
+def test_other_layout_is_ignored_not_misread(tmp_path):
+    a = DiskLayout("digest-a", BLOCK_BYTES, 16, 8)
+    mgr = DiskOffloadingManager(tmp_path, a)
+    out = mgr.prepare_store([b"x" * 16])
+    mgr.complete_store(out.block_hashes_to_store)
+    mgr.close()
+    # Same directory, another model/layout digest: another file, nothing recovered.
+    b = DiskLayout("digest-b", BLOCK_BYTES, 16, 8)
+    other = DiskOffloadingManager(tmp_path, b)
+    assert other.num_recovered == 0 and other.lookup([b"x" * 16]) == 0
+    other.close()
+    # A file whose header does not match this layout (renamed in place) starts empty.
+    os.replace(tier_file(tmp_path, a), tier_file(tmp_path, b))
+    again = DiskOffloadingManager(tmp_path, b)
+    assert again.num_recovered == 0
+    again.close()
+
+
+def test_second_owner_is_refused_while_first_is_open(tmp_path):
+    layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
+    first = DiskOffloadingManager(tmp_path, layout)
+    with pytest.raises(DiskTierError, match="in use by another process"):
+        DiskOffloadingManager(tmp_path, layout)
+    first.close()
+    DiskOffloadingManager(tmp_path, layout).close()
+
+
+def test_missing_or_unwritable_path_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist and neither does its parent"):
+        LLM(EngineConfig(kv_offload=tiers(tmp_path / "a" / "b")))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user that can write anywhere (root)")
+        with pytest.raises(ConfigError, match="not writable"):
+            LLM(EngineConfig(kv_offload=tiers(ro)))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_disk_full_fails_stores_cleanly(tmp_path, baseline, monkeypatch):
+    from kvoffload.transfer import disk_handler
+
+    real = os.pwritev
+
+    def full(fd, bufs, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_handler.os, "pwritev", full)
+    tokens, stats = run(tiers(tmp_path))
+    assert tokens == baseline[0]
+    assert stats["transfer"]["host_to_disk"]["failed"] > 0
+    assert stats["prefix_hit_tokens"]["disk"] == 0
+    assert real  # restored by monkeypatch
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from kvoffload.engine import LLM, EngineConfig
+    from kvoffload.workload import ChatWorkload, run_chat_workload
+    from kvoffload.transfer import disk_handler
+    real = disk_handler.os.pwritev
+    count = [0]
+    def slow(fd, bufs, off):
+        count[0] += 1
+        if count[0] == 40:          # the 40th record: write half of it, then hang
+            half = bytes(bufs[0]) + bytes(bufs[1])[: len(bufs[1]) // 2]
+            disk_handler.os.pwrite(fd, half, off)
+            print("TORN", off, flush=True)
+            time.sleep(60)
+        n = real(fd, bufs, off)
+        return n
+    disk_handler.os.pwritev = slow
+    cfg = {"tiers": [{"medium": "cpu", "capacity": 40 * 8192}, {"medium": "disk", "path": sys.argv[1], "capacity": "64MiB"}]}
+    llm = LLM(EngineConfig(num_gpu_blocks=60, max_num_seqs=3, max_num_batched_tokens=256, kv_offload=cfg))
+    run_chat_workload(llm, ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12))
+""")
+
+
+def test_sigkill_mid_write_recovers_completed_blocks_only(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    line = ""
+    deadline = time.time() + 120
+    while "TORN" not in line and time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+    assert "TORN" in line, "the writer never reached the torn write"
+    torn_offset = int(line.split()[1])
+    time.sleep(0.2)  # let other writes already in flight land
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    layout_path = data_file(tmp_path)
+    complete = [off for off in _record_offsets(layout_path) if off != torn_offset]
+    digest = os.path.basename(layout_path).split("-")[1]
+    layout = DiskLayout(digest, BLOCK_BYTES, 16, 64 * 2**20 // BLOCK_BYTES)
+    mgr = DiskOffloadingManager(tmp_path, layout)
+    assert mgr.num_recovered >= len(complete) >= 30
+    # Every recovered block's data passes its checksum, except the torn one, which a read rejects.
+    from kvoffload.offload.disk_format import data_checksum, parse_record_header
+
+    bad = []
+    with open(layout_path, "rb") as f:
+        for off in _record_offsets(layout_path):
+            f.seek(off)
+            key, check = parse_record_header(f.read(RECORD_HEADER))
+            if data_checksum(f.read(BLOCK_BYTES)) != check:
+                bad.append(off)
+    assert bad == [torn_offset]
+    mgr.close()
