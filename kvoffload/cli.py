@@ -73,6 +73,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    from policies.experiment import main as sim_main
+
+    return sim_main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvoffload", description="KV-cache offload connector and bundled engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark")
     bench.set_defaults(func=cmd_bench)
 
+    sim = sub.add_parser("sim", help="replay a trace over eviction policies and capacities", add_help=False)
+    sim.add_argument("rest", nargs=argparse.REMAINDER)
+    sim.set_defaults(func=cmd_sim)
+
     config = sub.add_parser("config", help="offload config tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a YAML file and print the resolved tiers")
@@ -110,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sim"]:  # its own parser: options start right after the subcommand
+        from policies.experiment import main as sim_main
+
+        try:
+            return sim_main(argv[1:])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

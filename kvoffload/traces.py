@@ -1,4 +1,9 @@
-"""Trace readers and a synthetic generator: each request is a list of prefix block hashes."""
+"""Trace readers and synthetic generators: each request is a list of prefix block hashes.
+
+Formats (see shared/traces/README.md): Mooncake JSONL (``hash_ids`` are prefix hashes of
+512-token blocks), WEKA Claude-Code JSON (64-token blocks, per-conversation hash ids), IBM ARC
+``.lis`` page traces (one page per request: plain page-cache replay).
+"""
 
 from __future__ import annotations
 
@@ -61,3 +66,66 @@ def synthetic_prefix_workload(
 def iter_blocks(requests: list[list[int]]) -> Iterator[int]:
     for req in requests:
         yield from req
+
+
+def load_arc_lis(path: str | Path, limit: int | None = None) -> list[list[int]]:
+    """IBM ARC traces: each line ``start n ...`` is n consecutive page refs (one request each)."""
+    out: list[list[int]] = []
+    with _open_text(Path(path)) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            start, n = int(parts[0]), int(parts[1])
+            for page in range(start, start + n):
+                out.append([page])
+                if limit is not None and len(out) >= limit:
+                    return out
+    return out
+
+
+def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -> list[list[tuple[str, int]]]:
+    """WEKA kv-cache-tester traces (tar.gz of per-conversation JSON, 64-token blocks).
+
+    Hash ids are local to a conversation, so each block is keyed (trace id, hash id).
+    Conversations are interleaved by their request times, each starting ``gap_s`` after the
+    previous one (the traces carry no absolute timestamps).
+    """
+    import tarfile
+
+    timed: list[tuple[float, int, list[tuple[str, int]]]] = []
+    with tarfile.open(path, "r:gz") as tar:
+        for k, member in enumerate(m for m in tar if m.isfile() and m.name.endswith(".json")):
+            f = tar.extractfile(member)
+            if f is None:
+                continue
+            trace = json.load(f)
+            tid = str(trace.get("id", member.name))
+            offset = k * gap_s
+            for req in _flatten_weka(trace.get("requests", [])):
+                timed.append((offset + float(req.get("t", 0.0)), len(timed), [(tid, h) for h in req.get("hash_ids", [])]))
+            if limit is not None and len(timed) >= limit:
+                break
+    timed.sort()
+    reqs = [r for _, _, r in timed]
+    return reqs[:limit] if limit is not None else reqs
+
+
+def _flatten_weka(requests: list[dict]) -> Iterator[dict]:
+    for req in requests:
+        if req.get("type") == "subagent" and "requests" in req:
+            yield from _flatten_weka(req["requests"])
+        else:
+            yield req
+
+
+def synthetic_scan_workload(hot_blocks: int = 50, hot_repeats: int = 20, scan_blocks: int = 400, seed: int = 0) -> list[list[int]]:
+    """Hot single-block requests reused often, then a one-off scan, then the hot set again."""
+    rng = random.Random(seed)
+    hot = [[i] for i in range(hot_blocks)]
+    reqs: list[list[int]] = []
+    for _ in range(hot_repeats):
+        reqs.extend(rng.sample(hot, len(hot)))
+    reqs.extend([[10_000 + i] for i in range(scan_blocks)])
+    reqs.extend(rng.sample(hot, len(hot)))
+    return reqs

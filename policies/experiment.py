@@ -1,0 +1,179 @@
+"""`kvoffload sim`: replay a trace over policies x capacities; table, CSV/JSON and a PNG plot."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from policies.simulator import SimResult, group_blocks, replay
+
+_TRACE: dict[str, Any] = {}
+
+
+def load_trace(path: str, fmt: str, limit: int | None) -> tuple[list[list], list[int] | None, int, str]:
+    """(requests, input lengths or None, tokens per block, replay mode)."""
+    from kvoffload import traces
+
+    if fmt == "auto":
+        name = os.path.basename(path)
+        fmt = "arc" if ".lis" in name else "weka" if name.endswith(".tar.gz") else "synthetic" if path == "synthetic" else "mooncake"
+    if fmt == "mooncake":
+        import gzip
+
+        opener = gzip.open if path.endswith(".gz") else open
+        reqs, lengths = [], []
+        with opener(path, "rt") as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    reqs.append(rec["hash_ids"])
+                    lengths.append(int(rec.get("input_length", 512 * len(rec["hash_ids"]))))
+                    if limit and len(reqs) >= limit:
+                        break
+        return reqs, lengths, 512, "prefix"
+    if fmt == "weka":
+        return traces.load_weka(path, limit), None, 64, "prefix"
+    if fmt == "arc":
+        return traces.load_arc_lis(path, limit), None, 1, "page"
+    if fmt == "synthetic":
+        return traces.synthetic_prefix_workload(limit or 5000), None, 16, "prefix"
+    raise ValueError(f"--format {fmt!r}: use auto, mooncake, weka, arc or synthetic")
+
+
+def parse_capacities(spec: str, unique_blocks: int) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if part.endswith("%"):
+            out.append(max(1, int(unique_blocks * float(part[:-1]) / 100)))
+        else:
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise ValueError(f"--capacities entry {part!r}: use a share like 5% or a block count") from None
+    return out
+
+
+def _init(path: str, fmt: str, limit: int | None, factor: int) -> None:
+    reqs, lengths, tpb, mode = load_trace(path, fmt, limit)
+    _TRACE.update(reqs=group_blocks(reqs, factor), lengths=lengths, tpb=tpb * factor, mode=mode)
+
+
+def _run(job: tuple[str, int, int]) -> dict:
+    policy, capacity, threshold = job
+    r = replay(_TRACE["reqs"], capacity, policy, threshold, _TRACE["tpb"], _TRACE["lengths"], _TRACE["mode"])
+    return r.as_dict()
+
+
+def run_experiment(path: str, fmt: str, policies: list[str], capacities: str, thresholds: list[int], factor: int,
+                   limit: int | None, workers: int) -> tuple[list[dict], int]:
+    _init(path, fmt, limit, factor)
+    unique = len({b for r in _TRACE["reqs"] for b in r})
+    caps = parse_capacities(capacities, unique)
+    jobs = [(p, c, t) for c in caps for t in thresholds for p in policies]
+    from tqdm import tqdm
+
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(workers, initializer=_init, initargs=(path, fmt, limit, factor)) as pool:
+            results = list(tqdm(pool.map(_run, jobs), total=len(jobs), desc="replays", unit="run"))
+    else:
+        results = [_run(j) for j in tqdm(jobs, desc="replays", unit="run")]
+    # References: plain LRU and MIN (no admission filter) at the same capacity.
+    best: dict[int, float] = {}
+    lru: dict[int, float] = {}
+    for r in results:
+        if r["store_threshold"] < 2 and r["policy"] == "belady":
+            best[r["capacity"]] = r["block_hit_ratio"]
+        if r["store_threshold"] < 2 and r["policy"] == "lru":
+            lru[r["capacity"]] = r["block_hit_ratio"]
+    for r in results:
+        cap = r["capacity"]
+        if cap in best:
+            r["gap_to_belady"] = best[cap] - r["block_hit_ratio"]
+            if cap in lru and best[cap] > lru[cap]:
+                r["lru_to_min_gap_closed"] = (r["block_hit_ratio"] - lru[cap]) / (best[cap] - lru[cap])
+    return results, unique
+
+
+def write_outputs(results: list[dict], out: Path, title: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.json", out / "results.csv"]
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in results for k in r}))
+        w.writeheader()
+        w.writerows(results)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no PNG; pip install 'kvoffload[plot]')")
+        return written
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for (policy, threshold) in sorted({(r["policy"], r["store_threshold"]) for r in results}):
+        rows = sorted((r for r in results if r["policy"] == policy and r["store_threshold"] == threshold),
+                      key=lambda r: r["capacity"])
+        label = policy if not threshold else f"{policy} (filter {threshold})"
+        ax.plot([r["capacity"] for r in rows], [100 * r["block_hit_ratio"] for r in rows], marker="o", label=label,
+                linestyle="--" if threshold else "-")
+    ax.set_xscale("log")
+    ax.set_xlabel("capacity (offloaded blocks)")
+    ax.set_ylabel("block hit ratio (%)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(out / "hit_ratio.png", dpi=120)
+    written.append(out / "hit_ratio.png")
+    return written
+
+
+def format_results(results: list[dict]) -> str:
+    head = f"{'policy':<12}{'filter':>7}{'capacity':>10}{'block hit':>10}{'token hit':>10}{'written':>10}{'evicted':>10}{'gap→MIN':>9}{'LRU→MIN closed':>16}"
+    lines = [head]
+    for r in sorted(results, key=lambda r: (r["capacity"], r["store_threshold"], r["policy"])):
+        gap = f"{100 * r['gap_to_belady']:.2f}" if "gap_to_belady" in r else "-"
+        closed = f"{100 * r['lru_to_min_gap_closed']:.1f}%" if "lru_to_min_gap_closed" in r else "-"
+        flag = "  BEATS MIN" if r.get("gap_to_belady", 0) < -1e-12 else ""
+        lines.append(f"{r['policy']:<12}{r['store_threshold']:>7}{r['capacity']:>10}{100 * r['block_hit_ratio']:>9.2f}%"
+                     f"{100 * r['token_hit_ratio']:>9.2f}%{r['blocks_written']:>10}{r['blocks_evicted']:>10}{gap:>9}{closed:>16}{flag}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvoffload sim", description=__doc__)
+    parser.add_argument("--trace", required=True, help="trace file, or 'synthetic'")
+    parser.add_argument("--format", default="auto", choices=["auto", "mooncake", "weka", "arc", "synthetic"])
+    parser.add_argument("--policies", default="lru,arc,s3fifo,sieve,belady")
+    parser.add_argument("--capacities", default="1%,5%,10%,20%")
+    parser.add_argument("--store-threshold", default="0", help="comma list, e.g. 0,2 (>= 2 enables the filter)")
+    parser.add_argument("--block-size-factor", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default="sim-out")
+    args = parser.parse_args(argv)
+    if args.trace != "synthetic" and not os.path.exists(args.trace):
+        parser.error(f"--trace {args.trace!r} does not exist")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    from kvoffload.offload import get_policy_class
+
+    for p in policies:
+        get_policy_class(p)  # unknown names fail before any replay
+    thresholds = [int(t) for t in args.store_threshold.split(",")]
+    results, unique = run_experiment(args.trace, args.format, policies, args.capacities, thresholds,
+                                     args.block_size_factor, args.limit, args.workers)
+    print(f"trace {args.trace}: {unique:,} unique blocks")
+    print(format_results(results))
+    for path in write_outputs(results, Path(args.out), os.path.basename(args.trace)):
+        print(f"wrote {path}")
+    return 0
+
+
+__all__ = ["SimResult", "main", "run_experiment"]

@@ -1,0 +1,165 @@
+"""Trace replay through the production scheduler-side code.
+
+Each request is replayed as the connector issues it: ``touch`` the request's offloaded
+blocks, ``lookup`` the leading run, load the hits (``prepare_load``/``complete_load``), offer
+the rest for store (``prepare_store``, the connector's ``touch``, ``complete_store``). The
+manager, policies and reuse filter are the ones the connector runs. ``page`` mode is the
+plain page-cache loop the ARC paper measures: touch, lookup, store on a miss.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+
+from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager, create_policy
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    capacity: int
+    store_threshold: int
+    requests: int
+    block_refs: int
+    hit_blocks: int
+    hit_tokens: int
+    total_tokens: int
+    blocks_written: int
+    blocks_evicted: int
+    seconds: float
+
+    @property
+    def block_hit_ratio(self) -> float:
+        return self.hit_blocks / self.block_refs if self.block_refs else 0.0
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.hit_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(block_hit_ratio=self.block_hit_ratio, token_hit_ratio=self.token_hit_ratio,
+                 refs_per_s=self.block_refs / self.seconds if self.seconds else 0.0)
+        return d
+
+
+def group_blocks(requests: Sequence[Sequence[Hashable]], factor: int) -> list[list[Hashable]]:
+    """Offloaded blocks of ``factor`` trace blocks, keyed by the last one's (prefix) hash."""
+    if factor == 1:
+        return [list(r) for r in requests]
+    return [list(r[factor - 1 :: factor]) for r in requests]
+
+
+def build_manager(policy: str, capacity: int, store_threshold: int = 0) -> OffloadingManager:
+    mgr: OffloadingManager = CPUOffloadingManager(capacity, cache_policy=create_policy(policy, capacity))
+    if store_threshold >= 2:
+        mgr = FilterReusedOffloadingManager(mgr, store_threshold)
+    return mgr
+
+
+def replay(
+    requests: Sequence[Sequence[Hashable]],
+    capacity: int,
+    policy: str = "lru",
+    store_threshold: int = 0,
+    tokens_per_block: int = 1,
+    input_lengths: Sequence[int] | None = None,
+    mode: str = "prefix",
+) -> SimResult:
+    if mode not in ("prefix", "page"):
+        raise ValueError(f"mode={mode!r}: use 'prefix' (connector order) or 'page' (page cache)")
+    mgr = build_manager(policy, capacity, store_threshold)
+    backing = getattr(mgr, "backing", mgr)
+    pol = backing.policy  # type: ignore[attr-defined]
+    advance = getattr(pol, "advance", None)
+    admit = getattr(pol, "admit", None)
+    if hasattr(pol, "set_future") and advance is not None:
+        pol.set_future(requests)
+    hit_blocks = hit_tokens = total_tokens = written = evicted = refs = 0
+    t0 = time.perf_counter()
+    for r, hashes in enumerate(requests):
+        if advance is not None:
+            advance(r)
+        hashes = list(hashes)
+        refs += len(hashes)
+        mgr.touch(hashes)
+        hits = mgr.lookup(hashes) or 0
+        if hits:
+            head = hashes[:hits]
+            mgr.prepare_load(head)
+            mgr.complete_load(head)
+        rest = hashes[hits:]
+        if admit is not None:
+            rest = [h for h in rest if admit(h)]
+        if rest:
+            out = mgr.prepare_store(rest)
+            if out is not None:
+                if mode == "prefix":
+                    mgr.touch(rest)
+                mgr.complete_store(out.block_hashes_to_store)
+                written += len(out.block_hashes_to_store)
+                evicted += len(out.block_hashes_evicted)
+        length = input_lengths[r] if input_lengths is not None else len(hashes) * tokens_per_block
+        hit_blocks += hits
+        hit_tokens += min(hits * tokens_per_block, length)
+        total_tokens += length
+    return SimResult(policy, capacity, store_threshold, len(requests), refs, hit_blocks, hit_tokens, total_tokens,
+                     written, evicted, time.perf_counter() - t0)
+
+
+class OpRecorder(OffloadingManager):
+    """Wraps a live manager and records every call, so a run can be replayed exactly."""
+
+    def __init__(self, backing: OffloadingManager) -> None:
+        self.backing = backing
+        self.ops: list[tuple[str, list[Hashable], bool]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.backing, name)
+
+    def lookup(self, block_hashes):  # type: ignore[no-untyped-def]
+        hashes = list(block_hashes)
+        self.ops.append(("lookup", hashes, True))
+        return self.backing.lookup(hashes)
+
+    def touch(self, block_hashes):  # type: ignore[no-untyped-def]
+        hashes = list(block_hashes)
+        self.ops.append(("touch", hashes, True))
+        self.backing.touch(hashes)
+
+    def prepare_load(self, block_hashes):  # type: ignore[no-untyped-def]
+        hashes = list(block_hashes)
+        self.ops.append(("prepare_load", hashes, True))
+        return self.backing.prepare_load(hashes)
+
+    def complete_load(self, block_hashes):  # type: ignore[no-untyped-def]
+        hashes = list(block_hashes)
+        self.ops.append(("complete_load", hashes, True))
+        self.backing.complete_load(hashes)
+
+    def prepare_store(self, block_hashes):  # type: ignore[no-untyped-def]
+        hashes = list(block_hashes)
+        self.ops.append(("prepare_store", hashes, True))
+        return self.backing.prepare_store(hashes)
+
+    def complete_store(self, block_hashes, success=True):  # type: ignore[no-untyped-def]
+        hashes = list(block_hashes)
+        self.ops.append(("complete_store", hashes, success))
+        self.backing.complete_store(hashes, success)
+
+
+def replay_ops(ops: Sequence[tuple[str, list[Hashable], bool]], capacity: int, policy: str = "lru",
+               store_threshold: int = 0) -> int:
+    """Replay a recorded call log on a fresh manager; returns the blocks loaded (tier hits)."""
+    mgr = build_manager(policy, capacity, store_threshold)
+    loaded = 0
+    for op, hashes, flag in ops:
+        if op == "prepare_load":
+            loaded += len(mgr.prepare_load(hashes))
+        elif op == "complete_store":
+            mgr.complete_store(hashes, flag)
+        else:
+            getattr(mgr, op)(hashes)
+    return loaded
