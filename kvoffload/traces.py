@@ -84,16 +84,18 @@ def load_arc_lis(path: str | Path, limit: int | None = None) -> list[list[int]]:
     return out
 
 
-def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -> list[list[tuple[str, int]]]:
+def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -> list[list[int]]:
     """WEKA kv-cache-tester traces (tar.gz of per-conversation JSON, 64-token blocks).
 
-    Hash ids are local to a conversation, so each block is keyed (trace id, hash id).
+    Hash ids are local to a conversation, so each block is keyed by (trace id, hash id),
+    interned to a dense int.
     Conversations are interleaved by their request times, each starting ``gap_s`` after the
     previous one (the traces carry no absolute timestamps).
     """
     import tarfile
 
-    timed: list[tuple[float, int, list[tuple[str, int]]]] = []
+    timed: list[tuple[float, int, list[int]]] = []
+    ids: dict[tuple[str, int], int] = {}  # (trace id, local hash) -> dense global id
     with tarfile.open(path, "r:gz") as tar:
         for k, member in enumerate(m for m in tar if m.isfile() and m.name.endswith(".json")):
             f = tar.extractfile(member)
@@ -103,7 +105,8 @@ def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -
             tid = str(trace.get("id", member.name))
             offset = k * gap_s
             for req in _flatten_weka(trace.get("requests", [])):
-                timed.append((offset + float(req.get("t", 0.0)), len(timed), [(tid, h) for h in req.get("hash_ids", [])]))
+                blocks = [ids.setdefault((tid, h), len(ids)) for h in req.get("hash_ids", [])]
+                timed.append((offset + float(req.get("t", 0.0)), len(timed), blocks))
             if limit is not None and len(timed) >= limit:
                 break
     timed.sort()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
+
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.policy import LedgerCachePolicy
 from kvoffload.offload.stamp_order import StampOrder
 
 _LRU_TAG = 1
+_VECTOR_MIN = 48  # touches longer than this assign stamps with numpy
 
 
 class LRUCachePolicy(LedgerCachePolicy):
@@ -24,6 +27,13 @@ class LRUCachePolicy(LedgerCachePolicy):
     def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
         ledger = self.ledger
         index_get = ledger.index.get
+        if len(block_hashes) > _VECTOR_MIN:
+            slots = [s for s in map(index_get, reversed(block_hashes)) if s is not None]
+            if slots:
+                # Later writes win, so the earliest occurrence of a hash gets the newest stamp.
+                ledger.stamp[np.fromiter(slots, np.int64, len(slots))] = ledger.clock + np.arange(len(slots))
+                ledger.clock += len(slots)
+            return
         stamps = ledger.stamps
         clock = ledger.clock
         for block_hash in reversed(block_hashes):

@@ -16,6 +16,8 @@ import numpy as np
 
 from kvoffload.offload.block_status import FREE_TAG, BlockLedger
 
+_VECTOR_MIN = 32
+
 
 class StampOrder:
     def __init__(self, ledger: BlockLedger, tag: int) -> None:
@@ -85,6 +87,8 @@ class StampOrder:
         tags, stamps, refs, hashes = ledger.tags, ledger.stamps, ledger.refs, ledger.hashes
         tag = self.tag
         queue, qstamp = self._queue, self._qstamp
+        if n >= _VECTOR_MIN:
+            return self._collect_vectorised(n, protected)
         out: list[int] = []
         i = self._pos
         size = len(queue)
@@ -102,4 +106,34 @@ class StampOrder:
             elif leading:
                 self._pos = i + 1
             i += 1
+        return out
+
+    def _collect_vectorised(self, n: int, protected: Container | None) -> list[int]:
+        """``collect`` for large n: validity and ref checks on numpy chunks of the queue."""
+        ledger = self.ledger
+        hashes = ledger.hashes
+        out: list[int] = []
+        i = self._pos
+        leading = True
+        while len(out) < n:
+            if i >= len(self._queue) and not self._extend():
+                break
+            j = min(len(self._queue), i + max(2 * (n - len(out)), 256))
+            slots = np.array(self._queue[i:j], dtype=np.int64)
+            valid = (ledger.tag[slots] == self.tag) & (ledger.stamp[slots] == np.array(self._qstamp[i:j], dtype=np.int64))
+            if leading:
+                if valid.all():
+                    leading = False
+                elif not valid.any():
+                    self._pos = j
+                else:
+                    self._pos = i + int(np.argmax(valid))
+                    leading = False
+            for slot in slots[valid & (ledger.ref_cnt[slots] == 0)].tolist():
+                if protected and hashes[slot] in protected:
+                    continue
+                out.append(slot)
+                if len(out) == n:
+                    break
+            i = j
         return out

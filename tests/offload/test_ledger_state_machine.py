@@ -122,14 +122,26 @@ def _run(machine, steps: int, examples: int) -> int:
     return machine.steps_run
 
 
+@pytest.fixture(params=["loops", "vectorised"])
+def code_path(request, monkeypatch):
+    """Short batches take plain loops; force the numpy paths too, so both are checked."""
+    if request.param == "vectorised":
+        from kvoffload.offload import cpu_manager, lru, stamp_order
+
+        monkeypatch.setattr(cpu_manager, "_VECTOR_MIN", 0)
+        monkeypatch.setattr(lru, "_VECTOR_MIN", 0)
+        monkeypatch.setattr(stamp_order, "_VECTOR_MIN", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("machine", [LedgerMachine, ARCMachine], ids=["lru", "arc"])
-def test_ledger_matches_reference(machine):
+def test_ledger_matches_reference(machine, code_path):
     _run(machine, steps=50, examples=40)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("machine", [LedgerMachine, ARCMachine], ids=["lru", "arc"])
-def test_ledger_matches_reference_long(machine):
+def test_ledger_matches_reference_long(machine, code_path):
     total = 0
     while total < 10_000:  # hypothesis ends a run early when its data buffer fills up
         total += _run(machine, steps=10_000, examples=20)
