@@ -140,6 +140,10 @@ class OffloadingConnectorScheduler:
                 self._block_ids[rid] = list(ids[0]) if ids else []
             elif ids:
                 self._block_ids.setdefault(rid, []).extend(ids[0])
+        for rid, replacements in getattr(so, "block_replacements", {}).items():
+            ids = self._block_ids.get(rid)
+            for idx, block_id in replacements if ids is not None else ():
+                ids[idx] = block_id  # copy-on-write gave this request a private block
 
     def _plan_stores(self, so: Any) -> dict[str, list[TransferJob]]:
         reqs_to_store: dict[str, list[TransferJob]] = {}

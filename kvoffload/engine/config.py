@@ -25,6 +25,8 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     dtype: str = "float32"
     device: str = "cpu"
+    #: Share of device blocks a waiting request may not take while running requests need room.
+    watermark: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "max_num_seqs")
@@ -38,6 +40,8 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.long_prefill_token_threshold={self.long_prefill_token_threshold}: must be >= 0 (0 = off)"
             )
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"EngineConfig.watermark={self.watermark}: must be in [0, 1), e.g. 0.01")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"EngineConfig.scheduling_policy={self.scheduling_policy!r}: use 'fcfs' or 'priority'")
         if self.dtype not in ("float32", "float16", "bfloat16"):

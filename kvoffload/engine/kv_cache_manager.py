@@ -51,6 +51,12 @@ class KVCacheManager:
         self.coordinator = KVCacheCoordinator(self.block_pool, block_size, num_groups)
         self.num_groups = num_groups
         self.prefix_cache_stats = PrefixCacheStats()
+        #: Copy-on-write work queued for the runner: (src block, dst block) and, per request,
+        #: (block index, new block id) replacements. Drained by the scheduler each step.
+        self.pending_copies: list[tuple[int, int]] = []
+        self.pending_replacements: dict[str, list[tuple[int, int]]] = {}
+        self.num_cow_copies = 0
+        self.num_forks = 0
 
     def empty_blocks(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
@@ -74,11 +80,13 @@ class KVCacheManager:
         num_lookahead_tokens: int = 0,
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
+        reserve_blocks: int = 0,
     ) -> KVCacheBlocks | None:
         """Make room for | computed | new_computed | external_computed | new | lookahead |.
 
         Returns the freshly allocated blocks, or None (and nothing changed) when the pool cannot
-        supply them. With ``delay_cache_blocks`` the new blocks are not yet registered in the
+        supply them while keeping ``reserve_blocks`` free (the admission watermark). A write into
+        a block shared with a forked sequence first gives this request a private copy. With ``delay_cache_blocks`` the new blocks are not yet registered in the
         prefix cache: their contents are still arriving from an external source.
         """
         if num_new_tokens < 0 or num_external_computed_tokens < 0:
@@ -93,8 +101,10 @@ class KVCacheManager:
             self.max_model_len,
         )
         need = self.coordinator.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot, computed)
-        if need > self.block_pool.get_num_free_blocks():
+        cow = self._shared_write_blocks(request.request_id, num_local_computed)
+        if need + len(cow) + reserve_blocks > self.block_pool.get_num_free_blocks():
             return None
+        self._copy_on_write(request.request_id, cow)
         if self.enable_caching:
             for group in computed:
                 self.block_pool.touch(group)
@@ -106,6 +116,41 @@ class KVCacheManager:
             )
             self.coordinator.cache_blocks(request.request_id, request.block_hashes, num_tokens_to_cache)
         return KVCacheBlocks(new_blocks)
+
+    def _shared_write_blocks(self, request_id: str, first_write_pos: int) -> list[tuple[int, int]]:
+        """(group, block index) of the block the next token is written into, if shared."""
+        idx = first_write_pos // self.block_size
+        out = []
+        for gid, group in enumerate(self.coordinator.get_blocks(request_id)):
+            if idx < len(group) and group[idx].ref_cnt > 1 and not group[idx].is_null:
+                out.append((gid, idx))
+        return out
+
+    def _copy_on_write(self, request_id: str, cow: list[tuple[int, int]]) -> None:
+        for gid, idx in cow:
+            blocks = self.coordinator.managers[gid].req_to_blocks[request_id]
+            old = blocks[idx]
+            (new,) = self.block_pool.get_new_blocks(1)
+            blocks[idx] = new
+            self.block_pool.free_blocks([old])  # the other sharers keep it
+            self.pending_copies.append((old.block_id, new.block_id))
+            self.pending_replacements.setdefault(request_id, []).append((idx, new.block_id))
+            self.num_cow_copies += 1
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """The child shares every parent block (ref counts up, zero bytes copied)."""
+        for manager in self.coordinator.managers:
+            blocks = list(manager.req_to_blocks.get(parent.request_id, ()))
+            for block in blocks:
+                block.ref_cnt += 1
+            manager.req_to_blocks[child.request_id] = blocks
+            manager.num_cached_block[child.request_id] = manager.num_cached_block.get(parent.request_id, 0)
+        self.num_forks += 1
+
+    def take_copy_on_write(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
+        copies, self.pending_copies = self.pending_copies, []
+        repl, self.pending_replacements = self.pending_replacements, {}
+        return copies, repl
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:

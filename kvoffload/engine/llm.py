@@ -13,6 +13,7 @@ import torch
 from kvoffload.connector.base import KVConnectorBase, KVConnectorRole
 from kvoffload.connector.factory import KVConnectorFactory
 from kvoffload.engine.config import EngineConfig
+from kvoffload.engine.beam_search import BeamSearchController
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.engine.model_runner import ModelRunner
@@ -74,7 +75,9 @@ class LLM:
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.scheduling_policy,
             connector=self.scheduler_connector,
+            watermark_blocks=int(config.watermark * config.num_gpu_blocks),
         )
+        self.beams = BeamSearchController(self.scheduler)
         self.runner = ModelRunner(
             self.model_config,
             num_blocks=config.num_gpu_blocks,
@@ -92,6 +95,9 @@ class LLM:
         self._generated_tokens = 0
         self._closed = False
         self.last_logits: dict[str, list[torch.Tensor]] = {}
+        self._finished: dict[str, Request] = {}
+        self._children: dict[str, list[str]] = {}
+        self._open_groups: set[str] = set()
 
     @staticmethod
     def _build_connectors(config: EngineConfig, kv_info: Any) -> tuple[KVConnectorBase | None, KVConnectorBase | None]:
@@ -144,17 +150,36 @@ class LLM:
             seed=(cfg.seed * 7919 + self._num_requests) & 0x7FFFFFFF,
         )
         self.scheduler.add_request(request)
+        if params.beam_width:
+            self.beams.add(request)
         self._num_requests += 1
         self._prompt_tokens += len(token_ids)
         return rid
 
-    def step(self) -> list[Request]:
+    def step(self) -> list[str]:
+        """One engine step; returns the ids of request groups that completed in it."""
         so = self.scheduler.schedule()
         out = self.runner.execute_model(so)
         if self.runner.record_logits:
             for rid, logit in out.logits.items():
                 self.last_logits.setdefault(rid, []).append(logit)
-        return self.scheduler.update_from_output(so, out)
+        finished = self.scheduler.update_from_output(so, out)
+        done = self.beams.on_step(out.beam_candidates)
+        for parent, child in self.scheduler.forked:
+            if not self.beams.is_beam(child):
+                self._children.setdefault(parent, []).append(child)
+        self.scheduler.forked.clear()
+        for request in finished:
+            self._finished[request.request_id] = request
+        for rid in list(self._open_groups):
+            if self.beams.is_beam(rid):
+                continue
+            members = [rid, *self._children.get(rid, [])]
+            if all(m in self._finished for m in members):
+                done.append(rid)
+        for rid in done:
+            self._open_groups.discard(rid)
+        return done
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -169,8 +194,14 @@ class LLM:
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
         requests = {rid: self.scheduler.requests[rid] for rid in rids}
+        self._open_groups.update(rids)
         self._run_until_done(set(rids), use_tqdm)
-        return [self._to_output(requests[rid]) for rid in rids]
+        outs = [self._to_output(requests[rid]) for rid in rids]
+        for rid in rids:  # forget finished requests of this call
+            for member in [rid, *self._children.pop(rid, [])]:
+                self._finished.pop(member, None)
+            self.beams.groups.pop(rid, None)
+        return outs
 
     def _run_until_done(self, rids: set[str], use_tqdm: bool) -> None:
         pending = set(rids)
@@ -183,10 +214,10 @@ class LLM:
         try:
             while pending or self.scheduler.has_pending_frees():
                 finished = self.step()
-                for request in finished:
-                    if request.request_id in pending:
-                        pending.discard(request.request_id)
-                        self._record_finished(request)
+                for rid in finished:
+                    if rid in pending:
+                        pending.discard(rid)
+                        self._record_finished(rid)
                         if bar is not None:
                             bar.update(1)
                 if finished or self.scheduler.stats.steps == 0:
@@ -204,21 +235,39 @@ class LLM:
     def _scheduled_anything_last_step(self) -> bool:
         return any(r.status == RequestStatus.RUNNING for r in self.scheduler.running)
 
-    def _record_finished(self, request: Request) -> None:
-        self._generated_tokens += request.num_output_tokens
-        if request.first_token_time is not None:
-            self._ttfts.append(request.first_token_time - request.arrival_time)
+    def _record_finished(self, root_id: str) -> None:
+        members = [self._finished[m] for m in [root_id, *self._children.get(root_id, [])] if m in self._finished]
+        self._generated_tokens += sum(r.num_output_tokens for r in members)
+        root = members[0] if members else None
+        if root is not None and root.first_token_time is not None:
+            self._ttfts.append(root.first_token_time - root.arrival_time)
 
     def _to_output(self, request: Request) -> RequestOutput:
         ttft = None if request.first_token_time is None else request.first_token_time - request.arrival_time
+        rid = request.request_id
+        tokens = list(request.output_token_ids)
+        samples: list[list[int]] = []
+        scores: list[float] = []
+        reason = _FINISH_REASON.get(request.status, "unknown")
+        if rid in self.beams.groups:
+            best = self.beams.groups[rid].best()
+            samples = [t for _, t, _ in best]
+            scores = [s for s, _, _ in best]
+            tokens = samples[0] if samples else tokens
+            reason = "beam"
+        elif rid in self._children:
+            order = sorted(self._children[rid], key=lambda c: int(c.rsplit("#", 1)[1]))
+            samples = [tokens] + [list(self._finished[c].output_token_ids) for c in order]
         return RequestOutput(
-            request_id=request.request_id,
+            request_id=rid,
             prompt_token_ids=list(request.prompt_token_ids),
-            token_ids=list(request.output_token_ids),
-            text=self.tokenizer.decode(request.output_token_ids),
-            finish_reason=_FINISH_REASON.get(request.status, "unknown"),
+            token_ids=tokens,
+            text=self.tokenizer.decode(tokens),
+            finish_reason=reason,
             num_cached_tokens=max(request.num_cached_tokens, 0),
             ttft_s=ttft,
+            samples=samples,
+            scores=scores,
         )
 
     # ---- lifecycle and reports ---------------------------------------------------------
@@ -239,6 +288,8 @@ class LLM:
             "prefix_hit_tokens": hits,
             "external_hit_tokens": s.external_hit_tokens,
             "preemptions": s.preemptions,
+            "forks": self.kv_cache_manager.num_forks,
+            "cow_copies": self.kv_cache_manager.num_cow_copies,
             "failed_loads": s.failed_loads,
             "steps": s.steps,
             "device_cache_evictions": self.kv_cache_manager.block_pool.num_cache_evictions,

@@ -69,7 +69,7 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
                 sampling_params=new.sampling_params,
                 seed=new.seed,
-                num_prompt_tokens=len(new.prompt_token_ids),
+                num_prompt_tokens=new.num_prompt_tokens if new.num_prompt_tokens >= 0 else len(new.prompt_token_ids),
             )
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -83,7 +83,14 @@ class ModelRunner:
             elif new_ids is not None:
                 for group, ids in zip(state.block_ids, new_ids):
                     group.extend(ids)
+            if cached.new_token_ids and cached.new_token_ids[i]:
+                state.token_ids.extend(cached.new_token_ids[i])
             state.num_computed_tokens = cached.num_computed_tokens[i]
+        for rid, replacements in so.block_replacements.items():
+            state = self.requests.get(rid)
+            if state is not None:
+                for idx, block_id in replacements:
+                    state.block_ids[0][idx] = block_id
 
     def _prepare_inputs(self, so: SchedulerOutput, order: list[str]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         tokens: list[int] = []
@@ -131,10 +138,16 @@ class ModelRunner:
             connector.bind_connector_metadata(meta_obj)
             connector.handle_preemptions(meta_obj)
             connector.start_load_kv()
+        if so.blocks_to_copy:  # copy-on-write: private copies before anything writes into them
+            src = torch.tensor([a for a, _ in so.blocks_to_copy], device=self.device)
+            dst = torch.tensor([b for _, b in so.blocks_to_copy], device=self.device)
+            for kv in self.kv_caches:
+                kv[:, dst] = kv[:, src]
         order = [r.req_id for r in so.scheduled_new_reqs] + list(so.scheduled_cached_reqs.req_ids)
         order = [rid for rid in order if so.num_scheduled_tokens.get(rid, 0) > 0]
         sampled: list[list[int]] = []
         logits_out: dict[str, torch.Tensor] = {}
+        candidates: dict[str, list[tuple[int, float]]] = {}
         if order:
             input_ids, positions, meta = self._prepare_inputs(so, order)
             before = after = None
@@ -157,9 +170,18 @@ class ModelRunner:
                     sampled.append([])
                     continue
                 output_index = len(state.token_ids) - state.num_prompt_tokens
-                token = sample_token(logits[r], state.sampling_params, state.seed, output_index)
-                state.token_ids.append(token)
-                sampled.append([token])
+                params = state.sampling_params
+                if params.beam_width:
+                    # Beam search: the scheduler side picks the token; report the candidates.
+                    logprobs = torch.log_softmax(logits[r].float(), dim=-1)
+                    top = torch.topk(logprobs, min(2 * params.beam_width, logprobs.numel()))
+                    candidates[rid] = list(zip(top.indices.tolist(), top.values.tolist()))
+                    sampled.append([])
+                    continue
+                num = params.n if output_index == 0 else 1
+                tokens = [sample_token(logits[r], params, state.seed + i, output_index) for i in range(num)]
+                state.token_ids.append(tokens[0])
+                sampled.append(tokens)
                 if self.record_logits:
                     logits_out[rid] = logits[r].clone()
         kv_output = None
@@ -173,4 +195,5 @@ class ModelRunner:
                 worker_meta=connector.build_connector_worker_meta(),
             )
             connector.clear_connector_metadata()
-        return ModelRunnerOutput(req_ids=order, sampled_token_ids=sampled, logits=logits_out, kv_connector_output=kv_output)
+        return ModelRunnerOutput(req_ids=order, sampled_token_ids=sampled, logits=logits_out,
+                                 kv_connector_output=kv_output, beam_candidates=candidates)

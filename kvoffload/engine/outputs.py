@@ -17,6 +17,8 @@ class ModelRunnerOutput:
     #: Logits of the sampled positions, kept only when the runner is asked to record them.
     logits: dict[str, torch.Tensor] = field(default_factory=dict)
     kv_connector_output: KVConnectorOutput | None = None
+    #: Beam requests: top candidates (token, logprob) at the sampled position.
+    beam_candidates: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -28,3 +30,7 @@ class RequestOutput:
     finish_reason: str
     num_cached_tokens: int
     ttft_s: float | None
+    #: n > 1: every sample's tokens (samples[0] == token_ids); beam search: the beams, best first.
+    samples: list[list[int]] = field(default_factory=list)
+    #: Beam search: length-normalised log-probability of each returned beam.
+    scores: list[float] = field(default_factory=list)

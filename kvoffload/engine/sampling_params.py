@@ -16,6 +16,10 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    #: Parallel samples sharing the prompt's blocks (fork + copy-on-write); sample i uses seed + i.
+    n: int = 1
+    #: Greedy beam search width (length-normalised scores); 0 = off.
+    beam_width: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -26,6 +30,10 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k={self.top_k}: must be >= 0 (0 disables)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p={self.top_p}: must be in (0, 1]")
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n={self.n}: must be >= 1")
+        if self.beam_width < 0 or (self.beam_width and self.n > 1):
+            raise ValueError(f"SamplingParams.beam_width={self.beam_width}: must be >= 0 and not combined with n > 1")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     @property

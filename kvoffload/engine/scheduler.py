@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
 from kvoffload.engine.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from kvoffload.engine.outputs import ModelRunnerOutput
 from kvoffload.engine.request import Request, RequestStatus
+from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
@@ -46,6 +47,7 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         policy: SchedulingPolicy | str = SchedulingPolicy.FCFS,
         connector: KVConnectorBase | None = None,
+        watermark_blocks: int = 0,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
@@ -56,7 +58,15 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = SchedulingPolicy(policy)
         self.connector = connector
+        #: Blocks a waiting request may not take while running requests still need room.
+        self.watermark_blocks = watermark_blocks
         self.requests: dict[str, Request] = {}
+        #: Running requests the runner has not seen yet (forked children): sent in full.
+        self._unsent: set[str] = set()
+        #: Tokens appended here (beam search) that the runner has not seen, per request.
+        self._unsent_tokens: dict[str, list[int]] = {}
+        #: (parent id, child id) forks since the facade last looked.
+        self.forked: list[tuple[str, str]] = []
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
@@ -179,6 +189,7 @@ class Scheduler:
                     num_lookahead_tokens=reserve,
                     num_external_computed_tokens=num_external,
                     delay_cache_blocks=load_async,
+                    reserve_blocks=self.watermark_blocks if self.running else 0,
                 )
                 if new_blocks is None:
                     break
@@ -266,6 +277,9 @@ class Scheduler:
         num_scheduled: dict[str, int],
         preempted: list[Request],
     ) -> SchedulerOutput:
+        unsent = [r for r in running if r.request_id in self._unsent]
+        running = [r for r in running if r.request_id not in self._unsent]
+        self._unsent.difference_update(r.request_id for r in unsent)
         new_data = [
             NewRequestData(
                 req_id=r.request_id,
@@ -274,17 +288,22 @@ class Scheduler:
                 block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
                 seed=_request_seed(r),
+                num_prompt_tokens=r.num_prompt_tokens,
             )
-            for r in new
+            for r in new + unsent
         ]
+        for r in new + unsent + resumed:
+            self._unsent_tokens.pop(r.request_id, None)
         cached = CachedRequestData()
         for r in running:
+            cached.new_token_ids.append(self._unsent_tokens.pop(r.request_id, []))
             cached.req_ids.append(r.request_id)
             cached.resumed_from_preemption.append(False)
             cached.resumed_token_ids.append(None)
             cached.new_block_ids.append(new_blocks_of[r.request_id].get_block_ids())
             cached.num_computed_tokens.append(r.num_computed_tokens)
         for r in resumed:
+            cached.new_token_ids.append([])
             cached.req_ids.append(r.request_id)
             cached.resumed_from_preemption.append(True)
             cached.resumed_token_ids.append(list(r.all_token_ids))
@@ -298,6 +317,7 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in preempted},
             finished_req_ids=self.finished_req_ids,
         )
+        output.blocks_to_copy, output.block_replacements = self.kv_cache_manager.take_copy_on_write()
         self.finished_req_ids = set()
         return output
 
@@ -329,15 +349,58 @@ class Scheduler:
             sampled = runner_output.sampled_token_ids[index[rid]]
             if not sampled:
                 continue
-            request.append_output_token_ids(sampled[0])
-            if request.check_stop(self.max_model_len):
-                self.running.remove(request)
-                self._free_request(request)
-                finished.append(request)
+            base_seed = _request_seed(request)
+            for i, token in enumerate(sampled[1:], start=1):  # parallel samples: fork the prompt
+                params = replace(request.sampling_params, n=1, seed=base_seed + i)
+                child = self.fork_request(request, f"{rid}#{i}", params)
+                finished += self.append_token(child, token, runner_has_it=True)
+            if len(sampled) > 1:
+                request.sampling_params = replace(request.sampling_params, n=1, seed=base_seed)
+            finished += self.append_token(request, sampled[0], runner_has_it=True)
         kv_out = runner_output.kv_connector_output
         if self.connector is not None and kv_out is not None:
             self._update_from_kv_connector_output(kv_out)
         return finished
+
+    def append_token(self, request: Request, token: int, runner_has_it: bool = False) -> list[Request]:
+        """Append one generated token; returns [request] if that finished it."""
+        request.append_output_token_ids(token)
+        if not runner_has_it and request.request_id not in self._unsent:
+            self._unsent_tokens.setdefault(request.request_id, []).append(token)
+        if request.check_stop(self.max_model_len):
+            if request in self.running:
+                self.running.remove(request)
+            self._free_request(request)
+            return [request]
+        return []
+
+    def fork_request(self, parent: Request, child_id: str, params: SamplingParams | None = None) -> Request:
+        """A running copy of ``parent`` sharing all its blocks (copy-on-write on the next write)."""
+        child = Request(
+            request_id=child_id,
+            prompt_token_ids=list(parent.prompt_token_ids),
+            sampling_params=params or parent.sampling_params,
+            block_size=parent.block_size,
+            eos_token_id=parent.eos_token_id,
+            priority=parent.priority,
+            cache_salt=parent.cache_salt,
+            extra_keys=parent.extra_keys,
+            seed=parent.seed,
+        )
+        child.output_token_ids = list(parent.output_token_ids)
+        child.all_token_ids = list(parent.all_token_ids)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.arrival_time = parent.arrival_time
+        child.first_token_time = parent.first_token_time
+        child.status = RequestStatus.RUNNING
+        self.kv_cache_manager.fork(parent, child)
+        self.requests[child_id] = child
+        self.running.append(child)
+        self._unsent.add(child_id)
+        self.forked.append((parent.request_id, child_id))
+        return child
 
     def _update_from_kv_connector_output(self, kv_out: KVConnectorOutput) -> None:
         assert self.connector is not None

@@ -20,6 +20,8 @@ class NewRequestData:
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
     seed: int
+    #: Prompt length (prompt_token_ids may also hold generated tokens: forks, resumes).
+    num_prompt_tokens: int = -1
 
 
 @dataclass(slots=True)
@@ -31,6 +33,8 @@ class CachedRequestData:
     #: New block ids to append, or the full replacement for resumed requests.
     new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    #: Tokens the scheduler appended that the runner did not sample itself (beam search).
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:
@@ -46,3 +50,7 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     finished_req_ids: set[str] = field(default_factory=set)
     kv_connector_metadata: Any = None
+    #: Copy-on-write: device block copies (src, dst) to run before the forward pass, and the
+    #: block-table entries they redirect, per request: [(block index, new block id)].
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    block_replacements: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
