@@ -11,9 +11,11 @@ from typing import Any
 def _engine_config(args: argparse.Namespace, kv_offload: Any):
     from kvoffload.engine import EngineConfig
 
+    swap = args.preemption_mode == "swap" and kv_offload is not None
     return EngineConfig(model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
                         max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-                        max_num_seqs=args.max_num_seqs, kv_offload=kv_offload, seed=args.seed)
+                        max_num_seqs=args.max_num_seqs, kv_offload=kv_offload, seed=args.seed,
+                        preemption_mode="swap" if swap else "recompute")
 
 
 def _run_once(args: argparse.Namespace, kv_offload: Any) -> tuple[dict[str, Any], list[list[int]], dict[str, Any]]:
@@ -98,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--user-tokens", type=int, default=48)
     run.add_argument("--max-tokens", type=int, default=16)
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
+                     help="swap: offload a preempted request's KV and restore it (needs --config)")
     run.set_defaults(func=cmd_run)
 
     bench = sub.add_parser("bench", help="speed figures with baselines and ratios")

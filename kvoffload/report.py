@@ -32,6 +32,10 @@ def summarize(stats: dict[str, Any], wall_s: float) -> dict[str, Any]:
         "prefill tokens computed": stats["prefill_tokens_computed"],
         "prefill tokens saved": max(saved, 0),
         "preemptions": stats["preemptions"],
+        "tokens swapped out": stats.get("swapped_out_tokens", 0),
+        "recomputed after preemption": stats.get("recomputed_after_preemption", 0),
+        "blocks swapped out/in": f"{stats['connector'].get('blocks_swapped_out', 0)}/"
+                                 f"{stats['connector'].get('blocks_swapped_in', 0)}",
         "TTFT p50 (ms)": f"{1000 * percentile(ttft, 0.5):.1f}",
         "TTFT p95 (ms)": f"{1000 * percentile(ttft, 0.95):.1f}",
         "tokens/s (prompt+gen)": f"{(prompt + stats['generated_tokens']) / wall_s:.0f}" if wall_s else "n/a",

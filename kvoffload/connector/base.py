@@ -122,6 +122,11 @@ class KVConnectorBase(ABC):
         """Return True to keep the request's blocks until its sends are reported finished."""
         return False, None
 
+    def swap_out(self, request: Any, block_ids: Any) -> bool:
+        """Preemption in swap mode: save the request's computed KV (full blocks and the partial
+        last one) before its blocks are freed. False = cannot, the request is recomputed."""
+        return False
+
     def take_events(self) -> Iterable[Any]:
         return ()
 

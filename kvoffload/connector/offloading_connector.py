@@ -78,6 +78,9 @@ class OffloadingConnector(KVConnectorBase):
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().request_finished(request, block_ids)
 
+    def swap_out(self, request: Any, block_ids: Any) -> bool:
+        return self._scheduler().swap_out(request, block_ids)
+
     def take_events(self) -> Any:
         return self._scheduler().take_events()
 

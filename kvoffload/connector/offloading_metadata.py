@@ -23,3 +23,6 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     preempted_req_ids: set[str] = field(default_factory=set)
     #: CPU → disk copies of CPU-tier victims; run before their slots are overwritten.
     demotions: list[TransferJob] = field(default_factory=list)
+    #: Swap-mode preemption: copies of preempted requests' KV, run (and awaited) before the
+    #: forward pass, since their blocks may be reused in this very step.
+    swap_out: dict[str, list[TransferJob]] = field(default_factory=dict)

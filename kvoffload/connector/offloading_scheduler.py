@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
+
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, TransferJob
 from kvoffload.offload.abstract import BlockHash, OffloadingEvent
 from kvoffload.offload.mediums import GPULoadStoreSpec
@@ -40,6 +42,8 @@ class SchedulerSideStats:
     evicted_blocks: int = 0
     blocks_demoted: int = 0
     corrupt_blocks: int = 0
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
     tier_hits: Counter = field(default_factory=Counter)
 
 
@@ -58,6 +62,9 @@ class OffloadingConnectorScheduler:
         self._blocks_being_loaded: set[BlockHash] = set()
         self._reqs_to_load: dict[str, list[TransferJob]] = {}
         self._jobs: dict[int, _Job] = {}
+        #: Swapped-out requests: computed tokens at preemption, key of their partial block.
+        self._swapped: dict[str, tuple[int, BlockHash | None]] = {}
+        self._swap_out: dict[str, list[TransferJob]] = {}
         self._job_ids = itertools.count()
         self.stats = SchedulerSideStats()
 
@@ -66,7 +73,23 @@ class OffloadingConnectorScheduler:
         return request.block_hashes[f * start + f - 1 : f * end : f]
 
     # ---- lookups and loads -----------------------------------------------------------------
+    def _swap_hit(self, request: Any, num_computed_tokens: int) -> int:
+        """Tokens a swapped-out request can restore exactly (all its full blocks + the tail)."""
+        computed, key = self._swapped[request.request_id]
+        full = computed // self.block_size
+        hashes = request.block_hashes[:full]
+        if self.manager.lookup(hashes) != full or (key is not None and self.manager.lookup([key]) != 1):
+            return 0
+        if not self._blocks_being_loaded.isdisjoint(hashes):
+            return 0
+        return max(0, computed - num_computed_tokens)
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if request.request_id in self._swapped:
+            restorable = self._swap_hit(request, num_computed_tokens)
+            if restorable:
+                return restorable, True
+            del self._swapped[request.request_id]  # evicted meanwhile: the plain path decides
         num_blocks = request.num_tokens // self.offloaded_block_size
         hashes = self._offload_hashes(request, 0, num_blocks)
         self.manager.touch(hashes)
@@ -75,6 +98,12 @@ class OffloadingConnectorScheduler:
             return 0, False
         hits = self.manager.lookup(hashes[start:])
         if hits is None:
+            return None, False
+        is_pending = getattr(self.manager, "is_pending", None)
+        if is_pending is not None and start + hits < len(hashes) and is_pending(hashes[start + hits]):
+            # The next block's store is still in flight: wait a step for it rather than
+            # recompute it (hit counts then do not depend on copy timing).
+            self.stats.lookups_deferred += 1
             return None, False
         if hits == 0:
             return 0, False
@@ -95,6 +124,9 @@ class OffloadingConnectorScheduler:
             return
         # Local prefix hits are the blocks that already carry a hash; the rest are new.
         num_local = sum(1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
+        if rid in self._swapped:
+            self._plan_swap_in(request, block_ids, num_local, num_external_tokens)
+            return
         full_tokens = num_local + num_external_tokens
         if full_tokens % self.offloaded_block_size or num_external_tokens % self.block_size:
             raise AssertionError(
@@ -128,6 +160,65 @@ class OffloadingConnectorScheduler:
         self._blocks_being_loaded.update(hashes)
         self._next_stored[rid] = max(self._next_stored.get(rid, 0), promote_from)
         self.stats.hit_tokens += num_external_tokens
+
+    # ---- swap-mode preemption ------------------------------------------------------------
+    def swap_out(self, request: Any, block_ids: Any) -> bool:
+        if self.factor != 1:
+            return False  # a partial tail does not fit a multi-block offloaded slot
+        rid = request.request_id
+        computed = request.num_computed_tokens
+        ids = list(block_ids[0])
+        full = computed // self.block_size
+        hashes = list(request.block_hashes[:full])
+        out = self.manager.prepare_store(hashes)
+        if out is None or computed == 0:
+            return False
+        jobs = []
+        if out.block_hashes_to_store:
+            index_of = {h: i for i, h in enumerate(hashes)}
+            jobs.append(self._store_job(rid, out, [ids[index_of[h]] for h in out.block_hashes_to_store]))
+        key = None
+        if computed % self.block_size:
+            # The partial block has no chained hash; key it by request and length (16 bytes, so
+            # a disk tier could hold it too).
+            key = xxhash.xxh3_128(f"swap|{rid}|{computed}".encode()).digest()
+            tail = self.manager.prepare_store([key])
+            if tail is None:  # the tier is full of pinned blocks: store what we have, recompute
+                self._swap_out[rid] = jobs
+                return False
+            if tail.block_hashes_to_store:
+                jobs.append(self._store_job(rid, tail, [ids[full]]))
+        self._swap_out[rid] = jobs
+        self._swapped[rid] = (computed, key)
+        self._next_stored[rid] = max(self._next_stored.get(rid, 0), full)
+        self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
+        return True
+
+    def _store_job(self, rid: str, out: Any, device_ids: list[int]) -> TransferJob:
+        job_id = next(self._job_ids)
+        self._jobs[job_id] = _Job(rid, list(out.block_hashes_to_store), _STORE)
+        self._storing.setdefault(rid, Counter()).update(out.block_hashes_to_store)
+        return TransferJob(job_id, GPULoadStoreSpec(device_ids), out.store_spec)
+
+    def _plan_swap_in(self, request: Any, block_ids: list[int], num_local: int, num_external: int) -> None:
+        rid = request.request_id
+        computed, key = self._swapped.pop(rid)
+        assert num_local + num_external == computed, "swap-in must restore exactly what was swapped out"
+        first, full = num_local // self.block_size, computed // self.block_size
+        hashes = list(request.block_hashes[first:full])
+        jobs = []
+        if hashes:
+            job_id = next(self._job_ids)
+            self._jobs[job_id] = _Job(rid, hashes, _LOAD, "CPU")
+            jobs.append(TransferJob(job_id, self.manager.prepare_load(hashes), GPULoadStoreSpec(block_ids[first:full])))
+        if key is not None:
+            job_id = next(self._job_ids)
+            self._jobs[job_id] = _Job(rid, [key], _LOAD, "CPU")
+            jobs.append(TransferJob(job_id, self.manager.prepare_load([key]), GPULoadStoreSpec(block_ids[full : full + 1])))
+        self._reqs_to_load[rid] = jobs
+        self._loading[rid] = hashes + ([key] if key is not None else [])
+        self._blocks_being_loaded.update(hashes)
+        self.stats.blocks_swapped_in += len(hashes) + (key is not None)
 
     # ---- stores ------------------------------------------------------------------------------
     def _update_block_ids(self, so: Any) -> None:
@@ -196,8 +287,10 @@ class OffloadingConnectorScheduler:
             reqs_to_store=reqs_to_store,
             preempted_req_ids=set(scheduler_output.preempted_req_ids),
             demotions=self._plan_demotions(),
+            swap_out=self._swap_out,
         )
         self._reqs_to_load = {}
+        self._swap_out = {}
         return meta
 
     # ---- completions -------------------------------------------------------------------------
@@ -241,6 +334,7 @@ class OffloadingConnectorScheduler:
         self._requests.pop(rid, None)
         self._block_ids.pop(rid, None)
         self._next_stored.pop(rid, None)
+        self._swapped.pop(rid, None)
         for job in self._reqs_to_load.pop(rid, ()):  # planned, never sent: undo the pin now
             hashes = self._jobs.pop(job.job_id).block_hashes  # one job per tier segment
             self.manager.complete_load(hashes)
@@ -268,4 +362,6 @@ class OffloadingConnectorScheduler:
             "blocks_demoted": s.blocks_demoted,
             "corrupt_blocks": getattr(getattr(self.manager, "disk", None), "num_corrupt", s.corrupt_blocks),
             "disk_blocks_recovered": getattr(getattr(self.manager, "disk", None), "num_recovered", 0),
+            "blocks_swapped_out": s.blocks_swapped_out,
+            "blocks_swapped_in": s.blocks_swapped_in,
         }

@@ -90,9 +90,12 @@ class OffloadingConnectorWorker:
 
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
         """Preemption is a barrier: copies reading a preempted request's blocks finish first."""
-        if meta is None or not meta.preempted_req_ids:
+        if meta is None or not (meta.preempted_req_ids or meta.swap_out):
             return
         self._submit_deferred()
+        for rid, jobs in meta.swap_out.items():
+            for job in jobs:
+                self._submit(rid, job, is_store=True)
         assert self.worker is not None
         self.worker.wait([j for j, (rid, _) in self._job_req.items() if rid in meta.preempted_req_ids])
 

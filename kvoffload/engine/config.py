@@ -27,6 +27,8 @@ class EngineConfig:
     device: str = "cpu"
     #: Share of device blocks a waiting request may not take while running requests need room.
     watermark: float = 0.0
+    #: On preemption: recompute (free the blocks) or swap (offload the KV, restore on resume).
+    preemption_mode: str = "recompute"
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "max_num_seqs")
@@ -40,6 +42,10 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.long_prefill_token_threshold={self.long_prefill_token_threshold}: must be >= 0 (0 = off)"
             )
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"EngineConfig.preemption_mode={self.preemption_mode!r}: use 'recompute' or 'swap'")
+        if self.preemption_mode == "swap" and self.kv_offload is None and self.kv_connector is None:
+            raise ValueError("EngineConfig.preemption_mode='swap' needs an offload tier: set kv_offload")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"EngineConfig.watermark={self.watermark}: must be in [0, 1), e.g. 0.01")
         if self.scheduling_policy not in ("fcfs", "priority"):

@@ -76,6 +76,7 @@ class LLM:
             policy=config.scheduling_policy,
             connector=self.scheduler_connector,
             watermark_blocks=int(config.watermark * config.num_gpu_blocks),
+            preemption_mode=config.preemption_mode,
         )
         self.beams = BeamSearchController(self.scheduler)
         self.runner = ModelRunner(
@@ -288,6 +289,8 @@ class LLM:
             "prefix_hit_tokens": hits,
             "external_hit_tokens": s.external_hit_tokens,
             "preemptions": s.preemptions,
+            "swapped_out_tokens": s.swapped_out_tokens,
+            "recomputed_after_preemption": s.recomputed_after_preemption,
             "forks": self.kv_cache_manager.num_forks,
             "cow_copies": self.kv_cache_manager.num_cow_copies,
             "failed_loads": s.failed_loads,

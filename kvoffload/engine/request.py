@@ -44,6 +44,8 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1
     num_preemptions: int = 0
+    #: Tokens whose KV was swapped out at the last preemption (0 = recompute).
+    swapped_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     block_hashes: list[BlockHash] = field(default_factory=list)
     first_token_time: float | None = None

@@ -34,6 +34,8 @@ class SchedulerStats:
     device_hit_tokens: int = 0
     external_hit_tokens: int = 0
     failed_loads: int = 0
+    swapped_out_tokens: int = 0
+    recomputed_after_preemption: int = 0
 
 
 class Scheduler:
@@ -48,6 +50,7 @@ class Scheduler:
         policy: SchedulingPolicy | str = SchedulingPolicy.FCFS,
         connector: KVConnectorBase | None = None,
         watermark_blocks: int = 0,
+        preemption_mode: str = "recompute",
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
@@ -60,6 +63,11 @@ class Scheduler:
         self.connector = connector
         #: Blocks a waiting request may not take while running requests still need room.
         self.watermark_blocks = watermark_blocks
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode={preemption_mode!r}: use 'recompute' or 'swap'")
+        if preemption_mode == "swap" and connector is None:
+            raise ValueError("preemption_mode='swap' needs an offload connector: set kv_offload (or kv_connector)")
+        self.preemption_mode = preemption_mode
         self.requests: dict[str, Request] = {}
         #: Running requests the runner has not seen yet (forked children): sent in full.
         self._unsent: set[str] = set()
@@ -240,6 +248,12 @@ class Scheduler:
         return self.running[-1]
 
     def _preempt(self, request: Request) -> None:
+        request.swapped_tokens = 0
+        if self.preemption_mode == "swap" and self.connector is not None:
+            ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            if self.connector.swap_out(request, ids):
+                request.swapped_tokens = request.num_computed_tokens
+                self.stats.swapped_out_tokens += request.num_computed_tokens
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -330,6 +344,8 @@ class Scheduler:
                 self.stats.decode_tokens += n
             else:
                 self.stats.prefill_tokens_computed += n
+                if request.num_preemptions:
+                    self.stats.recomputed_after_preemption += n
             request.num_computed_tokens += n
 
     # ---- results ------------------------------------------------------------------------

@@ -280,6 +280,11 @@ class CPUOffloadingManager(OffloadingManager):
         events, self._events = self._events, []
         return events
 
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        """Present but still being written (its store has not completed yet)."""
+        slot = self.ledger.index.get(block_hash)
+        return slot is not None and self.ledger.refs[slot] < 0
+
     def is_ready(self, block_hash: BlockHash) -> bool:
         slot = self.ledger.index.get(block_hash)
         return slot is not None and self.ledger.refs[slot] >= 0

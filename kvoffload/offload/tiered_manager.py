@@ -50,6 +50,11 @@ class TieredOffloadingManager(OffloadingManager):
             hits += 1
         return hits
 
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        return not (self.cpu.is_ready(block_hash) or self.disk.is_ready(block_hash)) and (
+            self.cpu.is_pending(block_hash) or self.disk.is_pending(block_hash)
+        )
+
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = list(block_hashes)
         self.cpu.touch(hashes)

@@ -103,3 +103,29 @@ def test_watermark_keeps_waiting_requests_out_while_running_ones_need_room():
     idle.watermark_blocks = 3
     idle.add_request(make_request("x", 12, max_tokens=1))
     assert "x" in idle.schedule().num_scheduled_tokens
+
+
+def test_swap_preemption_restores_kv_instead_of_recomputing():
+    prompts = [[(i * 17 + j) % 250 for j in range(40 + 7 * i)] for i in range(6)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+
+    def run(**kw):
+        with LLM(EngineConfig(block_size=8, **kw)) as llm:
+            return [o.token_ids for o in llm.generate(prompts, params)], llm.stats()
+
+    tight = dict(num_gpu_blocks=20, max_num_batched_tokens=128)
+    free, _ = run(num_gpu_blocks=128)
+    recompute, rs = run(**tight)
+    swapped, ss = run(**tight, preemption_mode="swap", kv_offload={"tiers": [{"medium": "cpu", "capacity": "16MiB"}]})
+    assert free == recompute == swapped
+    assert rs["preemptions"] > 0 and rs["recomputed_after_preemption"] > 0
+    assert ss["preemptions"] > 0 and ss["swapped_out_tokens"] > 0
+    assert ss["recomputed_after_preemption"] == 0  # every swapped request resumed from its KV
+    assert ss["connector"]["blocks_swapped_in"] > 0
+
+
+def test_swap_without_offload_is_a_config_error():
+    import pytest
+
+    with pytest.raises(ValueError, match="preemption_mode='swap' needs an offload tier"):
+        EngineConfig(preemption_mode="swap")
