@@ -46,6 +46,8 @@ class Request:
     num_preemptions: int = 0
     #: Tokens whose KV was swapped out at the last preemption (0 = recompute).
     swapped_tokens: int = 0
+    #: Most tokens ever computed before a preemption (to count what is recomputed).
+    computed_before_preemption: int = 0
     status: RequestStatus = RequestStatus.WAITING
     block_hashes: list[BlockHash] = field(default_factory=list)
     first_token_time: float | None = None

@@ -249,6 +249,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         request.swapped_tokens = 0
+        request.computed_before_preemption = max(request.computed_before_preemption, request.num_computed_tokens)
         if self.preemption_mode == "swap" and self.connector is not None:
             ids = self.kv_cache_manager.get_block_ids(request.request_id)
             if self.connector.swap_out(request, ids):
@@ -344,8 +345,9 @@ class Scheduler:
                 self.stats.decode_tokens += n
             else:
                 self.stats.prefill_tokens_computed += n
-                if request.num_preemptions:
-                    self.stats.recomputed_after_preemption += n
+                # Only tokens whose KV existed before a preemption count as recomputed.
+                lost = min(request.num_computed_tokens + n, request.computed_before_preemption)
+                self.stats.recomputed_after_preemption += max(0, lost - request.num_computed_tokens)
             request.num_computed_tokens += n
 
     # ---- results ------------------------------------------------------------------------
