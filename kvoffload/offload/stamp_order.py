@@ -16,7 +16,7 @@ import numpy as np
 
 from kvoffload.offload.block_status import FREE_TAG, BlockLedger
 
-_VECTOR_MIN = 32
+_VECTOR_MIN = 512  # evictions this large scan the queue in numpy chunks
 
 
 class StampOrder:

@@ -8,23 +8,19 @@ copied into the given device blocks; when the first offloaded block is only part
 
 from __future__ import annotations
 
-import threading
-from collections import deque
-from collections.abc import Collection
-
 import numpy as np
 import torch
 
 from kvoffload.offload.mediums import GPULoadStoreSpec
-from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
-from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, JobHandle, StreamPool
+from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, StreamPool
 from kvoffload_ext import copy_blocks
 
 
-class DeviceHostHandler(OffloadingHandler):
+class DeviceHostHandler(TrackedJobsHandler):
     def __init__(self, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int, pool: StreamPool,
                  fences: SlotFences | None = None) -> None:
         if host.row_bytes != kv.page_bytes:
@@ -35,9 +31,7 @@ class DeviceHostHandler(OffloadingHandler):
         self.pool = pool
         self.fences = fences
         self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
-        self._jobs: dict[str, deque[tuple[int, JobHandle, int]]] = {DEVICE_TO_HOST: deque(), HOST_TO_DEVICE: deque()}
-        self._by_id: dict[int, JobHandle] = {}
-        self._lock = threading.Lock()
+        super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
         #: Test-only negative control: flip the bytes of every loaded block after copying.
         self.corrupt_loads = False
 
@@ -70,10 +64,7 @@ class DeviceHostHandler(OffloadingHandler):
                 fences.wait(host_blocks.tolist())  # a demotion may still be reading these slots
             self._copy(direction, device_ids, host_rows)
 
-        handle = self.pool.submit(direction, run)
-        with self._lock:
-            self._jobs[direction].append((job_id, handle, nbytes))
-            self._by_id[job_id] = handle
+        self._track(direction, job_id, self.pool.submit(direction, run), nbytes)
         return True
 
     def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray) -> None:
@@ -88,23 +79,6 @@ class DeviceHostHandler(OffloadingHandler):
         if direction == HOST_TO_DEVICE and self.corrupt_loads:
             for view in self.kv.views:
                 view[torch.from_numpy(device_ids).to(view.device)] ^= 0x5A
-
-    def get_finished(self) -> list[TransferResult]:
-        out: list[TransferResult] = []
-        with self._lock:
-            for direction, jobs in self._jobs.items():
-                while jobs and jobs[0][1].done():
-                    job_id, handle, nbytes = jobs.popleft()
-                    del self._by_id[job_id]
-                    ok = handle.error() is None
-                    out.append(TransferResult(job_id, ok, nbytes if ok else 0, handle.seconds(), direction))
-        return out
-
-    def wait(self, job_ids: Collection[int]) -> None:
-        with self._lock:
-            handles = [self._by_id[j] for j in job_ids if j in self._by_id]
-        for handle in handles:
-            handle.wait()
 
     def close(self) -> None:
         self.pool.close()

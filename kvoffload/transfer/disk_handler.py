@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import deque
-from collections.abc import Collection
 
 import numpy as np
 import torch
 
 from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout, data_checksum, parse_record_header, record_header
 from kvoffload.offload.mediums import CPULoadStoreSpec
-from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
-from kvoffload.transfer.streams import CPUStreamPool, JobHandle
+from kvoffload.transfer.streams import CPUStreamPool
 from kvoffload_ext import copy_blocks
 
 logger = logging.getLogger(__name__)
@@ -39,7 +36,7 @@ class CorruptBlocksError(IOError):
         self.slots = slots
 
 
-class DiskHandler(OffloadingHandler):
+class DiskHandler(TrackedJobsHandler):
     def __init__(self, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int, layout: DiskLayout,
                  path: str | os.PathLike, fences: SlotFences, num_threads: int = 2) -> None:
         if kv.page_bytes * block_size_factor != layout.block_bytes:
@@ -56,10 +53,8 @@ class DiskHandler(OffloadingHandler):
         self.fd = os.open(self.path, os.O_RDWR)
         self.pool = CPUStreamPool(num_threads)
         self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
-        self._jobs: dict[str, deque[tuple[int, JobHandle, int]]] = {HOST_TO_DISK: deque(), DISK_TO_DEVICE: deque()}
-        self._by_id: dict[int, JobHandle] = {}
-        self._lock = threading.Lock()
         self._logged: set[str] = set()
+        super().__init__((HOST_TO_DISK, DISK_TO_DEVICE))
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
         src, dst = spec
@@ -80,9 +75,7 @@ class DiskHandler(OffloadingHandler):
                 return False
             nbytes = len(device_ids) * self.kv.page_bytes
             handle = self.pool.submit(direction, lambda: self._load(disk_slots, device_ids, skip))
-        with self._lock:
-            self._jobs[direction].append((job_id, handle, nbytes))
-            self._by_id[job_id] = handle
+        self._track(direction, job_id, handle, nbytes)
         return True
 
     def _demote(self, cpu_blocks: list[int], disk_slots: list[int], keys: list) -> None:
@@ -123,24 +116,8 @@ class DiskHandler(OffloadingHandler):
             self._logged.add(key)
             logger.warning(msg, self.path, exc)
 
-    def get_finished(self) -> list[TransferResult]:
-        out: list[TransferResult] = []
-        with self._lock:
-            for direction, jobs in self._jobs.items():
-                while jobs and jobs[0][1].done():
-                    job_id, handle, nbytes = jobs.popleft()
-                    del self._by_id[job_id]
-                    err = handle.error()
-                    bad = tuple(err.slots) if isinstance(err, CorruptBlocksError) else ()
-                    out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
-                                              direction, bad))
-        return out
-
-    def wait(self, job_ids: Collection[int]) -> None:
-        with self._lock:
-            handles = [self._by_id[j] for j in job_ids if j in self._by_id]
-        for h in handles:
-            h.wait()
+    def _bad_block_ids(self, error: BaseException) -> tuple[int, ...]:
+        return tuple(error.slots) if isinstance(error, CorruptBlocksError) else ()
 
     def close(self) -> None:
         self.pool.close()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from kvoffload.offload.abstract import LoadStoreSpec
+from kvoffload.transfer.streams import JobHandle
 
 TransferSpec = tuple[LoadStoreSpec, LoadStoreSpec]
 
@@ -39,6 +42,44 @@ class OffloadingHandler(ABC):
 
     def close(self) -> None:
         """Finish outstanding jobs and release resources."""
+
+
+class TrackedJobsHandler(OffloadingHandler):
+    """Shared bookkeeping for handlers whose jobs run on a StreamPool: per-direction queues
+    polled front-first, so completions come back in submission order per direction."""
+
+    def __init__(self, directions: tuple[str, ...]) -> None:
+        self._jobs: dict[str, deque[tuple[int, JobHandle, int]]] = {d: deque() for d in directions}
+        self._by_id: dict[int, JobHandle] = {}
+        self._lock = threading.Lock()
+
+    def _track(self, direction: str, job_id: int, handle: JobHandle, nbytes: int) -> None:
+        with self._lock:
+            self._jobs[direction].append((job_id, handle, nbytes))
+            self._by_id[job_id] = handle
+
+    def _bad_block_ids(self, error: BaseException) -> tuple[int, ...]:
+        """Source slots a failed job found corrupt (none by default)."""
+        return ()
+
+    def get_finished(self) -> list[TransferResult]:
+        out: list[TransferResult] = []
+        with self._lock:
+            for direction, jobs in self._jobs.items():
+                while jobs and jobs[0][1].done():
+                    job_id, handle, nbytes = jobs.popleft()
+                    del self._by_id[job_id]
+                    err = handle.error()
+                    bad = self._bad_block_ids(err) if err is not None else ()
+                    out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
+                                              direction, bad))
+        return out
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        with self._lock:
+            handles = [self._by_id[j] for j in job_ids if j in self._by_id]
+        for handle in handles:
+            handle.wait()
 
 
 class UnsupportedTransferError(ValueError):
