@@ -8,6 +8,8 @@ aligned), reading or writing pinned host memory directly through its device-mapp
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import torch
 
@@ -42,11 +44,7 @@ def _get_kernel():
 
 
 def cupy_available() -> bool:
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("cupy") is not None
 
 
 def _device_address(t: torch.Tensor) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
-from kvoffload.engine.model import build_model
+from kvoffload.engine.model import LayerHook, build_model
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.engine.outputs import ModelRunnerOutput
 from kvoffload.engine.paged_attention import AttentionMetadata
@@ -129,6 +129,15 @@ class ModelRunner:
             meta,
         )
 
+    def _layer_hooks(self) -> tuple[LayerHook | None, LayerHook | None]:
+        """Per-layer connector calls around attention (layer-wise load waits and saves)."""
+        connector = self.connector
+        if connector is None:
+            return None, None
+        names = self.layer_names
+        return (lambda i, _kv: connector.wait_for_layer_load(names[i]),
+                lambda i, kv: connector.save_kv_layer(names[i], kv))
+
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(so)
@@ -150,17 +159,7 @@ class ModelRunner:
         candidates: dict[str, list[tuple[int, float]]] = {}
         if order:
             input_ids, positions, meta = self._prepare_inputs(so, order)
-            before = after = None
-            if connector is not None:
-                names = self.layer_names
-
-                def before(i: int, _kv: torch.Tensor) -> None:
-                    connector.wait_for_layer_load(names[i])
-
-                def after(i: int, kv: torch.Tensor) -> None:
-                    connector.save_kv_layer(names[i], kv)
-
-            hidden = self.model(input_ids, positions, self.kv_caches, meta, before, after)
+            hidden = self.model(input_ids, positions, self.kv_caches, meta, *self._layer_hooks())
             last_rows = [meta.query_start_loc[r + 1] - 1 for r in range(len(order))]
             logits = self.model.compute_logits(hidden[last_rows])
             for r, rid in enumerate(order):

@@ -9,7 +9,7 @@ the preferred one has no evictable block. Ghost lists are bounded by the capacit
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.policy import LedgerCachePolicy
