@@ -46,7 +46,8 @@ def synthetic_prefix_workload(
     chain_ids: dict[tuple, int] = {}
 
     def chain(blocks: list[tuple]) -> list[int]:
-        out, parent = [], ()
+        out: list[int] = []
+        parent: tuple = ()
         for b in blocks:
             parent = (parent, b) if parent else (b,)
             out.append(chain_ids.setdefault(parent, len(chain_ids)))

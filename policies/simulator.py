@@ -72,7 +72,7 @@ def replay(
         raise ValueError(f"mode={mode!r}: use 'prefix' (connector order) or 'page' (page cache)")
     mgr = build_manager(policy, capacity, store_threshold)
     backing = getattr(mgr, "backing", mgr)
-    pol = backing.policy  # type: ignore[attr-defined]
+    pol = backing.policy  # type: ignore[union-attr]
     advance = getattr(pol, "advance", None)
     admit = getattr(pol, "admit", None)
     if hasattr(pol, "set_future") and advance is not None:

@@ -42,8 +42,6 @@ class CachePolicy(ABC):
     @abstractmethod
     def evict(self, n: int, protected: Collection[BlockHash]) -> list[tuple[BlockHash, BlockStatus]] | None: ...
 
-    def set_future(self, future: object) -> None:
-        """Offline policies (Belady) receive the access sequence here; others ignore it."""
 
 
 class LedgerCachePolicy(CachePolicy):

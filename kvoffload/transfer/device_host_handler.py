@@ -57,11 +57,12 @@ class DeviceHostHandler(TrackedJobsHandler):
         if len(host_rows) != len(device_ids):
             return False
         nbytes = len(device_ids) * self.kv.page_bytes
-        fences = self.fences if host_blocks is not None else None
+        fenced = host_blocks.tolist() if host_blocks is not None and self.fences is not None else None
+        fences = self.fences
 
         def run() -> None:
-            if fences is not None:
-                fences.wait(host_blocks.tolist())  # a demotion may still be reading these slots
+            if fenced is not None and fences is not None:
+                fences.wait(fenced)  # a demotion may still be reading these slots
             self._copy(direction, device_ids, host_rows)
 
         self._track(direction, job_id, self.pool.submit(direction, run), nbytes)

@@ -82,7 +82,7 @@ class DiskHandler(TrackedJobsHandler):
         try:
             for cpu_block, slot, key in zip(cpu_blocks, disk_slots, keys):
                 rows = self.host.rows(cpu_block * self.factor, self.factor)
-                data = memoryview(rows.numpy().reshape(-1))
+                data = memoryview(rows.numpy().reshape(-1).data)
                 header = record_header(key, data_checksum(data))
                 written = os.pwritev(self.fd, [header, data], self.layout.offset(slot))
                 if written != RECORD_HEADER + len(data):
@@ -98,12 +98,12 @@ class DiskHandler(TrackedJobsHandler):
         for i, slot in enumerate(disk_slots):
             block = staging[i * self.factor : (i + 1) * self.factor].numpy().reshape(-1)
             try:
-                n = os.preadv(self.fd, [header, memoryview(block)], self.layout.offset(slot))
+                n = os.preadv(self.fd, [header, block.data], self.layout.offset(slot))
             except OSError as exc:
                 self._log_once(f"read:{exc.errno}", "disk tier %s: load failed (%s); recomputing instead", exc)
                 raise
             parsed = parse_record_header(bytes(header))
-            if n != RECORD_HEADER + len(block) or parsed is None or parsed[1] != data_checksum(memoryview(block)):
+            if n != RECORD_HEADER + len(block) or parsed is None or parsed[1] != data_checksum(block.data):
                 bad.append(slot)
         if bad:
             raise CorruptBlocksError(bad)
