@@ -42,10 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.config and not args.no_offload:
         summary, tokens, stats = _run_once(args, args.config)
         transfer = stats.get("transfer", {})
-        for direction in ("device_to_host", "host_to_device"):
-            d = transfer.get(direction)
-            if d:
-                summary[f"copied {direction} (MiB)"] = f"{d['bytes'] / 2**20:.1f}"
+        for direction, d in transfer.items():
+            if d.get("jobs"):
+                summary[f"{direction} MiB / GB/s"] = f"{d['bytes'] / 2**20:.1f} / {d['gb_per_s']:.2f}"
+        summary["stores skipped (reuse filter)"] = stats["connector"].get("stores_skipped_by_filter", 0)
         columns["offload"] = summary
         same = tokens == base_tokens
         print(format_table(columns))
