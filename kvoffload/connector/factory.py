@@ -6,11 +6,11 @@ names through the ``kvoffload.connectors`` entry-point group.
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import entry_points
 from typing import Any
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorRole
+from kvoffload.registry import load_object
 
 ENTRY_POINT_GROUP = "kvoffload.connectors"
 
@@ -25,10 +25,7 @@ def register_connector(name: str, target: str) -> None:
 
 
 def _import_target(target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    if not attr:
-        raise ValueError(f"connector {target!r}: use a registered name or 'package.module:ClassName'")
-    return getattr(importlib.import_module(module_name), attr)
+    return load_object(target, ValueError, "connector")
 
 
 def known_connectors() -> list[str]:

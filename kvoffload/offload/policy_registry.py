@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import entry_points
 
 from kvoffload.offload.policy import CachePolicy
+from kvoffload.registry import load_object
 
 ENTRY_POINT_GROUP = "kvoffload.policies"
 
@@ -26,11 +26,7 @@ def known_policies() -> list[str]:
 
 
 def _load(target: str, name: str) -> type[CachePolicy]:
-    module_name, _, attr = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownPolicyError(f"eviction policy {name!r}: cannot import {target!r} ({exc})") from exc
+    cls = load_object(target, UnknownPolicyError, f"eviction policy {name!r}")
     if not (isinstance(cls, type) and issubclass(cls, CachePolicy)):
         raise UnknownPolicyError(f"eviction policy {name!r} resolved to {cls!r}, not a CachePolicy subclass")
     return cls

@@ -8,7 +8,6 @@ found by ``spec_name`` (built-ins and the ``kvoffload.specs`` entry points) or l
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.offload.abstract import LoadStoreSpec, OffloadingManager
+from kvoffload.registry import load_object
 
 if TYPE_CHECKING:
     from kvoffload.config import OffloadConfig
@@ -74,11 +74,7 @@ class OffloadingSpecFactory:
                 known = sorted(set(_REGISTRY) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
                 raise ConfigError(f"spec_name: unknown spec {spec_name!r}; known: {', '.join(known)}, or set spec_module_path")
             target = eps[0].value
-        module_name, _, attr = target.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"spec_module_path: cannot load {target!r} ({exc})") from exc
+        cls = load_object(target, ConfigError, "spec_module_path")
         if not (isinstance(cls, type) and issubclass(cls, OffloadingSpec)):
             raise ConfigError(f"spec_name: {target!r} is not an OffloadingSpec subclass")
         return cls

@@ -1,4 +1,3 @@
-import threading
 import time
 
 import numpy as np
@@ -97,10 +96,11 @@ def test_completions_in_submission_order_per_direction_and_wait_blocks():
         else:
             handler.transfer_async(job, (CPULoadStoreSpec([0]), GPULoadStoreSpec([job, job + 1])))
     assert handler.get_finished() == []  # nothing done yet: polling does not block
-    t0 = time.perf_counter()
     handler.wait([4])
-    assert time.perf_counter() - t0 >= 0.02  # waited for real work
-    results = drain(handler, 6)
+    # wait returned only once job 4 (and, by ordering, jobs 0 and 2 before it) had finished.
+    done = handler.get_finished()
+    assert {0, 2, 4} <= {r.job_id for r in done}
+    results = done + drain(handler, 6 - len(done))
     by_dir = {d: [r.job_id for r in results if r.direction == d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)}
     assert by_dir == {DEVICE_TO_HOST: [0, 2, 4], HOST_TO_DEVICE: [1, 3, 5]}
     handler.close()
@@ -119,8 +119,7 @@ def test_copies_overlap_with_the_caller():
     """A long copy runs on a copy thread while the caller keeps going (GIL released)."""
     handler, _ = make_handler(delay=0.05)
     handler.transfer_async(1, (GPULoadStoreSpec([0, 1]), CPULoadStoreSpec([0])))
-    assert threading.active_count() >= 2
-    assert handler.get_finished() == []
+    assert handler.get_finished() == []  # submitted and returned while the copy still runs
     drain(handler, 1)
     handler.close()
 
