@@ -26,3 +26,6 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     #: Swap-mode preemption: copies of preempted requests' KV, run (and awaited) before the
     #: forward pass, since their blocks may be reused in this very step.
     swap_out: dict[str, list[TransferJob]] = field(default_factory=dict)
+    #: Finished requests whose blocks the engine keeps for us: report each one as
+    #: finished-sending once none of its copies is outstanding (and only those).
+    await_finish: set[str] = field(default_factory=set)

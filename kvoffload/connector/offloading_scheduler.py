@@ -65,6 +65,7 @@ class OffloadingConnectorScheduler:
         #: Swapped-out requests: computed tokens at preemption, key of their partial block.
         self._swapped: dict[str, tuple[int, BlockHash | None]] = {}
         self._swap_out: dict[str, list[TransferJob]] = {}
+        self._delayed: set[str] = set()
         self._job_ids = itertools.count()
         self.stats = SchedulerSideStats()
 
@@ -288,9 +289,11 @@ class OffloadingConnectorScheduler:
             preempted_req_ids=set(scheduler_output.preempted_req_ids),
             demotions=self._plan_demotions(),
             swap_out=self._swap_out,
+            await_finish=self._delayed,
         )
         self._reqs_to_load = {}
         self._swap_out = {}
+        self._delayed = set()
         return meta
 
     # ---- completions -------------------------------------------------------------------------
@@ -340,8 +343,12 @@ class OffloadingConnectorScheduler:
             self.manager.complete_load(hashes)
             self._blocks_being_loaded.difference_update(hashes)
             self._loading.pop(rid, None)
-        # Keep the device blocks while any planned or in-flight copy still reads or fills them.
-        return bool(self._storing.get(rid)) or rid in self._loading, None
+        # Keep the device blocks while any planned or in-flight copy still reads or fills them;
+        # the worker then reports this request (and only delayed ones) as finished-sending.
+        delay = bool(self._storing.get(rid)) or rid in self._loading
+        if delay:
+            self._delayed.add(rid)
+        return delay, None
 
     def take_events(self) -> list[OffloadingEvent]:
         return list(self.manager.take_events())

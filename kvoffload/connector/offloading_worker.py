@@ -3,7 +3,8 @@
 Loads are submitted as soon as their plan arrives; stores planned in step N are submitted at
 the start of step N+1 (the KV they read is only written by step N's forward pass, and
 submitting later keeps the copy off the path to sampling). A request is reported as
-finished-sending once the engine finished it and none of its copies is outstanding.
+finished-sending once the scheduler half said it kept its blocks (``await_finish``) and none
+of its copies is outstanding; no other request is ever reported.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class OffloadingConnectorWorker:
         self.worker.wait([j for j, (rid, _) in self._job_req.items() if rid in meta.preempted_req_ids])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
+        self._finished |= meta.await_finish
         for job in meta.demotions:  # before any store that may overwrite the victims' slots
             self._submit("", job, is_store=True)
         for rid, jobs in meta.reqs_to_load.items():
@@ -126,9 +128,9 @@ class OffloadingConnectorWorker:
                 self._loads_pending[rid] -= 1
                 if self._loads_pending[rid] <= 0:
                     del self._loads_pending[rid]
-                    if rid not in self._failed_recving:
+                    # A request that finished while loading is reported once, as finished-sending.
+                    if rid not in self._failed_recving and rid not in self._finished:
                         recved.add(rid)
-        self._finished |= finished_req_ids
         sent = {rid for rid in self._finished if rid not in self._outstanding and rid not in self._deferred}
         self._finished -= sent
         return sent, recved

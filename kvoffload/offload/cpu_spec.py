@@ -73,11 +73,12 @@ class CPUOffloadingSpec(OffloadingSpec):
         yield CPULoadStoreSpec, GPULoadStoreSpec, handler
         layout = self.disk_layout()
         if layout is not None:
-            from kvoffload.offload.disk_manager import tier_file
+            from kvoffload.offload.disk_manager import prepare_tier_dir, tier_file
             from kvoffload.transfer.disk_handler import DiskHandler
 
             disk_path = self.config.tiers[1].path
             assert disk_path is not None
-            disk = DiskHandler(kv_caches, host, self.block_size_factor, layout, tier_file(disk_path, layout), fences)
+            path = tier_file(prepare_tier_dir(disk_path), layout)
+            disk = DiskHandler(kv_caches, host, self.block_size_factor, layout, path, fences)
             yield CPULoadStoreSpec, DiskLoadStoreSpec, disk
             yield DiskLoadStoreSpec, GPULoadStoreSpec, disk

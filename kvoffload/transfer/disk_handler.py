@@ -50,7 +50,9 @@ class DiskHandler(TrackedJobsHandler):
         self.layout = layout
         self.path = str(path)
         self.fences = fences
-        self.fd = os.open(self.path, os.O_RDWR)
+        # O_CREAT: the worker may start before the scheduler side creates and sizes the file
+        # (vLLM builds workers first); the scheduler side then writes its header in place.
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.pool = CPUStreamPool(num_threads)
         self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
         self._logged: set[str] = set()

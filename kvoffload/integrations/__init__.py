@@ -1,0 +1,1 @@
+"""Adapters for other engines (imported only when that engine is installed)."""

@@ -1,0 +1,195 @@
+"""KVOffloadConnector: kvoffload's scheduler and worker halves inside a real vLLM.
+
+Configure through ``kv_transfer_config``::
+
+    {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
+     "kv_connector_extra_config": {"config_file": "tiers.yaml"}}   # or {"config": {...}}
+
+The ``vllm.general_plugins`` entry point registers the name with vLLM's connector factory;
+``"kv_connector_module_path": "kvoffload.integrations.vllm"`` works without it. vLLM's request,
+block and scheduler-output objects are passed through (our halves only read the attributes the
+two engines share); the few differences (resumed requests, worker metadata) are bridged here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+
+from kvoffload.config import OffloadConfig
+from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
+
+CONNECTOR_NAME = "KVOffloadConnector"
+
+
+@dataclass
+class _WorkerResults(KVConnectorWorkerMetadata):
+    """Finished-copy results of one step, summed over workers."""
+
+    results: list = field(default_factory=list)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, _WorkerResults)
+        return _WorkerResults(self.results + other.results)
+
+
+@dataclass
+class _Meta(KVConnectorMetadata):
+    inner: Any = None
+
+
+@dataclass
+class _CachedView:
+    req_ids: list[str]
+    resumed_from_preemption: list[bool]
+    new_block_ids: list
+
+
+@dataclass
+class _OutputView:
+    """vLLM's SchedulerOutput, in the shape our scheduler half reads."""
+
+    scheduled_new_reqs: list
+    scheduled_cached_reqs: _CachedView
+    num_scheduled_tokens: dict[str, int]
+    preempted_req_ids: set[str]
+
+
+def _load_config(extra: dict[str, Any]) -> OffloadConfig:
+    raw = dict(extra.get("config") or {})
+    path = extra.get("config_file")
+    if path:
+        base = OffloadConfig.from_yaml(path)
+        if not raw:
+            return base
+    if not raw:
+        raise ValueError('kv_connector_extra_config needs "config_file" (a YAML path) or "config" (a dict)')
+    return OffloadConfig.from_dict(raw)
+
+
+def _kv_info(vllm_config: Any, kv_cache_config: Any) -> EngineKVInfo:
+    group = kv_cache_config.kv_cache_groups[0]
+    spec = group.kv_cache_spec
+    num_layers = sum(len(g.layer_names) for g in kv_cache_config.kv_cache_groups)
+    block_bytes = spec.page_size_bytes * num_layers
+    model = getattr(vllm_config.model_config, "model", "model")
+    digest = hashlib.sha256(f"{model}|{spec}|{num_layers}".encode()).hexdigest()[:16]
+    return EngineKVInfo(block_size=spec.block_size, block_bytes=block_bytes,
+                        num_device_blocks=kv_cache_config.num_blocks, layout_digest=digest)
+
+
+class KVOffloadConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        self.offload_config = _load_config(extra)
+        spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config))
+        self._corrupt_loads = bool(extra.get("test_corrupt_loads", False))
+        self.sched: OffloadingConnectorScheduler | None = None
+        self.worker: OffloadingConnectorWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.sched = OffloadingConnectorScheduler(spec)
+        else:
+            self.worker = OffloadingConnectorWorker(spec)
+
+    # ---- worker side -------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self.worker is not None
+        self.worker.register_kv_caches(kv_caches)
+        for handler in self.worker.handlers:
+            if hasattr(handler, "corrupt_loads"):
+                handler.corrupt_loads = self._corrupt_loads  # test-only negative control
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if self.worker is not None and isinstance(kv_connector_metadata, _Meta):
+            self.worker.handle_preemptions(kv_connector_metadata.inner)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert self.worker is not None and isinstance(meta, _Meta)
+        self.worker.start_load_kv(meta.inner)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        assert self.worker is not None
+        return self.worker.get_finished(finished_req_ids)
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if self.worker is None:
+            return None
+        results = self.worker.build_connector_worker_meta()
+        return _WorkerResults(results) if results else None
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        if self.sched is not None:
+            self.sched.manager.close()
+
+    # ---- scheduler side ----------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self.sched is not None
+        return self.sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        assert self.sched is not None
+        self.sched.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self.sched is not None
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", set()) or set()
+        view = _OutputView(
+            scheduled_new_reqs=list(scheduler_output.scheduled_new_reqs),
+            scheduled_cached_reqs=_CachedView(list(cached.req_ids), [r in resumed for r in cached.req_ids],
+                                              list(cached.new_block_ids)),
+            num_scheduled_tokens=dict(scheduler_output.num_scheduled_tokens),
+            preempted_req_ids=set(getattr(scheduler_output, "preempted_req_ids", None) or ()),
+        )
+        return _Meta(self.sched.build_connector_meta(view))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        assert self.sched is not None
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+
+        @dataclass
+        class _Out:
+            worker_meta: list
+
+        self.sched.update_connector_output(_Out(meta.results if isinstance(meta, _WorkerResults) else []))
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        assert self.sched is not None
+        return self.sched.request_finished(request, block_ids)
+
+    def take_events(self) -> list:
+        return []
+
+
+def register() -> None:
+    """``vllm.general_plugins`` hook: make "KVOffloadConnector" a known connector name."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    try:
+        KVConnectorFactory.register_connector(CONNECTOR_NAME, __name__, "KVOffloadConnector")
+    except ValueError:
+        pass  # already registered (plugins load once per process, but be safe)

@@ -1,0 +1,36 @@
+"""Runs one offline vLLM job for the plugin tests (a script: vLLM spawns processes)."""
+
+import json
+import sys
+
+import torch
+
+
+def make_model(path: str) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    from vllm import LLM, SamplingParams
+
+    kw = dict(model=spec["model"], skip_tokenizer_init=True, gpu_memory_utilization=0.1, max_model_len=1024,
+              enforce_eager=True, dtype="bfloat16", seed=0)
+    if spec.get("kv_transfer_config"):
+        kw["kv_transfer_config"] = spec["kv_transfer_config"]
+    llm = LLM(**kw)
+    prompts = [{"prompt_token_ids": [(i * 37 + j) % 500 + 1 for j in range(300)]} for i in range(3)]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    rounds = []
+    for r in range(spec.get("rounds", 2)):
+        if r:
+            llm.reset_prefix_cache()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                       "cached": [o.num_cached_tokens for o in outs]})
+    print("RESULT " + json.dumps(rounds), flush=True)
