@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 
@@ -56,6 +55,3 @@ def format_table(columns: dict[str, dict[str, Any]]) -> str:
         lines.append(k.ljust(width) + "".join(str(columns[n].get(k, "")).rjust(w) for n, w in zip(names, colw)))
     return "\n".join(lines)
 
-
-def mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else 0.0

@@ -32,7 +32,6 @@ class _Job:
 
 @dataclass(slots=True)
 class SchedulerSideStats:
-    hit_tokens: int = 0
     lookups_deferred: int = 0
     blocks_loaded: int = 0
     blocks_stored: int = 0
@@ -160,7 +159,6 @@ class OffloadingConnectorScheduler:
         self._loading[rid] = hashes
         self._blocks_being_loaded.update(hashes)
         self._next_stored[rid] = max(self._next_stored.get(rid, 0), promote_from)
-        self.stats.hit_tokens += num_external_tokens
 
     # ---- swap-mode preemption ------------------------------------------------------------
     def swap_out(self, request: Any, block_ids: Any) -> bool:

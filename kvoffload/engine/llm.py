@@ -227,14 +227,11 @@ class LLM:
                     idle += 1
                 if idle > _MAX_IDLE_STEPS:
                     raise RuntimeError(f"engine made no progress for {_MAX_IDLE_STEPS} steps; pending {sorted(pending)[:5]}")
-                if not self._scheduled_anything_last_step():
+                if not self.scheduler.running:  # only transfers pending: do not spin
                     time.sleep(0.0002)
         finally:
             if bar is not None:
                 bar.close()
-
-    def _scheduled_anything_last_step(self) -> bool:
-        return any(r.status == RequestStatus.RUNNING for r in self.scheduler.running)
 
     def _record_finished(self, root_id: str) -> None:
         members = [self._finished[m] for m in [root_id, *self._children.get(root_id, [])] if m in self._finished]

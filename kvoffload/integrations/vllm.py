@@ -66,6 +66,11 @@ class _OutputView:
     preempted_req_ids: set[str]
 
 
+@dataclass
+class _ConnectorOutputView:
+    worker_meta: list
+
+
 def _load_config(extra: dict[str, Any]) -> OffloadConfig:
     raw = dict(extra.get("config") or {})
     path = extra.get("config_file")
@@ -170,12 +175,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: Any) -> None:
         assert self.sched is not None
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
-
-        @dataclass
-        class _Out:
-            worker_meta: list
-
-        self.sched.update_connector_output(_Out(meta.results if isinstance(meta, _WorkerResults) else []))
+        self.sched.update_connector_output(_ConnectorOutputView(meta.results if isinstance(meta, _WorkerResults) else []))
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         assert self.sched is not None

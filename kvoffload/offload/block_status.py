@@ -81,6 +81,3 @@ class BlockLedger:
 
     def status(self, block_id: int) -> BlockStatus:
         return BlockStatus.view(self.refs, block_id)
-
-    def nbytes_per_slot(self) -> float:
-        return (4 + 8 + 1) + 8  # refs, stamps, tags + one list pointer per slot
