@@ -14,10 +14,12 @@ two engines share); the few differences (resumed requests, worker metadata) are 
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import yaml
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -25,12 +27,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from kvoffload.config import OffloadConfig
+from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 
 CONNECTOR_NAME = "KVOffloadConnector"
+# Under "vllm." so vLLM's logging config (level, format) applies to our start-up lines too.
+logger = logging.getLogger("vllm.kvoffload")
 
 
 @dataclass
@@ -71,16 +75,24 @@ class _ConnectorOutputView:
     worker_meta: list
 
 
-def _load_config(extra: dict[str, Any]) -> OffloadConfig:
-    raw = dict(extra.get("config") or {})
+def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
+    """Our config from ``kv_connector_extra_config``: ``config_file`` (YAML) and/or inline
+    ``config``; with both, the inline top-level keys replace the file's."""
+    raw = extra.get("config") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"kv_connector_extra_config.config: {raw!r} must be a dict (the YAML schema inline)")
     path = extra.get("config_file")
-    if path:
-        base = OffloadConfig.from_yaml(path)
-        if not raw:
-            return base
+    if not path and not raw:
+        raise ConfigError('kv_connector_extra_config needs "config_file" (a YAML path) or "config" (a dict)')
+    if not path:
+        return OffloadConfig.from_dict(raw)
+    base = OffloadConfig.from_yaml(path)  # validates the file on its own, errors name the file
     if not raw:
-        raise ValueError('kv_connector_extra_config needs "config_file" (a YAML path) or "config" (a dict)')
-    return OffloadConfig.from_dict(raw)
+        return base
+    with open(path) as f:
+        merged = dict(yaml.safe_load(f) or {})
+    merged.update(raw)
+    return OffloadConfig.from_dict(merged)
 
 
 def _kv_info(vllm_config: Any, kv_cache_config: Any) -> EngineKVInfo:
@@ -98,7 +110,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
-        self.offload_config = _load_config(extra)
+        self.offload_config = load_extra_config(extra)
         spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config))
         self._corrupt_loads = bool(extra.get("test_corrupt_loads", False))
         self.sched: OffloadingConnectorScheduler | None = None
@@ -112,6 +124,11 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self.worker is not None
         self.worker.register_kv_caches(kv_caches)
+        first = next(iter(kv_caches.values()))
+        views = self.worker.handlers[0].kv.views if self.worker.handlers else ()
+        logger.info("kvoffload: %d KV tensors like %s %s -> %d block views, %d bytes per block",
+                    len(kv_caches), tuple(first.shape), first.dtype, len(views),
+                    sum(v.shape[1] for v in views))
         for handler in self.worker.handlers:
             if hasattr(handler, "corrupt_loads"):
                 handler.corrupt_loads = self._corrupt_loads  # test-only negative control
@@ -186,10 +203,17 @@ class KVOffloadConnector(KVConnectorBase_V1):
 
 
 def register() -> None:
-    """``vllm.general_plugins`` hook: make "KVOffloadConnector" a known connector name."""
+    """``vllm.general_plugins`` hook: make "KVOffloadConnector" a known connector name and
+    "KVOffloadSpec" a known spec of vLLM's own OffloadingConnector."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory as VllmSpecFactory
 
+    # Plugins load once per process, but a second call must not fail start-up.
     try:
         KVConnectorFactory.register_connector(CONNECTOR_NAME, __name__, "KVOffloadConnector")
     except ValueError:
-        pass  # already registered (plugins load once per process, but be safe)
+        pass
+    try:
+        VllmSpecFactory.register_spec("KVOffloadSpec", "kvoffload.integrations.vllm_spec", "KVOffloadSpec")
+    except ValueError:
+        pass

@@ -56,17 +56,28 @@ class DeviceHostHandler(TrackedJobsHandler):
             host_rows = host_rows[skip:]
         if len(host_rows) != len(device_ids):
             return False
+        fenced = host_blocks.tolist() if host_blocks is not None else None
+        self.submit_rows(job_id, direction, device_ids, host_rows, fenced)
+        return True
+
+    def submit_rows(self, job_id: int, direction: str, device_ids: np.ndarray, host_rows: np.ndarray,
+                    fenced_slots: list[int] | None = None) -> None:
+        """Copy device block ``device_ids[i]`` to/from host row ``host_rows[i]`` as one job.
+
+        The row-level entry point for adapters whose specs carry their own chunk geometry
+        (vLLM's OffloadingConnector); ``fenced_slots`` are host blocks a demotion may still read.
+        """
+        if len(host_rows) != len(device_ids):
+            raise ValueError(f"{len(host_rows)} host rows for {len(device_ids)} device blocks")
         nbytes = len(device_ids) * self.kv.page_bytes
-        fenced = host_blocks.tolist() if host_blocks is not None and self.fences is not None else None
-        fences = self.fences
+        fences = self.fences if fenced_slots else None
 
         def run() -> None:
-            if fenced is not None and fences is not None:
-                fences.wait(fenced)  # a demotion may still be reading these slots
+            if fences is not None and fenced_slots:
+                fences.wait(fenced_slots)  # a demotion may still be reading these slots
             self._copy(direction, device_ids, host_rows)
 
         self._track(direction, job_id, self.pool.submit(direction, run), nbytes)
-        return True
 
     def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray) -> None:
         for view, offset in zip(self.kv.views, self.offsets):

@@ -1,4 +1,5 @@
-"""kvoffload inside a real vLLM (CPU build): by name, by module path, with a disk tier.
+"""kvoffload inside a real vLLM (CPU build): by name, by module path, with a disk tier, and as
+the OffloadingSpec of vLLM's own OffloadingConnector.
 
 Each job runs in a subprocess (vLLM spawns its engine process); the tiny random Llama is made
 locally with transformers, nothing is downloaded. Prompts are 300 tokens: two full 128-token
@@ -6,6 +7,7 @@ vLLM blocks each.
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +28,10 @@ def model(tmp_path_factory):
     return str(path)
 
 
-def run_job(spec: dict) -> list[dict]:
+def run_job(spec: dict, log: list | None = None) -> list[dict]:
     proc = subprocess.run([sys.executable, str(JOB), json.dumps(spec)], capture_output=True, text=True, timeout=600)
+    if log is not None:
+        log.extend(line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "kvoffload:" in line)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -51,7 +55,11 @@ def plain(model):
 
 
 def test_by_name_serves_second_round_from_cpu_tier(model, plain):
-    rounds = run_job({"model": model, "kv_transfer_config": ktc(CPU)})
+    log: list[str] = []
+    rounds = run_job({"model": model, "kv_transfer_config": ktc(CPU)}, log)
+    # vLLM's CPU backend: one (num_blocks, 2, 128, 64) bf16 tensor per layer (K/V, block size 128,
+    # 2 heads x 32); canonicalised to one block-major view per layer, 2 x 32 KiB per block.
+    assert re.search(r"2 KV tensors like \(\d+, 2, 128, 64\) torch.bfloat16 -> 2 block views, 65536 bytes", "\n".join(log))
     assert rounds[0]["tokens"] == plain[0]["tokens"]
     assert rounds[1]["tokens"] == plain[1]["tokens"]
     assert all(c >= 256 for c in rounds[1]["cached"])  # after reset_prefix_cache: from kvoffload
@@ -85,3 +93,33 @@ def test_bad_config_key_fails_startup_with_key_named(model):
     bad = ktc([{"medium": "cpu", "capacity": "64MiB", "colour": "red"}])
     with pytest.raises(AssertionError, match=r"tiers\[0\].colour: unknown key"):
         run_job({"model": model, "kv_transfer_config": bad, "rounds": 1})
+
+
+def spec_route(tiers, **extra):
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"spec_name": "KVOffloadSpec",
+                                          "spec_module_path": "kvoffload.integrations.vllm_spec",
+                                          "config": {"tiers": tiers}, **extra}}
+
+
+def test_offloading_spec_route_with_vllms_own_connector(model, plain):
+    log: list[str] = []
+    rounds = run_job({"model": model, "kv_transfer_config": spec_route(CPU)}, log)
+    assert any("2 vLLM block tensors -> 2 block views, 65536 bytes per block" in line for line in log)
+    assert rounds[0]["tokens"] == plain[0]["tokens"]
+    assert rounds[1]["tokens"] == plain[1]["tokens"]
+    assert all(c >= 256 for c in rounds[1]["cached"])
+
+
+def test_offloading_spec_route_by_plugin_name_negative_control(model, plain):
+    cfg = spec_route(CPU, test_corrupt_loads=True)
+    del cfg["kv_connector_extra_config"]["spec_module_path"]  # the plugin registered "KVOffloadSpec"
+    rounds = run_job({"model": model, "kv_transfer_config": cfg})
+    assert all(c >= 256 for c in rounds[1]["cached"])
+    assert rounds[1]["tokens"] != plain[1]["tokens"]
+
+
+def test_offloading_spec_route_refuses_disk_tier_by_name(model, tmp_path):
+    tiers = CPU + [{"medium": "disk", "path": str(tmp_path), "capacity": "64MiB"}]
+    with pytest.raises(AssertionError, match=r"tiers: KVOffloadSpec serves exactly one CPU tier"):
+        run_job({"model": model, "kv_transfer_config": spec_route(tiers), "rounds": 1})

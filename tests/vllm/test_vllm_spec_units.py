@@ -1,0 +1,155 @@
+"""KVOffloadManager and KVOffloadWorker against vLLM's contracts, without starting an engine."""
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    GPULoadStoreSpec,
+    LookupResult,
+    Medium,
+    ReqContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
+
+from kvoffload.config import ConfigError, OffloadConfig  # noqa: E402
+from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
+from kvoffload.integrations.vllm_spec import check_config  # noqa: E402
+from kvoffload.integrations.vllm_worker import KVOffloadWorker  # noqa: E402
+from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
+
+
+def key(i: int) -> bytes:
+    return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+def manager(n: int = 3, events: bool = False) -> KVOffloadManager:
+    return KVOffloadManager(lambda: CPUOffloadingManager(n, "lru", enable_events=events, block_size=16))
+
+
+def store(m: KVOffloadManager, ctx: ReqContext, ids: list[int]) -> list[int]:
+    out = m.prepare_store([key(i) for i in ids], ctx)
+    assert out is not None
+    m.complete_store(out.keys_to_store, ctx)
+    return out.store_spec.block_ids.tolist()
+
+
+def test_lookup_states_and_chunk_ids():
+    m, ctx = manager(), ReqContext("a")
+    m.on_new_request(ctx)
+    out = m.prepare_store([key(1), key(2)], ctx)
+    assert isinstance(out.store_spec, CPULoadStoreSpec) and out.store_spec.block_ids.tolist() == [0, 1]
+    assert m.lookup(key(1), ctx) is LookupResult.HIT_PENDING
+    assert m.lookup(key(9), ctx) is LookupResult.MISS
+    m.complete_store(out.keys_to_store, ctx)
+    assert m.lookup(key(2), ctx) is LookupResult.HIT
+    spec = m.prepare_load([key(2), key(1)], ctx)
+    assert spec.block_ids.tolist() == [1, 0]
+
+
+def test_recency_applied_at_request_finish_in_prefix_order():
+    m = manager(3)
+    a = ReqContext("a")
+    m.on_new_request(a)
+    assert store(m, a, [1, 2, 3]) == [0, 1, 2]
+    m.on_request_finished(a)
+    # Request b loads 3 then 1 (positions say 1 comes first in its prefix); 2 is left untouched.
+    b = ReqContext("b")
+    m.on_new_request(b)
+    b.set_offload_key_position(key(1), 16)
+    b.set_offload_key_position(key(3), 32)
+    spec = m.prepare_load([key(3), key(1)], b)
+    m.complete_load([key(3), key(1)], b)
+    assert spec.block_ids.tolist() == [2, 0]
+    m.on_request_finished(b)
+    # 2 is now least recent, then 3 (the prefix tail), then 1 (the head).
+    c = ReqContext("c")
+    out = m.prepare_store([key(4), key(5)], c)
+    assert out.evicted_keys == [key(2), key(3)]
+
+
+def test_pinned_chunk_survives_and_store_fails_cleanly():
+    m = manager(1)
+    a = ReqContext("a")
+    store(m, a, [1])
+    m.prepare_load([key(1)], a)  # pinned by a load in flight
+    assert m.prepare_store([key(2)], a) is None
+    m.complete_load([key(1)], a)
+    out = m.prepare_store([key(2)], a)
+    assert out.evicted_keys == [key(1)] and out.keys_to_store == [key(2)]
+
+
+def test_events_and_reset():
+    m = manager(2, events=True)
+    a = ReqContext("a")
+    store(m, a, [1, 2])
+    m.prepare_store([key(3)], a)
+    events = list(m.take_events())
+    assert [(e.keys, e.medium, e.removed) for e in events] == [
+        ([key(1), key(2)], Medium.CPU, False), ([key(1)], Medium.CPU, True)]
+    m.reset_cache()
+    assert m.lookup(key(2), a) is LookupResult.MISS
+    m.on_request_finished(a)  # state from before the reset is ignored, not applied to the new ledger
+    assert store(m, ReqContext("b"), [7]) == [0]
+
+
+def test_reuse_filter_and_research_policy_plug_in():
+    from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
+
+    m = KVOffloadManager(lambda: FilterReusedOffloadingManager(CPUOffloadingManager(4, "s3fifo"), 2))
+    a = ReqContext("a")
+    assert m.prepare_store([key(1)], a).keys_to_store == []  # first sighting: not stored
+    assert m.prepare_store([key(1)], a).keys_to_store == [key(1)]
+
+
+@pytest.mark.parametrize("skip", [0, 1])
+def test_worker_round_trip_is_byte_identical(skip):
+    torch.manual_seed(0)
+    layers = [torch.randn(10, 2, 4, 8, dtype=torch.bfloat16) for _ in range(2)]  # (blocks, K/V, tokens, dim)
+    page = layers[0][0].numel() * 2
+    tensors = [CanonicalKVCacheTensor(t.view(torch.int8).view(10, page), page) for t in layers]
+    refs = [[CanonicalKVCacheRef(0, page), CanonicalKVCacheRef(1, page)]]
+    worker = KVOffloadWorker(CanonicalKVCaches(tensors, refs), blocks_per_chunk=2, num_chunks=4, backend="cpu")
+    before = [t.clone() for t in layers]
+    # Store device blocks 3,4,5,6 into chunks 2 and 0 (two blocks each).
+    worker.submit_store(1, GPULoadStoreSpec([3, 4, 5, 6], [4], [0]), CPULoadStoreSpec([2, 0]))
+    worker.wait({1})
+    for t in layers:
+        t.zero_()
+    # Load them back into other blocks, skipping `skip` leading blocks of the first chunk.
+    dst = [9, 0, 1, 2][: 4 - skip]
+    worker.submit_load(2, CPULoadStoreSpec([2, 0]), GPULoadStoreSpec(dst, [4 - skip], [skip]))
+    worker.wait({2})
+    results = {r.job_id: r for r in worker.get_finished()}
+    assert results[1].success and results[2].success and results[2].transfer_size == (4 - skip) * 2 * page
+    for t, b in zip(layers, before):
+        assert torch.equal(t[dst].view(torch.int16), b[[3, 4, 5, 6][skip:]].view(torch.int16))
+    worker.shutdown()
+
+
+@pytest.mark.parametrize(("raw", "extra", "message"), [
+    ({"tiers": [{"medium": "cpu", "capacity": "1GiB"}, {"medium": "disk", "path": "/tmp", "capacity": "1GiB"}]},
+     {}, r"tiers: KVOffloadSpec serves exactly one CPU tier"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1GiB"}], "offloaded_block_size": 256}, {},
+     r"offloaded_block_size: .* set \"block_size\""),
+    ({"tiers": [{"medium": "cpu", "capacity": "1GiB"}]}, {"cpu_bytes_to_use": 1 << 30},
+     r"kv_connector_extra_config.cpu_bytes_to_use"),
+])
+def test_spec_config_errors_name_the_key(raw, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(OffloadConfig.from_dict(raw), extra)
+
+
+def test_tiers_need_a_dict_config():
+    from kvoffload.integrations.vllm import load_extra_config
+
+    with pytest.raises(ConfigError, match="needs \"config_file\""):
+        load_extra_config({})
+    cfg = load_extra_config({"config": {"tiers": [{"medium": "cpu", "capacity": "1KiB"}]}})
+    assert cfg.tiers[0].capacity_bytes == 1024
