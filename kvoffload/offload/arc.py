@@ -75,25 +75,17 @@ class ARCCachePolicy(LedgerCachePolicy):
             return []
         self.t1.compact()
         self.t2.compact()
-        c1 = self.t1.collect(n, protected)
-        c2 = self.t2.collect(n, protected)
-        i1 = i2 = 0
-        chosen: list[tuple[int, bool]] = []  # (slot, from T1) in selection order
-        virtual_t1 = self.t1.size
-        for _ in range(n):
-            if virtual_t1 >= int(self.target_t1_size) and i1 < len(c1):
-                chosen.append((c1[i1], True))
-                i1 += 1
-                virtual_t1 -= 1
-            elif i2 < len(c2):
-                chosen.append((c2[i2], False))
-                i2 += 1
-            elif i1 < len(c1):
-                chosen.append((c1[i1], True))
-                i1 += 1
-                virtual_t1 -= 1
-            else:
+        # Collect only what the selection below can take: T1 first while it is at or above the
+        # target, then T2, then T1 again if T2 ran short (collect(k) is a prefix of collect(n)).
+        want1 = min(n, max(0, self.t1.size - int(self.target_t1_size) + 1))
+        c1 = self.t1.collect(want1, protected) if want1 else []
+        k1 = len(c1)
+        c2 = self.t2.collect(n - k1, protected) if n > k1 else []
+        if k1 + len(c2) < n:
+            c1 = self.t1.collect(n - len(c2), protected)
+            if len(c1) + len(c2) < n:
                 return None
+        chosen = [(s, True) for s in c1[:k1]] + [(s, False) for s in c2] + [(s, True) for s in c1[k1:]]
         self.t1.discard([s for s, t1 in chosen if t1])
         self.t2.discard([s for s, t1 in chosen if not t1])
         hashes = self.ledger.hashes

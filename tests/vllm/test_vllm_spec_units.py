@@ -59,14 +59,12 @@ def test_recency_applied_at_request_finish_in_prefix_order():
     m.on_new_request(a)
     assert store(m, a, [1, 2, 3]) == [0, 1, 2]
     m.on_request_finished(a)
-    # Request b loads 3 then 1 (positions say 1 comes first in its prefix); 2 is left untouched.
+    # Request b loads the prefix 1, 3; 2 is left untouched. Nothing moves until b finishes.
     b = ReqContext("b")
     m.on_new_request(b)
-    b.set_offload_key_position(key(1), 16)
-    b.set_offload_key_position(key(3), 32)
-    spec = m.prepare_load([key(3), key(1)], b)
-    m.complete_load([key(3), key(1)], b)
-    assert spec.block_ids.tolist() == [2, 0]
+    spec = m.prepare_load([key(1), key(3)], b)
+    m.complete_load([key(1), key(3)], b)
+    assert spec.block_ids.tolist() == [0, 2]
     m.on_request_finished(b)
     # 2 is now least recent, then 3 (the prefix tail), then 1 (the head).
     c = ReqContext("c")
