@@ -73,6 +73,9 @@ class TierConfig:
     capacity_bytes: int
     eviction_policy: str = "lru"
     path: str | None = None
+    #: Disk tiers: copy every block stored in the CPU tier to disk too, not only CPU victims,
+    #: so a restarted engine finds the whole cache (costs disk bandwidth on every store).
+    write_through: bool = False
 
     def num_blocks(self, block_bytes: int, key: str = "") -> int:
         n = self.capacity_bytes // block_bytes
@@ -197,7 +200,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
     tiers: list[TierConfig] = []
     for i, raw in enumerate(raw_tiers):
         key = f"tiers[{i}]"
-        _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path"}, key)
+        _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path", "write_through"}, key)
         medium = raw.get("medium")
         if medium not in ("cpu", "disk"):
             raise ConfigError(f"{key}.medium: {medium!r}; use cpu or disk")
@@ -221,8 +224,13 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.path: a disk tier needs a directory path, e.g. /var/cache/kvoffload")
         if medium == "cpu" and path is not None:
             raise ConfigError(f"{key}.path: only disk tiers take a path; remove it")
+        write_through = raw.get("write_through", False)
+        if not isinstance(write_through, bool):
+            raise ConfigError(f"{key}.write_through: {write_through!r}; use true or false")
+        if medium == "cpu" and write_through:
+            raise ConfigError(f"{key}.write_through: only a disk tier is written through to; remove it here")
         tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
-                                path=str(path) if path is not None else None))
+                                path=str(path) if path is not None else None, write_through=write_through))
     if tiers[0].medium != "cpu":
         raise ConfigError("tiers[0].medium: the first (fastest) tier must be cpu; disk loads pass through host memory")
     if len(tiers) > 2 or (len(tiers) == 2 and tiers[1].medium != "disk"):
@@ -254,6 +262,8 @@ def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_si
     ]
     for tier, n in zip(cfg.tiers, blocks):
         where = f" at {tier.path}" if tier.path else ""
+        if tier.medium == "disk":
+            where += ", write-through" if tier.write_through else ", CPU victims only (write-back)"
         lines.append(f"  {tier.name:<8} {tier.medium:<5} {format_bytes(tier.capacity_bytes):>12} = {n} blocks,"
                      f" policy {tier.eviction_policy}{where}")
     return "\n".join(lines)

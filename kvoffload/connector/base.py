@@ -122,6 +122,11 @@ class KVConnectorBase(ABC):
         """Return True to keep the request's blocks until its sends are reported finished."""
         return False, None
 
+    def has_pending_work(self) -> bool:
+        """Copies in flight or queued (disk demotions) that need more engine steps to finish;
+        the engine keeps stepping while this is true, so nothing planned is lost at the end."""
+        return False
+
     def swap_out(self, request: Any, block_ids: Any) -> bool:
         """Preemption in swap mode: save the request's computed KV (full blocks and the partial
         last one) before its blocks are freed. False = cannot, the request is recomputed."""

@@ -81,6 +81,9 @@ class OffloadingConnector(KVConnectorBase):
     def swap_out(self, request: Any, block_ids: Any) -> bool:
         return self._scheduler().swap_out(request, block_ids)
 
+    def has_pending_work(self) -> bool:
+        return self._scheduler().has_pending_work()
+
     def take_events(self) -> Any:
         return self._scheduler().take_events()
 

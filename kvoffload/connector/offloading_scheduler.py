@@ -269,6 +269,11 @@ class OffloadingConnectorScheduler:
             self._storing.setdefault(rid, Counter()).update(out.block_hashes_to_store)
         return reqs_to_store
 
+    def has_pending_work(self) -> bool:
+        """Jobs in flight, or demotions the manager queued that no step has planned yet."""
+        pending = getattr(self.manager, "has_pending_demotions", None)
+        return bool(self._jobs) or (pending is not None and pending())
+
     def _plan_demotions(self) -> list[TransferJob]:
         take = getattr(self.manager, "take_demotions", None)
         jobs = []

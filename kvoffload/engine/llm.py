@@ -213,7 +213,7 @@ class LLM:
             bar = tqdm(total=len(pending), desc="requests", unit="req")
         idle = 0
         try:
-            while pending or self.scheduler.has_pending_frees():
+            while pending or self.scheduler.has_pending_frees() or self.scheduler.has_pending_transfers():
                 finished = self.step()
                 for rid in finished:
                     if rid in pending:

@@ -455,6 +455,10 @@ class Scheduler:
         """Finished requests whose blocks a connector still holds."""
         return any(r.is_finished for r in self.requests.values())
 
+    def has_pending_transfers(self) -> bool:
+        """The connector still has copies to plan or finish (e.g. disk write-through)."""
+        return self.connector is not None and self.connector.has_pending_work()
+
 
 def _request_seed(request: Request) -> int:
     seed = request.sampling_params.seed

@@ -201,6 +201,10 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def take_events(self) -> list:
         return []
 
+    def has_pending_push_work(self) -> bool:
+        """Keep vLLM's engine stepping until queued copies (disk demotions) have run."""
+        return self.sched is not None and self.sched.has_pending_work()
+
 
 def register() -> None:
     """``vllm.general_plugins`` hook: make "KVOffloadConnector" a known connector name and

@@ -45,7 +45,7 @@ class CPUOffloadingSpec(OffloadingSpec):
             disk_tier = cfg.tiers[1]
             assert disk_tier.path is not None
             disk = DiskOffloadingManager(disk_tier.path, layout, disk_tier.eviction_policy, cfg.metrics.events)
-            manager = TieredOffloadingManager(manager, disk)  # type: ignore[arg-type]
+            manager = TieredOffloadingManager(manager, disk, disk_tier.write_through)  # type: ignore[arg-type]
         if cfg.store_threshold >= 2:
             manager = FilterReusedOffloadingManager(manager, cfg.store_threshold, cfg.max_tracker_size)
         return manager

@@ -5,6 +5,8 @@ tier; its victims are demoted to disk: each demotion is a CPU → disk copy the 
 from ``take_demotions()`` and the worker runs before the victim's CPU slot is overwritten.
 Loads come from whichever tier holds each block, CPU first, as per-tier segments. A block
 loaded from disk is promoted by the connector storing it into the CPU tier again.
+With ``write_through`` every block whose CPU store completes is also copied to disk (the same
+fenced CPU → disk job as a demotion), so the disk holds the whole cache across restarts.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ class Demotion:
 
 
 class TieredOffloadingManager(OffloadingManager):
-    def __init__(self, cpu: CPUOffloadingManager, disk: DiskOffloadingManager) -> None:
+    def __init__(self, cpu: CPUOffloadingManager, disk: DiskOffloadingManager, write_through: bool = False) -> None:
         self.cpu = cpu
         self.disk = disk
+        self.write_through = write_through
         self.medium = cpu.medium
         self.block_size = cpu.block_size
         self._demotions: list[Demotion] = []
@@ -98,17 +101,26 @@ class TieredOffloadingManager(OffloadingManager):
         out = self.cpu.prepare_store(block_hashes)
         if out is None or not out.block_hashes_evicted:
             return out
-        pairs = [(h, s) for h, s in zip(out.block_hashes_evicted, out.evicted_block_ids) if h not in self.disk.ledger.index]
-        if pairs:
-            disk_out = self.disk.prepare_store([h for h, _ in pairs])
-            if disk_out is None:
-                self.num_demotions_dropped += len(pairs)
-            elif disk_out.block_hashes_to_store:
-                slot_of = dict(pairs)
-                hashes = disk_out.block_hashes_to_store
-                dst = DiskLoadStoreSpec(disk_out.store_spec.block_ids, list(hashes))
-                self._demotions.append(Demotion(list(hashes), CPULoadStoreSpec([slot_of[h] for h in hashes]), dst))
+        self._plan_demotion(list(zip(out.block_hashes_evicted, out.evicted_block_ids)))
         return out
+
+    def _plan_demotion(self, pairs: list[tuple[BlockHash, int]]) -> None:
+        """Queue a CPU → disk copy of (hash, CPU slot) pairs the disk tier does not hold yet."""
+        index = self.disk.ledger.index
+        pairs = [(h, s) for h, s in pairs if h not in index]
+        if not pairs:
+            return
+        disk_out = self.disk.prepare_store([h for h, _ in pairs])
+        if disk_out is None:
+            self.num_demotions_dropped += len(pairs)
+        elif disk_out.block_hashes_to_store:
+            slot_of = dict(pairs)
+            hashes = disk_out.block_hashes_to_store
+            dst = DiskLoadStoreSpec(disk_out.store_spec.block_ids, list(hashes))
+            self._demotions.append(Demotion(list(hashes), CPULoadStoreSpec([slot_of[h] for h in hashes]), dst))
+
+    def has_pending_demotions(self) -> bool:
+        return bool(self._demotions)
 
     def take_demotions(self) -> list[Demotion]:
         demotions, self._demotions = self._demotions, []
@@ -120,7 +132,11 @@ class TieredOffloadingManager(OffloadingManager):
             self.num_demoted += len(block_hashes)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
-        self.cpu.complete_store(block_hashes, success)
+        hashes = list(block_hashes)
+        self.cpu.complete_store(hashes, success)
+        if success and self.write_through:
+            index = self.cpu.ledger.index
+            self._plan_demotion([(h, index[h]) for h in hashes if h in index])
 
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
         return self.disk.drop_corrupt(slots) if medium == self.disk.medium else 0

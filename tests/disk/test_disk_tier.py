@@ -76,6 +76,40 @@ def test_restart_serves_previous_runs_cache_and_drops_corrupt_blocks(tmp_path, b
     assert c["loads_failed"] >= 1
 
 
+def test_write_through_persists_what_never_left_the_cpu_tier(tmp_path, baseline):
+    # A CPU tier that holds the whole working set: write-back demotes nothing, so a restarted
+    # engine finds an empty disk; write-through copies every stored block, so it finds all of them.
+    big = 4000
+
+    def cfg(path, write_through):
+        c = tiers(path, cpu_blocks=big)
+        c["tiers"][1]["write_through"] = write_through
+        return c
+
+    back, through = tmp_path / "back", tmp_path / "through"
+    back.mkdir()
+    through.mkdir()
+    _, first = run(cfg(back, False))
+    assert first["connector"]["blocks_demoted"] == 0
+    _, first = run(cfg(through, True))
+    stored = first["connector"]["blocks_stored"]
+    assert stored > 0 and first["connector"]["blocks_demoted"] == stored
+    tokens, again = run(cfg(back, False))
+    assert again["connector"]["disk_blocks_recovered"] == 0 and again["prefix_hit_tokens"]["disk"] == 0
+    tokens, again = run(cfg(through, True))
+    assert tokens == baseline[0]
+    assert again["connector"]["disk_blocks_recovered"] == stored
+    assert again["prefix_hit_tokens"]["disk"] > 0
+    assert again["prefill_tokens_computed"] < baseline[1]["prefill_tokens_computed"]
+
+
+def test_write_through_is_for_disk_tiers_only():
+    with pytest.raises(ConfigError, match=r"tiers\[0\].write_through: only a disk tier"):
+        from kvoffload.config import OffloadConfig
+
+        OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB", "write_through": True}]})
+
+
 def _record_offsets(path):
     from kvoffload.offload.disk_format import HEADER_BYTES, parse_record_header
 

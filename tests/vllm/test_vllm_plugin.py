@@ -89,6 +89,17 @@ def test_second_process_hits_first_process_disk_cache(model, plain, tmp_path):
     assert sum(c >= 256 for c in second[0]["cached"]) >= 2
 
 
+def test_write_through_disk_tier_persists_everything_across_processes(model, plain, tmp_path):
+    # The usual shape: a CPU tier that holds the whole working set. With write_through every
+    # stored block also goes to disk, so a fresh process hits all three prompts.
+    tiers = [{"medium": "cpu", "capacity": "64MiB"},
+             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 1})
+    second = run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 1})
+    assert second[0]["tokens"] == plain[0]["tokens"]
+    assert all(c >= 256 for c in second[0]["cached"])
+
+
 def test_bad_config_key_fails_startup_with_key_named(model):
     bad = ktc([{"medium": "cpu", "capacity": "64MiB", "colour": "red"}])
     with pytest.raises(AssertionError, match=r"tiers\[0\].colour: unknown key"):
