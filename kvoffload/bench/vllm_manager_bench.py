@@ -63,10 +63,13 @@ def bytes_per_block(factory: Callable[[], Any], num_blocks: int) -> float:
     gc.collect()
     tracemalloc.start()
     mgr = factory()
-    ctx = ReqContext("mem")
-    for i in range(0, num_blocks, 4096):
+    for i in range(0, num_blocks, 4096):  # one finished request per 4096 blocks
+        ctx = ReqContext(str(i))
+        mgr.on_new_request(ctx)
         out = mgr.prepare_store(keys[i : i + 4096], ctx)
         mgr.complete_store(out.keys_to_store, ctx)
+        mgr.on_request_finished(ctx)
+        del ctx
     current, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del mgr

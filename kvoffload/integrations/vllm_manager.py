@@ -4,9 +4,12 @@ vLLM's ``OffloadingConnector`` asks its manager one key at a time (``lookup``) a
 per-request context; kvoffload's managers answer runs of hashes. This adapter translates the
 calls and nothing else: slots, ref-counts, eviction and the reuse filter stay in kvoffload.
 
-Recency follows vLLM 0.32: its scheduler no longer calls ``touch`` — a request's accesses
-(blocks it loaded, blocks it offered for storing that are cached) are applied once, in prefix
-order, when the request finishes. Tensor-free: this runs in vLLM's scheduler process.
+Recency follows vLLM 0.32: its scheduler no longer calls ``touch``; a request's accesses are
+applied once, in prefix order, when it finishes: blocks it reused (loaded, or offered for
+storing while cached) are touched, blocks it only inserted are refreshed (recency, not a
+reuse: ARC keeps them in T1). Store offers of absent blocks are shown to the policy first,
+so ARC learns from its ghost lists before insertion forgets them (vLLM's ``on_store_miss``).
+Tensor-free: this runs in vLLM's scheduler process.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 
 @dataclass(slots=True)
 class _RequestAccess:
-    """Keys one request used, in first-seen order (dict = ordered set)."""
+    """Keys one request used, in first-seen order, each mapped to "reused" (else: inserted)."""
 
     generation: int
-    keys: dict[OffloadKey, None] = field(default_factory=dict)
+    keys: dict[OffloadKey, bool] = field(default_factory=dict)
 
 
 class KVOffloadManager(OffloadingManager):
@@ -79,7 +82,7 @@ class KVOffloadManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         spec = self.inner.prepare_load(list(keys))
-        self._access(req_context).keys.update(dict.fromkeys(keys))
+        self._access(req_context).keys.update(dict.fromkeys(keys, True))
         return CPULoadStoreSpec(spec.block_ids.tolist())
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -90,16 +93,17 @@ class KVOffloadManager(OffloadingManager):
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         offered = list(keys)
-        # The offer is an access: ARC learns from ghost hits here, before insertion forgets them
-        # (vLLM's on_store_miss); cached keys get their recency again when the request finishes.
-        self.inner.touch(offered)
+        self.inner.on_store_miss(offered)
         out = self.inner.prepare_store(offered)
         if out is None:
             return None
         new = set(out.block_hashes_to_store)
-        ready = self._is_ready
-        cached = [k for k in offered if k not in new and (ready is None or ready(k))]
-        self._access(req_context).keys.update(dict.fromkeys(cached))
+        seen = self._access(req_context).keys
+        for k in offered:
+            if k in new:
+                seen.setdefault(k, False)
+            elif k not in seen and (self._is_ready is None or self._is_ready(k)):
+                seen[k] = True
         return PrepareStoreOutput(
             keys_to_store=list(out.block_hashes_to_store),
             store_spec=CPULoadStoreSpec(out.store_spec.block_ids.tolist()),
@@ -114,11 +118,17 @@ class KVOffloadManager(OffloadingManager):
         if state is None or state.generation != self._generation or not state.keys:
             return
         # Already in prefix order: with one full-attention group (all KVOffloadWorker takes) vLLM
-        # loads the hit prefix before storing, and stores chunks head to tail.
-        keys = list(state.keys)
+        # loads the hit prefix before storing, and stores chunks head to tail. Runs of the same
+        # kind go tail first, so the prefix head ends up the most recent.
+        runs: list[tuple[bool, list[OffloadKey]]] = []
+        for k, reused in state.keys.items():
+            if runs and runs[-1][0] == reused:
+                runs[-1][1].append(k)
+            else:
+                runs.append((reused, [k]))
         state.keys.clear()
-        # kvoffload's touch makes its first hash the most recent: the prefix head outlives the tail.
-        self.inner.touch(keys)
+        for reused, run in reversed(runs):
+            (self.inner.touch if reused else self.inner.refresh)(run)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         for ev in self.inner.take_events():

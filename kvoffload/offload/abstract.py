@@ -76,6 +76,13 @@ class OffloadingManager(ABC):
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark blocks recently used; ``block_hashes[0]`` ends up the most recent."""
 
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Show the policy the offered hashes that are absent, before a store inserts them
+        (ARC adapts to ghost hits here); default: nothing."""
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Recency without reuse, e.g. a request's newly stored blocks (default: nothing)."""
+
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
         """Unpin blocks after their load finished."""
 

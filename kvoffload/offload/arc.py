@@ -70,6 +70,19 @@ class ARCCachePolicy(LedgerCachePolicy):
         self.t1.size -= promoted
         self.t2.size += promoted
 
+    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
+        """Most recent within its own list (T1 stays T1): an insertion is not a reuse."""
+        ledger = self.ledger
+        index_get = ledger.index.get
+        stamps = ledger.stamps
+        clock = ledger.clock
+        for h in reversed(block_hashes):
+            slot = index_get(h)
+            if slot is not None:
+                stamps[slot] = clock
+                clock += 1
+        ledger.clock = clock
+
     def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
         if n <= 0:
             return []

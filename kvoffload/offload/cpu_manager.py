@@ -150,6 +150,20 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             self.policy.touch(hashes)
 
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
+        index = self.ledger.index
+        missing = [h for h in block_hashes if h not in index]
+        if missing:
+            self.touch(missing)  # absent hashes: only ghost lists react
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Recency without reuse (see CachePolicy.refresh)."""
+        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        if self._fast:
+            self.policy.refresh_hashes(hashes)  # type: ignore[attr-defined]
+        else:
+            self.policy.refresh(hashes)
+
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = list(block_hashes)
         slots = self._slots_of(hashes)

@@ -43,6 +43,9 @@ class LRUCachePolicy(LedgerCachePolicy):
                 clock += 1
         ledger.clock = clock
 
+    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
+        self.touch_hashes(block_hashes)  # LRU has only recency
+
     def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
         if n <= 0:
             return []

@@ -42,6 +42,10 @@ class CachePolicy(ABC):
     @abstractmethod
     def evict(self, n: int, protected: Collection[BlockHash]) -> list[tuple[BlockHash, BlockStatus]] | None: ...
 
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Recency without reuse (``hashes[0]`` most recent): a request's newly stored blocks,
+        re-ranked in prefix order when it finishes (vLLM's request-scoped access). Frequency
+        policies must not count it as a use; the default ignores it."""
 
 
 class LedgerCachePolicy(CachePolicy):
@@ -84,6 +88,9 @@ class LedgerCachePolicy(CachePolicy):
     def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
         """Victim slots (removed from the policy's lists, still in the ledger index)."""
 
+    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
+        """``refresh`` without the per-call conversions; absent hashes are allowed."""
+
     def num_ghosts(self) -> int:
         return 0
 
@@ -108,6 +115,9 @@ class LedgerCachePolicy(CachePolicy):
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         self.touch_hashes(list(block_hashes))
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.refresh_hashes(list(block_hashes))
 
     def evict(self, n: int, protected: Collection[BlockHash]) -> list[tuple[BlockHash, BlockStatus]] | None:
         slots = self.evict_slots(n, protected)

@@ -46,6 +46,12 @@ class FilterReusedOffloadingManager(OffloadingManager):
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         self.backing.touch(block_hashes)
 
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.backing.on_store_miss(block_hashes)
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.backing.refresh(block_hashes)
+
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
         self.backing.complete_load(block_hashes)
 
