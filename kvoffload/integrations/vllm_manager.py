@@ -82,7 +82,9 @@ class KVOffloadManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         spec = self.inner.prepare_load(list(keys))
-        self._access(req_context).keys.update(dict.fromkeys(keys, True))
+        seen = self._access(req_context).keys
+        for k in keys:
+            seen.setdefault(k, True)  # re-reading what this request inserted is not a reuse
         return CPULoadStoreSpec(spec.block_ids.tolist())
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:

@@ -128,9 +128,3 @@ def test_offloading_spec_route_by_plugin_name_negative_control(model, plain):
     rounds = run_job({"model": model, "kv_transfer_config": cfg})
     assert all(c >= 256 for c in rounds[1]["cached"])
     assert rounds[1]["tokens"] != plain[1]["tokens"]
-
-
-def test_offloading_spec_route_refuses_disk_tier_by_name(model, tmp_path):
-    tiers = CPU + [{"medium": "disk", "path": str(tmp_path), "capacity": "64MiB"}]
-    with pytest.raises(AssertionError, match=r"tiers: KVOffloadSpec serves exactly one CPU tier"):
-        run_job({"model": model, "kv_transfer_config": spec_route(tiers), "rounds": 1})
