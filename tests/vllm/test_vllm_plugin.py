@@ -113,10 +113,14 @@ def spec_route(tiers, **extra):
                                           "config": {"tiers": tiers}, **extra}}
 
 
-def test_offloading_spec_route_with_vllms_own_connector(model, plain):
+@pytest.mark.parametrize("chunk_tokens", [128, 256])  # 256: vLLM offloads 2-block chunks
+def test_offloading_spec_route_with_vllms_own_connector(model, plain, chunk_tokens):
     log: list[str] = []
-    rounds = run_job({"model": model, "kv_transfer_config": spec_route(CPU)}, log)
-    assert any("2 vLLM block tensors -> 2 block views, 65536 bytes per block" in line for line in log)
+    rounds = run_job({"model": model, "kv_transfer_config": spec_route(CPU, block_size=chunk_tokens)}, log)
+    blocks = chunk_tokens // 128
+    chunks = 64 * 2**20 // (65536 * blocks)  # the 64 MiB tier
+    expected = f"2 vLLM block tensors -> 2 block views, 65536 bytes per block, {chunks} chunks of {blocks} blocks"
+    assert any(expected in line for line in log), log
     assert rounds[0]["tokens"] == plain[0]["tokens"]
     assert rounds[1]["tokens"] == plain[1]["tokens"]
     assert all(c >= 256 for c in rounds[1]["cached"])
