@@ -72,16 +72,7 @@ class ARCCachePolicy(LedgerCachePolicy):
 
     def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
         """Most recent within its own list (T1 stays T1): an insertion is not a reuse."""
-        ledger = self.ledger
-        index_get = ledger.index.get
-        stamps = ledger.stamps
-        clock = ledger.clock
-        for h in reversed(block_hashes):
-            slot = index_get(h)
-            if slot is not None:
-                stamps[slot] = clock
-                clock += 1
-        ledger.clock = clock
+        self.ledger.restamp(block_hashes)
 
     def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
         if n <= 0:

@@ -58,6 +58,8 @@ class BlockStatus:
     def __repr__(self) -> str:
         return f"BlockStatus(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
 
+_RESTAMP_VECTOR_MIN = 48  # restamps longer than this assign stamps with numpy
+
 
 class BlockLedger:
     """Slot-indexed arrays plus the one hash → slot dict; shared by a manager and its policy.
@@ -78,6 +80,25 @@ class BlockLedger:
         self.stamp = np.frombuffer(self.stamps, dtype=np.int64)
         self.tag = np.frombuffer(self.tags, dtype=np.int8)
         self.clock = 1
+
+    def restamp(self, block_hashes: list[BlockHash]) -> None:
+        """Newest stamps for the present hashes, ``block_hashes[0]`` the newest (absent ones skipped)."""
+        index_get = self.index.get
+        if len(block_hashes) > _RESTAMP_VECTOR_MIN:
+            slots = [s for s in map(index_get, reversed(block_hashes)) if s is not None]
+            if slots:
+                # Later writes win, so the earliest occurrence of a hash gets the newest stamp.
+                self.stamp[np.fromiter(slots, np.int64, len(slots))] = self.clock + np.arange(len(slots))
+                self.clock += len(slots)
+            return
+        stamps = self.stamps
+        clock = self.clock
+        for block_hash in reversed(block_hashes):
+            slot = index_get(block_hash)
+            if slot is not None:
+                stamps[slot] = clock
+                clock += 1
+        self.clock = clock
 
     def status(self, block_id: int) -> BlockStatus:
         return BlockStatus.view(self.refs, block_id)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-import numpy as np
-
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.policy import LedgerCachePolicy
 from kvoffload.offload.stamp_order import StampOrder
 
 _LRU_TAG = 1
-_VECTOR_MIN = 48  # touches longer than this assign stamps with numpy
 
 
 class LRUCachePolicy(LedgerCachePolicy):
@@ -25,23 +22,7 @@ class LRUCachePolicy(LedgerCachePolicy):
         self.order.discard(slots)
 
     def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
-        ledger = self.ledger
-        index_get = ledger.index.get
-        if len(block_hashes) > _VECTOR_MIN:
-            slots = [s for s in map(index_get, reversed(block_hashes)) if s is not None]
-            if slots:
-                # Later writes win, so the earliest occurrence of a hash gets the newest stamp.
-                ledger.stamp[np.fromiter(slots, np.int64, len(slots))] = ledger.clock + np.arange(len(slots))
-                ledger.clock += len(slots)
-            return
-        stamps = ledger.stamps
-        clock = ledger.clock
-        for block_hash in reversed(block_hashes):
-            slot = index_get(block_hash)
-            if slot is not None:
-                stamps[slot] = clock
-                clock += 1
-        ledger.clock = clock
+        self.ledger.restamp(block_hashes)
 
     def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
         self.touch_hashes(block_hashes)  # LRU has only recency

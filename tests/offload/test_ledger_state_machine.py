@@ -126,10 +126,10 @@ def _run(machine, steps: int, examples: int) -> int:
 def code_path(request, monkeypatch):
     """Short batches take plain loops; force the numpy paths too, so both are checked."""
     if request.param == "vectorised":
-        from kvoffload.offload import cpu_manager, lru, stamp_order
+        from kvoffload.offload import block_status, cpu_manager, stamp_order
 
         monkeypatch.setattr(cpu_manager, "_VECTOR_MIN", 0)
-        monkeypatch.setattr(lru, "_VECTOR_MIN", 0)
+        monkeypatch.setattr(block_status, "_RESTAMP_VECTOR_MIN", 0)
         monkeypatch.setattr(stamp_order, "_VECTOR_MIN", 1)
     return request.param
 
