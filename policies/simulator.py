@@ -134,10 +134,10 @@ class OpRecorder(OffloadingManager):
         self.ops.append(("prepare_load", hashes, True))
         return self.backing.prepare_load(hashes)
 
-    def complete_load(self, block_hashes):  # type: ignore[no-untyped-def]
+    def complete_load(self, block_hashes, medium=None):  # type: ignore[no-untyped-def]
         hashes = list(block_hashes)
         self.ops.append(("complete_load", hashes, True))
-        self.backing.complete_load(hashes)
+        self.backing.complete_load(hashes, medium)
 
     def prepare_store(self, block_hashes):  # type: ignore[no-untyped-def]
         hashes = list(block_hashes)

@@ -19,7 +19,7 @@ def tier_io(path: str, block_bytes: int, total: int) -> tuple[float, float, floa
     n = max(4, total // block_bytes)
     layout = DiskLayout("bench", block_bytes, 16, n)
     mgr = DiskOffloadingManager(path, layout)
-    fd = mgr._fd
+    fd = mgr._fds[0]
     data = np.random.default_rng(0).integers(0, 255, block_bytes, dtype=np.uint8)
     slots = np.random.default_rng(1).permutation(n).tolist()
     t0 = time.perf_counter()
@@ -62,7 +62,7 @@ def recovery(path: str, num_blocks: int, block_bytes: int = 1024) -> float:
     data = memoryview(bytes(block_bytes))
     check = data_checksum(data)
     for slot in range(num_blocks):
-        os.pwritev(mgr._fd, [record_header(slot, check), data], layout.offset(slot))
+        os.pwritev(mgr._fds[0], [record_header(slot, check), data], layout.offset(slot))
     mgr.close()
     t0 = time.perf_counter()
     again = DiskOffloadingManager(path, layout)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import xxhash
@@ -46,6 +46,14 @@ class SchedulerSideStats:
     tier_hits: Counter = field(default_factory=Counter)
 
 
+def _merge(parts: list[Any]) -> Any:
+    """One result for a job every rank ran: success only if all succeeded."""
+    first = parts[0]
+    bad = tuple(sorted({b for p in parts for b in p.bad_block_ids}))
+    return replace(first, success=all(p.success for p in parts), nbytes=sum(p.nbytes for p in parts),
+                   seconds=max(p.seconds for p in parts), bad_block_ids=bad, io_error=any(p.io_error for p in parts))
+
+
 class OffloadingConnectorScheduler:
     def __init__(self, spec: OffloadingSpec) -> None:
         self.spec = spec
@@ -53,6 +61,9 @@ class OffloadingConnectorScheduler:
         self.block_size = spec.kv_info.block_size
         self.offloaded_block_size = spec.offloaded_block_size
         self.factor = spec.block_size_factor
+        self.world_size = spec.kv_info.world_size
+        #: Results of jobs some ranks have reported and others not yet.
+        self._partial: dict[int, list[Any]] = {}
         self._requests: dict[str, Any] = {}
         self._block_ids: dict[str, list[int]] = {}
         self._next_stored: dict[str, int] = {}
@@ -136,8 +147,7 @@ class OffloadingConnectorScheduler:
         start = num_local // self.offloaded_block_size
         end = full_tokens // self.offloaded_block_size
         hashes = self._offload_hashes(request, start, end)
-        segment_fn = getattr(self.manager, "prepare_load_segments", None)
-        segments = segment_fn(hashes) if segment_fn else [(self.manager.prepare_load(hashes), hashes)]
+        segments = self._prepare_load_segments(hashes)
         jobs = []
         first_engine = num_local // self.block_size
         promote_from = end
@@ -206,18 +216,24 @@ class OffloadingConnectorScheduler:
         first, full = num_local // self.block_size, computed // self.block_size
         hashes = list(request.block_hashes[first:full])
         jobs = []
-        if hashes:
-            job_id = next(self._job_ids)
-            self._jobs[job_id] = _Job(rid, hashes, _LOAD, "CPU")
-            jobs.append(TransferJob(job_id, self.manager.prepare_load(hashes), GPULoadStoreSpec(block_ids[first:full])))
-        if key is not None:
-            job_id = next(self._job_ids)
-            self._jobs[job_id] = _Job(rid, [key], _LOAD, "CPU")
-            jobs.append(TransferJob(job_id, self.manager.prepare_load([key]), GPULoadStoreSpec(block_ids[full : full + 1])))
+        # Swapped blocks may have been demoted meanwhile: load each tier's run on its own.
+        for seg_hashes, device_ids in ((hashes, block_ids[first:full]), ([key], block_ids[full : full + 1])):
+            if not seg_hashes or seg_hashes[0] is None:
+                continue
+            offset = 0
+            for spec, seg in self._prepare_load_segments(seg_hashes):
+                job_id = next(self._job_ids)
+                self._jobs[job_id] = _Job(rid, list(seg), _LOAD, spec.medium())
+                jobs.append(TransferJob(job_id, spec, GPULoadStoreSpec(device_ids[offset : offset + len(seg)])))
+                offset += len(seg)
         self._reqs_to_load[rid] = jobs
         self._loading[rid] = hashes + ([key] if key is not None else [])
         self._blocks_being_loaded.update(hashes)
         self.stats.blocks_swapped_in += len(hashes) + (key is not None)
+
+    def _prepare_load_segments(self, hashes: list[BlockHash]) -> list[tuple[Any, list[BlockHash]]]:
+        segment_fn = getattr(self.manager, "prepare_load_segments", None)
+        return segment_fn(hashes) if segment_fn else [(self.manager.prepare_load(hashes), hashes)]
 
     # ---- stores ------------------------------------------------------------------------------
     def _update_block_ids(self, so: Any) -> None:
@@ -302,38 +318,57 @@ class OffloadingConnectorScheduler:
     # ---- completions -------------------------------------------------------------------------
     def update_connector_output(self, connector_output: Any) -> None:
         for result in connector_output.worker_meta or ():
-            job = self._jobs.pop(result.job_id, None)
-            if job is None:
+            job_id = result.job_id
+            if job_id not in self._jobs:
                 continue
-            if job.kind == _DEMOTE:
-                self.manager.complete_demotion(job.block_hashes, result.success)  # type: ignore[attr-defined]
-                self.stats.blocks_demoted += len(job.block_hashes) if result.success else 0
-            elif job.kind == _STORE:
-                self.manager.complete_store(job.block_hashes, result.success)
-                storing = self._storing.get(job.req_id)
-                if storing is not None:
-                    storing.subtract(job.block_hashes)
-                    if not +storing:
-                        del self._storing[job.req_id]
-                if result.success:
-                    self.stats.blocks_stored += len(job.block_hashes)
-                else:
-                    self.stats.stores_failed += len(job.block_hashes)
+            if self.world_size > 1:
+                # Every rank reports each job; it is done when the last rank is, and failed if any failed.
+                parts = self._partial.setdefault(job_id, [])
+                parts.append(result)
+                if len(parts) < self.world_size:
+                    continue
+                del self._partial[job_id]
+                result = _merge(parts)
+            self._complete(self._jobs.pop(job_id), result)
+
+    def _complete(self, job: _Job, result: Any) -> None:
+        if job.kind == _DEMOTE:
+            self.manager.complete_demotion(job.block_hashes, result.success)  # type: ignore[attr-defined]
+            self._record_io(job.medium, result)
+            self.stats.blocks_demoted += len(job.block_hashes) if result.success else 0
+        elif job.kind == _STORE:
+            self.manager.complete_store(job.block_hashes, result.success)
+            storing = self._storing.get(job.req_id)
+            if storing is not None:
+                storing.subtract(job.block_hashes)
+                if not +storing:
+                    del self._storing[job.req_id]
+            if result.success:
+                self.stats.blocks_stored += len(job.block_hashes)
             else:
-                self.manager.complete_load(job.block_hashes)
-                self._blocks_being_loaded.difference_update(job.block_hashes)
-                if job.req_id in self._loading and not any(
-                    j.req_id == job.req_id and j.kind == _LOAD for j in self._jobs.values()
-                ):
-                    del self._loading[job.req_id]
-                if result.bad_block_ids:
-                    drop = getattr(self.manager, "drop_corrupt", None)
-                    if drop is not None:
-                        self.stats.corrupt_blocks += drop(job.medium, list(result.bad_block_ids))
-                if result.success:
-                    self.stats.blocks_loaded += len(job.block_hashes)
-                else:
-                    self.stats.loads_failed += len(job.block_hashes)
+                self.stats.stores_failed += len(job.block_hashes)
+        else:
+            self.manager.complete_load(job.block_hashes, job.medium)
+            self._blocks_being_loaded.difference_update(job.block_hashes)
+            if job.req_id in self._loading and not any(
+                j.req_id == job.req_id and j.kind == _LOAD for j in self._jobs.values()
+            ):
+                del self._loading[job.req_id]
+            if result.bad_block_ids:
+                # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
+                drop = getattr(self.manager, "drop_corrupt", None)
+                if drop is not None:
+                    self.stats.corrupt_blocks += drop(job.medium, list(result.bad_block_ids))
+            self._record_io(job.medium, result)
+            if result.success:
+                self.stats.blocks_loaded += len(job.block_hashes)
+            else:
+                self.stats.loads_failed += len(job.block_hashes)
+
+    def _record_io(self, medium: str, result: Any) -> None:
+        record = getattr(self.manager, "record_io", None)
+        if record is not None and (result.success or result.io_error):
+            record(medium, result.success)
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
@@ -342,8 +377,9 @@ class OffloadingConnectorScheduler:
         self._next_stored.pop(rid, None)
         self._swapped.pop(rid, None)
         for job in self._reqs_to_load.pop(rid, ()):  # planned, never sent: undo the pin now
-            hashes = self._jobs.pop(job.job_id).block_hashes  # one job per tier segment
-            self.manager.complete_load(hashes)
+            planned = self._jobs.pop(job.job_id)  # one job per tier segment
+            hashes = planned.block_hashes
+            self.manager.complete_load(hashes, planned.medium)
             self._blocks_being_loaded.difference_update(hashes)
             self._loading.pop(rid, None)
         # Keep the device blocks while any planned or in-flight copy still reads or fills them;
@@ -372,6 +408,8 @@ class OffloadingConnectorScheduler:
             "blocks_demoted": s.blocks_demoted,
             "corrupt_blocks": getattr(getattr(self.manager, "disk", None), "num_corrupt", s.corrupt_blocks),
             "disk_blocks_recovered": getattr(getattr(self.manager, "disk", None), "num_recovered", 0),
+            "disk_io_errors": getattr(getattr(self.manager, "disk", None), "num_io_errors", 0),
+            "disk_outages": getattr(getattr(self.manager, "disk", None), "num_outages", 0),
             "blocks_swapped_out": s.blocks_swapped_out,
             "blocks_swapped_in": s.blocks_swapped_in,
         }

@@ -58,6 +58,8 @@ class OffloadingConnectorWorker:
         self._finished: set[str] = set()
         self._failed_recving: set[str] = set()
         self._results: list[TransferResult] = []
+        #: The plan whose demotions were submitted (held, so its identity stays unique).
+        self._demoted_meta: OffloadingConnectorMetadata | None = None
         self.stats = TransferStats()
 
     def register_kv_caches(self, kv_caches: Any) -> None:
@@ -89,10 +91,20 @@ class OffloadingConnectorWorker:
             for job in jobs:
                 self._submit(rid, job, is_store=True)
 
+    def _submit_demotions(self, meta: OffloadingConnectorMetadata) -> None:
+        """Demotions go first, whichever hook runs first: they fence the CPU slots they read,
+        and a store planned in the same step (swap-out, promotion) may take those slots over."""
+        if self._demoted_meta is meta:
+            return
+        self._demoted_meta = meta
+        for job in meta.demotions:
+            self._submit("", job, is_store=True)
+
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
         """Preemption is a barrier: copies reading a preempted request's blocks finish first."""
         if meta is None or not (meta.preempted_req_ids or meta.swap_out):
             return
+        self._submit_demotions(meta)
         self._submit_deferred()
         for rid, jobs in meta.swap_out.items():
             for job in jobs:
@@ -102,8 +114,7 @@ class OffloadingConnectorWorker:
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
         self._finished |= meta.await_finish
-        for job in meta.demotions:  # before any store that may overwrite the victims' slots
-            self._submit("", job, is_store=True)
+        self._submit_demotions(meta)
         for rid, jobs in meta.reqs_to_load.items():
             for job in jobs:
                 self._submit(rid, job, is_store=False)

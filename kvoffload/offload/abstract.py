@@ -83,8 +83,13 @@ class OffloadingManager(ABC):
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         """Recency without reuse, e.g. a request's newly stored blocks (default: nothing)."""
 
-    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
-        """Unpin blocks after their load finished."""
+    def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
+        """Unpin blocks after their load finished.
+
+        ``medium`` names the tier the load was served from (the ``medium()`` of the spec
+        ``prepare_load`` returned), so a manager of several tiers releases exactly the pin that
+        load took, even when the same hash is pinned in two tiers at once.
+        """
 
     @abstractmethod
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:

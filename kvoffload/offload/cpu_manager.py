@@ -8,6 +8,8 @@ CachePolicy gets the plain hash-level calls.
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -24,6 +26,11 @@ from kvoffload.offload.mediums import CPULoadStoreSpec
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
 from kvoffload.offload.policy_registry import create_policy
 
+
+logger = logging.getLogger(__name__)
+
+#: Undrained events kept per tier before the oldest are dropped.
+MAX_QUEUED_EVENTS = 10_000
 
 #: Batches longer than this go through numpy; short ones are faster as plain loops.
 _VECTOR_MIN = 48
@@ -65,7 +72,8 @@ class CPUOffloadingManager(OffloadingManager):
             self.policy.bind_ledger(self.ledger)  # type: ignore[attr-defined]
         self._num_allocated = 0
         self._free_list: list[int] = []
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events: deque[OffloadingEvent] | None = deque() if enable_events else None
+        self.num_events_dropped = 0
 
     # ---- helpers -------------------------------------------------------------------------
     @property
@@ -93,8 +101,15 @@ class CPUOffloadingManager(OffloadingManager):
         self._free_list.append(slot)
 
     def _emit(self, hashes: list[BlockHash], removed: bool) -> None:
-        if self._events is not None and hashes:
-            self._events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
+        events = self._events
+        if events is not None and hashes:
+            if len(events) >= MAX_QUEUED_EVENTS:  # nobody drains them: keep memory bounded
+                events.popleft()
+                if not self.num_events_dropped:
+                    logger.warning("%s tier: %d KV events queued and not taken; dropping the oldest "
+                                   "(call take_events() regularly)", self.medium, MAX_QUEUED_EVENTS)
+                self.num_events_dropped += 1
+            events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
 
     def _slots_of(self, block_hashes: Iterable[BlockHash]) -> list[int]:
         index = self.ledger.index
@@ -164,7 +179,7 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             self.policy.refresh(hashes)
 
-    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+    def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
         hashes = list(block_hashes)
         slots = self._slots_of(hashes)
         if len(slots) > _VECTOR_MIN:
@@ -291,8 +306,16 @@ class CPUOffloadingManager(OffloadingManager):
     def take_events(self) -> list[OffloadingEvent]:
         if not self._events:
             return []
-        events, self._events = self._events, []
+        events = list(self._events)
+        self._events.clear()
         return events
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        """Present, ready or not."""
+        return block_hash in self.ledger.index
+
+    def slot_of(self, block_hash: BlockHash) -> int | None:
+        return self.ledger.index.get(block_hash)
 
     def is_pending(self, block_hash: BlockHash) -> bool:
         """Present but still being written (its store has not completed yet)."""

@@ -16,7 +16,9 @@ from kvoffload.offload.spec import OffloadingSpec
 
 class CPUOffloadingSpec(OffloadingSpec):
     def num_blocks_per_tier(self) -> list[int]:
-        return self.config.tier_blocks(self.offloaded_block_bytes)
+        """A tier's ``capacity`` is its total over all ranks (like vLLM's ``cpu_bytes_to_use``):
+        under tensor parallelism each rank holds its shard of every block, capacity / world_size."""
+        return self.config.tier_blocks(self.offloaded_block_bytes * self.kv_info.world_size)
 
     def disk_layout(self) -> DiskLayout | None:
         if len(self.config.tiers) < 2:
@@ -26,6 +28,7 @@ class CPUOffloadingSpec(OffloadingSpec):
             block_bytes=self.offloaded_block_bytes,
             block_tokens=self.offloaded_block_size,
             num_slots=self.num_blocks_per_tier()[1],
+            world_size=self.kv_info.world_size,
         )
 
     def get_manager(self) -> OffloadingManager:
@@ -78,6 +81,7 @@ class CPUOffloadingSpec(OffloadingSpec):
 
             disk_path = self.config.tiers[1].path
             assert disk_path is not None
+            layout = layout.for_rank(self.kv_info.rank)  # each rank reads and writes only its own file
             path = tier_file(prepare_tier_dir(disk_path), layout)
             disk = DiskHandler(kv_caches, host, self.block_size_factor, layout, path, fences)
             yield CPULoadStoreSpec, DiskLoadStoreSpec, disk

@@ -13,6 +13,7 @@ digest, and the header repeats it: a cache written for another model or layout i
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Hashable, Iterator
@@ -28,6 +29,7 @@ _REC_MAGIC = b"KVB1"
 _FILE_FMT = "<8sI32sQQQ"  # magic, version, digest, block_bytes, block_tokens, num_slots
 _REC_FMT = "<4sBB32sQ"  # magic, key type, key length, key, data checksum  (then header checksum)
 _KEY_BYTES, _KEY_INT = 1, 2
+_SEEK_DATA: int | None = getattr(os, "SEEK_DATA", None)
 
 
 class DiskFormatError(ValueError):
@@ -52,6 +54,17 @@ class DiskLayout:
     block_bytes: int
     block_tokens: int
     num_slots: int
+    #: Under tensor/pipeline parallelism each rank keeps its own shard of every block in its
+    #: own file; rank and world size enter the file name and header, so no rank reads another's.
+    rank: int = 0
+    world_size: int = 1
+
+    def for_rank(self, rank: int) -> DiskLayout:
+        return DiskLayout(self.digest, self.block_bytes, self.block_tokens, self.num_slots, rank, self.world_size)
+
+    @property
+    def file_digest(self) -> str:
+        return self.digest if self.world_size == 1 else f"{self.digest}|r{self.rank}/{self.world_size}"
 
     @property
     def record_bytes(self) -> int:
@@ -65,7 +78,7 @@ class DiskLayout:
         return self.offset(self.num_slots)
 
     def file_header(self) -> bytes:
-        body = struct.pack(_FILE_FMT, FILE_MAGIC, FORMAT_VERSION, self.digest.encode()[:32].ljust(32, b"\0"),
+        body = struct.pack(_FILE_FMT, FILE_MAGIC, FORMAT_VERSION, self.file_digest.encode()[:32].ljust(32, b"\0"),
                            self.block_bytes, self.block_tokens, self.num_slots)
         return body.ljust(HEADER_BYTES, b"\0")
 
@@ -102,12 +115,27 @@ def scan_records(fd: int, layout: DiskLayout) -> Iterator[tuple[int, Hashable, b
 
     ``intact`` is False for a record cut short by the end of the file (truncation) or whose
     header checksum fails while its magic is present (a torn header). Empty slots are skipped.
+    The file is sparse (preallocated by truncation), so the scan jumps from one written region
+    to the next (``SEEK_DATA``): reopening costs time in proportion to the records present,
+    not to the tier's capacity. Filesystems without holes report all data: every slot is read.
     """
     size = os.fstat(fd).st_size
-    for slot in range(layout.num_slots):
-        off = layout.offset(slot)
-        if off >= size:
+    pos = layout.offset(0)
+    while pos < size:
+        data = pos
+        if _SEEK_DATA is not None:
+            try:
+                data = os.lseek(fd, pos, _SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    return  # nothing but holes after pos
+        if data >= size:
             return
+        slot = max(0, (data - layout.offset(0)) // layout.record_bytes)
+        if slot >= layout.num_slots:
+            return
+        off = layout.offset(slot)
+        pos = layout.offset(slot + 1)
         raw = os.pread(fd, RECORD_HEADER, off)
         if raw[:4] != _REC_MAGIC:
             continue

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import logging
 import os
+import time
 from pathlib import Path
 
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
@@ -22,11 +23,15 @@ logger = logging.getLogger(__name__)
 
 
 class DiskTierError(OSError):
-    pass
+    """The disk tier cannot start (path in use, disk full, not writable); the message says why."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def tier_file(path: str | Path, layout: DiskLayout) -> Path:
-    return Path(path) / f"kvoffload-{layout.digest}-{layout.block_bytes}.kvdata"
+    suffix = "" if layout.world_size == 1 else f"-rank{layout.rank}of{layout.world_size}"
+    return Path(path) / f"kvoffload-{layout.digest}-{layout.block_bytes}{suffix}.kvdata"
 
 
 def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
@@ -49,53 +54,122 @@ def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
 
 
 class DiskOffloadingManager(CPUOffloadingManager):
+    """The ledger is one for all ranks: slot s of every rank's file holds that rank's shard of
+    the same block. Only a record intact in every rank's file is recovered on open."""
+
     spec_type = DiskLoadStoreSpec
 
+    #: I/O errors in a row (reads or writes) that take the tier out of service.
+    MAX_IO_ERRORS = 3
+
     def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | CachePolicy = "lru",
-                 enable_events: bool = False) -> None:
+                 enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0) -> None:
         super().__init__(layout.num_slots, cache_policy, enable_events, block_size=layout.block_tokens)
         self.layout = layout
-        self.path = tier_file(prepare_tier_dir(path), layout)
+        directory = prepare_tier_dir(path, key)
+        self.paths = [tier_file(directory, layout.for_rank(r)) for r in range(layout.world_size)]
+        self.path = self.paths[0]
         self.num_corrupt = 0
         self.num_recovered = 0
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.num_io_errors = 0
+        self.num_outages = 0
+        self.retry_after_s = retry_after_s
+        self._errors_in_a_row = 0
+        self._out_until = 0.0
+        self._fds: list[int] = []
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self._fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise DiskTierError(f"disk tier {self.path} is in use by another process") from exc
+            for p in self.paths:
+                self._fds.append(self._open_locked(p))
+            self._open_or_create()
+        except BaseException:
+            self.close()
             raise
-        self._open_or_create()
+
+    @staticmethod
+    def _open_locked(path: Path) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DiskTierError(f"disk tier {path}: cannot open ({exc.strerror}); fix its permissions or pick another path") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise DiskTierError(f"disk tier {path} is in use by another process; give each engine its own path") from None
+            raise DiskTierError(f"disk tier {path}: cannot lock ({exc.strerror})") from None
+        return fd
 
     def _open_or_create(self) -> None:
-        header = os.pread(self._fd, len(self.layout.file_header()), 0)
-        if self.layout.matches(header):
-            first_slot: dict = {}
-            for slot, key, intact in scan_records(self._fd, self.layout):
+        layouts = [self.layout.for_rank(r) for r in range(self.layout.world_size)]
+        headers = [os.pread(fd, len(lay.file_header()), 0) for fd, lay in zip(self._fds, layouts)]
+        if all(lay.matches(h) for lay, h in zip(layouts, headers)):
+            self._recover(layouts)
+            return
+        if any(any(h) for h in headers):
+            logger.warning("disk tier %s was written with another layout or version; starting it empty", self.path)
+        for fd, lay, p in zip(self._fds, layouts, self.paths):
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, lay.file_header(), 0)
+                os.ftruncate(fd, lay.file_bytes)
+            except OSError as exc:
+                raise DiskTierError(
+                    f"disk tier {p}: cannot create its {lay.file_bytes} byte file ({exc.strerror}); "
+                    "free space, lower the tier's capacity or pick another path"
+                ) from None
+
+    def _recover(self, layouts: list[DiskLayout]) -> None:
+        per_rank: list[dict[int, object]] = []
+        for fd, lay in zip(self._fds, layouts):
+            records: dict[int, object] = {}
+            for slot, key, intact in scan_records(fd, lay):
                 if key is None or not intact:
                     self.num_corrupt += 1
                 else:
-                    first_slot.setdefault(key, slot)  # a hash stored twice keeps one slot
-            self.restore(list(first_slot.items()))
-            self.num_recovered = len(first_slot)
-            if self.num_corrupt:
-                logger.warning("disk tier %s: dropped %d torn or truncated blocks on open", self.path, self.num_corrupt)
+                    records[slot] = key
+            per_rank.append(records)
+        first_slot: dict = {}
+        for slot, key in sorted(per_rank[0].items()):
+            if all(other.get(slot) == key for other in per_rank[1:]):
+                first_slot.setdefault(key, slot)  # a hash stored twice keeps one slot
+        self.restore(list(first_slot.items()))
+        self.num_recovered = len(first_slot)
+        if self.num_corrupt:
+            logger.warning("disk tier %s: dropped %d torn or truncated blocks on open", self.path, self.num_corrupt)
+
+    # ---- health ------------------------------------------------------------------------
+    @property
+    def in_service(self) -> bool:
+        """False for a while after repeated I/O errors: lookups miss it, demotions skip it."""
+        if self._out_until and time.monotonic() >= self._out_until:
+            self._out_until = 0.0
+            self._errors_in_a_row = 0
+            logger.warning("disk tier %s: back in service after an I/O outage", self.path)
+        return not self._out_until
+
+    def record_io(self, ok: bool) -> None:
+        """Feed one copy's outcome: MAX_IO_ERRORS I/O failures in a row take the tier out of
+        service for ``retry_after_s`` (logged once per outage); a success resets the count."""
+        if ok:
+            self._errors_in_a_row = 0
             return
-        if any(header):
-            logger.warning("disk tier %s was written with another layout or version; starting it empty", self.path)
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, self.layout.file_header(), 0)
-        os.ftruncate(self._fd, self.layout.file_bytes)
+        self.num_io_errors += 1
+        self._errors_in_a_row += 1
+        if self._errors_in_a_row >= self.MAX_IO_ERRORS and not self._out_until:
+            self._out_until = time.monotonic() + self.retry_after_s
+            self.num_outages += 1
+            logger.warning("disk tier %s: %d I/O errors in a row; out of service for %.0f s, serving from the "
+                           "other tiers and recompute", self.path, self._errors_in_a_row, self.retry_after_s)
 
     def drop_corrupt(self, slots: list[int]) -> int:
-        """Drop the blocks at these slots (a read found their data checksum wrong)."""
+        """Drop the blocks at these slots (a read found them corrupt, misplaced or unreadable)."""
         hashes = [h for h in (self.hash_at(s) for s in slots) if h is not None]
         n = len(self.drop(hashes))
         self.num_corrupt += n
         return n
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # releases the lock
-            self._fd = -1
+        for fd in self._fds:
+            os.close(fd)  # releases the lock
+        self._fds = []

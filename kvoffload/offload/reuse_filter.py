@@ -52,8 +52,8 @@ class FilterReusedOffloadingManager(OffloadingManager):
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         self.backing.refresh(block_hashes)
 
-    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.backing.complete_load(block_hashes)
+    def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
+        self.backing.complete_load(block_hashes, medium)
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         hashes = list(dict.fromkeys(block_hashes))

@@ -31,6 +31,11 @@ class EngineKVInfo:
     block_bytes: int  # bytes of one engine block across all layers (K and V)
     num_device_blocks: int = 0  # engine blocks in the device KV cache
     layout_digest: str = ""  # identifies model + layout, so persistent tiers never misread
+    #: Ranks that each hold a shard of every block (tensor x pipeline parallel), and this
+    #: process's rank among them (workers; the scheduler side serves all ranks). ``block_bytes``
+    #: is one rank's share.
+    world_size: int = 1
+    rank: int = 0
 
 
 class OffloadingSpec(ABC):

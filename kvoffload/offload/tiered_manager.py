@@ -2,11 +2,13 @@
 
 Lookups see both tiers (the leading run of blocks ready in either). Stores go to the CPU
 tier; its victims are demoted to disk: each demotion is a CPU → disk copy the connector plans
-from ``take_demotions()`` and the worker runs before the victim's CPU slot is overwritten.
-Loads come from whichever tier holds each block, CPU first, as per-tier segments. A block
+from ``take_demotions()`` and the worker submits before any copy that could overwrite the
+victim's CPU slot. Loads come from whichever tier holds each block, CPU first, as per-tier
+segments, each pinned in its tier and released by ``complete_load(hashes, medium)``. A block
 loaded from disk is promoted by the connector storing it into the CPU tier again.
 With ``write_through`` every block whose CPU store completes is also copied to disk (the same
 fenced CPU → disk job as a demotion), so the disk holds the whole cache across restarts.
+A disk tier out of service after repeated I/O errors is invisible to lookups and demotions.
 """
 
 from __future__ import annotations
@@ -41,21 +43,25 @@ class TieredOffloadingManager(OffloadingManager):
         self.medium = cpu.medium
         self.block_size = cpu.block_size
         self._demotions: list[Demotion] = []
-        self._pins: dict[BlockHash, list[OffloadingManager]] = {}
         self.num_demoted = 0
         self.num_demotions_dropped = 0
 
+    def _ready(self, h: BlockHash, disk_ok: bool) -> bool:
+        return self.cpu.is_ready(h) or (disk_ok and self.disk.is_ready(h))
+
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        disk_ok = self.disk.in_service
         hits = 0
         for h in block_hashes:
-            if not (self.cpu.is_ready(h) or self.disk.is_ready(h)):
+            if not self._ready(h, disk_ok):
                 break
             hits += 1
         return hits
 
     def is_pending(self, block_hash: BlockHash) -> bool:
-        return not (self.cpu.is_ready(block_hash) or self.disk.is_ready(block_hash)) and (
-            self.cpu.is_pending(block_hash) or self.disk.is_pending(block_hash)
+        disk_ok = self.disk.in_service
+        return not self._ready(block_hash, disk_ok) and (
+            self.cpu.is_pending(block_hash) or (disk_ok and self.disk.is_pending(block_hash))
         )
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
@@ -64,7 +70,8 @@ class TieredOffloadingManager(OffloadingManager):
         self.disk.touch(hashes)
 
     def prepare_load_segments(self, block_hashes: Iterable[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
-        """Consecutive runs by tier (CPU preferred), each pinned in its tier."""
+        """Consecutive runs by tier (CPU preferred), each pinned in its tier; a disk segment's
+        spec names its hashes, so the reader can check each record's key."""
         runs: list[tuple[CPUOffloadingManager, list[BlockHash]]] = []
         for h in block_hashes:
             tier = self.cpu if self.cpu.is_ready(h) else self.disk
@@ -72,30 +79,29 @@ class TieredOffloadingManager(OffloadingManager):
                 runs[-1][1].append(h)
             else:
                 runs.append((tier, [h]))
-        out = []
+        out: list[tuple[LoadStoreSpec, list[BlockHash]]] = []
         for tier, hashes in runs:
-            out.append((tier.prepare_load(hashes), hashes))
-            for h in hashes:
-                self._pins.setdefault(h, []).append(tier)
+            spec = tier.prepare_load(hashes)
+            if tier is self.disk:
+                spec = DiskLoadStoreSpec(spec.block_ids, list(hashes))
+            out.append((spec, hashes))
         return out
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         segments = self.prepare_load_segments(block_hashes)
         if len(segments) != 1:
-            for _, hashes in segments:
-                self.complete_load(hashes)
+            for spec, hashes in segments:
+                self.complete_load(hashes, spec.medium())
             raise ValueError("these blocks span tiers; use prepare_load_segments()")
         return segments[0][0]
 
-    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
-        for h in block_hashes:
-            tiers = self._pins.get(h)
-            if not tiers:
-                raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
-            tier = tiers.pop()
-            if not tiers:
-                del self._pins[h]
-            tier.complete_load([h])
+    def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
+        """Release the pins of one load: in ``medium``'s tier (required: a hash may be pinned
+        in both tiers at once, e.g. loaded from disk, promoted, then loaded from CPU)."""
+        if medium is None:
+            raise ValueError("TieredOffloadingManager.complete_load needs the medium the load was served from")
+        tier = self.disk if medium == self.disk.medium else self.cpu
+        tier.complete_load(block_hashes)
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         out = self.cpu.prepare_store(block_hashes)
@@ -106,8 +112,10 @@ class TieredOffloadingManager(OffloadingManager):
 
     def _plan_demotion(self, pairs: list[tuple[BlockHash, int]]) -> None:
         """Queue a CPU → disk copy of (hash, CPU slot) pairs the disk tier does not hold yet."""
-        index = self.disk.ledger.index
-        pairs = [(h, s) for h, s in pairs if h not in index]
+        if not self.disk.in_service:
+            self.num_demotions_dropped += len(pairs)
+            return
+        pairs = [(h, s) for h, s in pairs if not self.disk.contains(h)]
         if not pairs:
             return
         disk_out = self.disk.prepare_store([h for h, _ in pairs])
@@ -135,11 +143,16 @@ class TieredOffloadingManager(OffloadingManager):
         hashes = list(block_hashes)
         self.cpu.complete_store(hashes, success)
         if success and self.write_through:
-            index = self.cpu.ledger.index
-            self._plan_demotion([(h, index[h]) for h in hashes if h in index])
+            slots = [(h, s) for h in hashes if (s := self.cpu.slot_of(h)) is not None]
+            self._plan_demotion(slots)
 
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
         return self.disk.drop_corrupt(slots) if medium == self.disk.medium else 0
+
+    def record_io(self, medium: str, ok: bool) -> None:
+        """A copy that touched ``medium`` succeeded or failed with an I/O error."""
+        if medium == self.disk.medium:
+            self.disk.record_io(ok)
 
     def take_events(self) -> list[OffloadingEvent]:
         return list(self.cpu.take_events()) + list(self.disk.take_events())

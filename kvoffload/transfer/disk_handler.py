@@ -2,14 +2,13 @@
 
 Runs on its own small thread pool, off the scheduler's path, and reports through the same
 ``get_finished`` accounting as device copies. Every read verifies the record header and the
-data checksum; a mismatch fails the job and names the corrupt slots, so nothing torn or
-flipped is ever copied into the KV cache. I/O errors (disk full, permissions) fail the job
-and are logged once per cause.
+data checksum and the key the ledger expects; a mismatch fails the job and names the bad slots,
+so nothing torn, flipped or misplaced is ever copied into the KV cache. I/O errors (disk full,
+EIO) fail the job, name the unreadable slot and count against the tier's health.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 
 import numpy as np
@@ -17,23 +16,17 @@ import torch
 
 from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout, data_checksum, parse_record_header, record_header
 from kvoffload.offload.mediums import CPULoadStoreSpec
-from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
+from kvoffload.transfer.handler import BlockTransferError, TrackedJobsHandler, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import CPUStreamPool
 from kvoffload_ext import copy_blocks
 
-logger = logging.getLogger(__name__)
-
 HOST_TO_DISK = "host_to_disk"
 DISK_TO_DEVICE = "disk_to_device"
 
 
-class CorruptBlocksError(IOError):
-    def __init__(self, slots: list[int]) -> None:
-        super().__init__(f"disk records failed their checksum: slots {slots[:8]}")
-        self.slots = slots
 
 
 class DiskHandler(TrackedJobsHandler):
@@ -55,7 +48,6 @@ class DiskHandler(TrackedJobsHandler):
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.pool = CPUStreamPool(num_threads)
         self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
-        self._logged: set[str] = set()
         super().__init__((HOST_TO_DISK, DISK_TO_DEVICE))
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
@@ -72,11 +64,12 @@ class DiskHandler(TrackedJobsHandler):
         else:
             direction = DISK_TO_DEVICE
             disk_slots, device_ids = src.block_ids.tolist(), dst.block_ids
+            expected = getattr(src, "block_hashes", None)
             skip = len(disk_slots) * self.factor - len(device_ids)
-            if not 0 <= skip < self.factor:
-                return False
+            if not 0 <= skip < self.factor or expected is None or len(expected) != len(disk_slots):
+                return False  # every record read is checked against the key the ledger expects
             nbytes = len(device_ids) * self.kv.page_bytes
-            handle = self.pool.submit(direction, lambda: self._load(disk_slots, device_ids, skip))
+            handle = self.pool.submit(direction, lambda: self._load(disk_slots, list(expected), device_ids, skip))
         self._track(direction, job_id, handle, nbytes)
         return True
 
@@ -90,36 +83,30 @@ class DiskHandler(TrackedJobsHandler):
                 if written != RECORD_HEADER + len(data):
                     raise OSError(f"short write of slot {slot}: {written} bytes")
         except OSError as exc:
-            self._log_once(f"write:{exc.errno}", "disk tier %s: store failed (%s); the engine keeps serving", exc)
-            raise
+            raise BlockTransferError(f"disk tier {self.path}: write failed: {exc}", [], io=True) from exc
 
-    def _load(self, disk_slots: list[int], device_ids: np.ndarray, skip: int) -> None:
+    def _load(self, disk_slots: list[int], expected: list, device_ids: np.ndarray, skip: int) -> None:
         staging = torch.empty((len(disk_slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8)
         bad: list[int] = []
         header = bytearray(RECORD_HEADER)
-        for i, slot in enumerate(disk_slots):
+        for i, (slot, key) in enumerate(zip(disk_slots, expected)):
             block = staging[i * self.factor : (i + 1) * self.factor].numpy().reshape(-1)
             try:
                 n = os.preadv(self.fd, [header, block.data], self.layout.offset(slot))
             except OSError as exc:
-                self._log_once(f"read:{exc.errno}", "disk tier %s: load failed (%s); recomputing instead", exc)
-                raise
+                raise BlockTransferError(f"disk tier {self.path}: read of slot {slot} failed: {exc}", [slot],
+                                         io=True) from exc
             parsed = parse_record_header(bytes(header))
             if n != RECORD_HEADER + len(block) or parsed is None or parsed[1] != data_checksum(block.data):
-                bad.append(slot)
+                bad.append(slot)  # torn, truncated or flipped
+            elif parsed[0] != key:
+                bad.append(slot)  # an intact record of another block: misplaced, never served
         if bad:
-            raise CorruptBlocksError(bad)
+            raise BlockTransferError(f"disk tier {self.path}: records failed their checksum or key check: "
+                                     f"slots {bad[:8]}", bad)
         rows = np.arange(skip, len(disk_slots) * self.factor)
         for view, off in zip(self.kv.views, self.offsets):
             copy_blocks(staging[:, off : off + view.shape[1]], view, rows, device_ids)
-
-    def _log_once(self, key: str, msg: str, exc: BaseException) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            logger.warning(msg, self.path, exc)
-
-    def _bad_block_ids(self, error: BaseException) -> tuple[int, ...]:
-        return tuple(error.slots) if isinstance(error, CorruptBlocksError) else ()
 
     def close(self) -> None:
         self.pool.close()

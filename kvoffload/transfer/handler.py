@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 
 from kvoffload.offload.abstract import LoadStoreSpec
 from kvoffload.transfer.streams import JobHandle
+
+logger = logging.getLogger(__name__)
 
 TransferSpec = tuple[LoadStoreSpec, LoadStoreSpec]
 
@@ -21,8 +24,19 @@ class TransferResult:
     nbytes: int
     seconds: float
     direction: str
-    #: Source slots found corrupt (bad checksum, short read): the scheduler drops them.
+    #: Source slots found corrupt, misplaced or unreadable: the scheduler drops them.
     bad_block_ids: tuple[int, ...] = ()
+    #: The copy failed with an I/O error (the tier's health counts these).
+    io_error: bool = False
+
+
+class BlockTransferError(Exception):
+    """A copy failed at known source slots; ``io``: an I/O error, else bad data or key."""
+
+    def __init__(self, message: str, slots: list[int], io: bool = False) -> None:
+        super().__init__(message)
+        self.slots = slots
+        self.io = io
 
 
 class OffloadingHandler(ABC):
@@ -52,15 +66,12 @@ class TrackedJobsHandler(OffloadingHandler):
         self._jobs: dict[str, deque[tuple[int, JobHandle, int]]] = {d: deque() for d in directions}
         self._by_id: dict[int, JobHandle] = {}
         self._lock = threading.Lock()
+        self._logged_failures: set[tuple[object, ...]] = set()
 
     def _track(self, direction: str, job_id: int, handle: JobHandle, nbytes: int) -> None:
         with self._lock:
             self._jobs[direction].append((job_id, handle, nbytes))
             self._by_id[job_id] = handle
-
-    def _bad_block_ids(self, error: BaseException) -> tuple[int, ...]:
-        """Source slots a failed job found corrupt (none by default)."""
-        return ()
 
     def get_finished(self) -> list[TransferResult]:
         out: list[TransferResult] = []
@@ -70,10 +81,23 @@ class TrackedJobsHandler(OffloadingHandler):
                     job_id, handle, nbytes = jobs.popleft()
                     del self._by_id[job_id]
                     err = handle.error()
-                    bad = self._bad_block_ids(err) if err is not None else ()
+                    bad: tuple[int, ...] = ()
+                    io = isinstance(err, OSError)
+                    if isinstance(err, BlockTransferError):
+                        bad, io = tuple(err.slots), err.io
+                    if err is not None:
+                        self._log_failure(direction, err)
                     out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
-                                              direction, bad))
+                                              direction, bad, io))
         return out
+
+    def _log_failure(self, direction: str, err: BaseException) -> None:
+        """Once per (direction, cause): a failed copy is recomputed, but users must see why."""
+        cause = (direction, type(err).__name__, getattr(err, "errno", None))
+        if cause not in self._logged_failures:
+            self._logged_failures.add(cause)
+            logger.warning("kvoffload %s copy failed (%s: %s); the block is recomputed and the engine keeps "
+                           "serving (further failures of this kind are not logged)", direction, type(err).__name__, err)
 
     def wait(self, job_ids: Collection[int]) -> None:
         with self._lock:

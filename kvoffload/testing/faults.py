@@ -1,0 +1,108 @@
+"""Fault injection as a wrapper around real transfer handlers.
+
+``FaultyHandler`` forwards every copy to the handler it wraps, except the ones its plan picks
+to fail (an I/O error on a disk read names the slot, as the disk handler does; a failed write
+is a failed job) and the completions it holds back for a few polls (a slow copy, seen from
+the scheduler). ``FaultyOffloadingSpec`` is the CPU/disk spec with every handler wrapped; name
+it with ``spec_name: FaultyOffloadingSpec`` and ``spec_module_path: kvoffload.testing.faults``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from kvoffload.offload.cpu_spec import CPUOffloadingSpec
+from kvoffload.offload.abstract import LoadStoreSpec
+from kvoffload.offload.mediums import DiskLoadStoreSpec
+from kvoffload.transfer.disk_handler import DISK_TO_DEVICE, HOST_TO_DISK
+from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.streams import DEVICE_TO_HOST
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """Per-job probabilities. ``read_error``: a disk read fails with EIO; ``write_error``: a
+    disk write fails (ENOSPC/EIO); ``store_error``: a device → host store fails; ``delay``:
+    the completion is reported up to ``max_delay_polls`` polls late."""
+
+    read_error: float = 0.0
+    write_error: float = 0.0
+    store_error: float = 0.0
+    delay: float = 0.0
+    max_delay_polls: int = 8
+    seed: int = 0
+
+
+class FaultyHandler(OffloadingHandler):
+    def __init__(self, inner: OffloadingHandler, plan: FaultPlan, rng: random.Random) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.rng = rng
+        self._lock = threading.Lock()
+        self._ready: list[TransferResult] = []
+        self._held: list[tuple[int, TransferResult]] = []
+        self.injected = 0
+
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        src, dst = spec
+        p = self.plan
+        direction, slots, io = "", (), True
+        if isinstance(src, DiskLoadStoreSpec) and self.rng.random() < p.read_error:
+            direction, slots = DISK_TO_DEVICE, (int(src.block_ids[0]),)
+        elif isinstance(dst, DiskLoadStoreSpec) and self.rng.random() < p.write_error:
+            direction = HOST_TO_DISK
+        elif src.medium() == "GPU" and self.rng.random() < p.store_error:
+            direction, io = DEVICE_TO_HOST, False
+        if not direction:
+            return self.inner.transfer_async(job_id, spec)
+        self.injected += 1
+        with self._lock:
+            self._ready.append(TransferResult(job_id, False, 0, 0.0, direction, slots, io))
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        out = self.inner.get_finished()
+        with self._lock:
+            out += self._ready
+            self._ready = []
+            ready = [r for polls, r in self._held if polls <= 0]
+            self._held = [(polls - 1, r) for polls, r in self._held if polls > 0]
+        held = []
+        for r in out:
+            if self.rng.random() < self.plan.delay:
+                held.append((self.rng.randint(1, self.plan.max_delay_polls), r))
+            else:
+                ready.append(r)
+        with self._lock:
+            self._held += held
+        return ready
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        self.inner.wait(job_ids)
+        with self._lock:  # a waited-for job is done: release it now
+            ids = set(job_ids)
+            self._ready += [r for _, r in self._held if r.job_id in ids]
+            self._held = [(p, r) for p, r in self._held if r.job_id not in ids]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyOffloadingSpec(CPUOffloadingSpec):
+    """The CPU(/disk) spec with each worker handler wrapped in a FaultyHandler."""
+
+    plan: ClassVar[FaultPlan] = FaultPlan()
+    handlers: ClassVar[list[FaultyHandler]] = []
+
+    def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
+        rng = random.Random(self.plan.seed)
+        wrapped: dict[int, FaultyHandler] = {}
+        for src, dst, handler in super().get_handlers(kv_caches):
+            if id(handler) not in wrapped:
+                wrapped[id(handler)] = FaultyHandler(handler, self.plan, rng)
+                FaultyOffloadingSpec.handlers.append(wrapped[id(handler)])
+            yield src, dst, wrapped[id(handler)]
