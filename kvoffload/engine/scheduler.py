@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
@@ -82,6 +83,8 @@ class Scheduler:
         self.failed_recving_kv_req_ids: set[str] = set()
         #: Tokens a request will have computed once its external load lands.
         self._pending_computed: dict[str, int] = {}
+        #: Request id -> the group it advances with (beam search sets this); default: itself.
+        self.group_of: Callable[[str], str] = lambda rid: rid
         self.stats = SchedulerStats()
 
     # ---- request lifecycle --------------------------------------------------------------
@@ -117,6 +120,7 @@ class Scheduler:
         scheduled_new: list[Request] = []
         scheduled_resumed: list[Request] = []
         preempted: list[Request] = []
+        stalled: list[Request] = []
 
         idx = 0
         while idx < len(self.running) and budget > 0:
@@ -124,6 +128,7 @@ class Scheduler:
             num_new = self._clamp_new_tokens(request, request.num_tokens - request.num_computed_tokens, budget)
             num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
             if num_new <= 0:
+                stalled.append(request)  # waits for a token from outside (a beam's siblings)
                 idx += 1
                 continue
             while True:
@@ -155,15 +160,33 @@ class Scheduler:
         if not preempted:
             # Requests loading external KV hold blocks, so they count against max_num_seqs.
             num_loading = len(self._pending_computed)
+            # Once the head cannot be admitted, only requests whose load has landed are still
+            # resumed: they hold their blocks already, and only running them frees those blocks
+            # (else a blocked head waits forever for blocks held behind it).
+            landed_left = -1
             while self.waiting and budget > 0:
                 request = self.waiting[0]
+                if landed_left >= 0 and not self._load_landed(request):
+                    skipped.append(self.waiting.popleft())
+                    continue
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                     if not self._update_waiting_for_remote_kv(request):
                         skipped.append(self.waiting.popleft())
                         continue
                     num_loading -= 1
+                    if landed_left >= 0:
+                        landed_left -= 1
+                        if request.num_computed_tokens == 0:  # its load failed: it queues anew
+                            skipped.append(self.waiting.popleft())
+                            if not landed_left:
+                                break
+                            continue
                 elif len(self.running) + num_loading >= self.max_num_seqs:
-                    break
+                    landed_left = self._num_landed()
+                    if not landed_left:
+                        break
+                    skipped.append(self.waiting.popleft())
+                    continue
                 load_async = False
                 num_external = 0
                 if request.num_computed_tokens == 0:
@@ -183,7 +206,11 @@ class Scheduler:
                 else:
                     num_new = request.num_tokens - num_computed
                     if not self.enable_chunked_prefill and num_new > budget:
-                        break
+                        landed_left = self._num_landed() if landed_left < 0 else landed_left
+                        if not landed_left:
+                            break
+                        skipped.append(self.waiting.popleft())
+                        continue
                     num_new = self._clamp_new_tokens(request, num_new, budget)
                     assert num_new > 0, f"request {request.request_id} has nothing left to compute"
                 # An async load also reserves its prompt's remaining blocks, so a request whose
@@ -200,7 +227,11 @@ class Scheduler:
                     reserve_blocks=self.watermark_blocks if self.running else 0,
                 )
                 if new_blocks is None:
-                    break
+                    landed_left = self._num_landed() if landed_left < 0 else landed_left
+                    if not landed_left:
+                        break
+                    skipped.append(self.waiting.popleft())
+                    continue
                 if self.connector is not None:
                     self.connector.update_state_after_alloc(
                         request, computed_blocks + new_blocks, num_external
@@ -227,6 +258,8 @@ class Scheduler:
                 num_scheduled[request.request_id] = num_new
                 budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        if not num_scheduled and stalled and self.waiting and not preempted:
+            self._break_stall(stalled)
 
         output = self._build_output(
             scheduled_new, scheduled_resumed, scheduled_running, new_blocks_of, num_scheduled, preempted
@@ -247,7 +280,18 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
-    def _preempt(self, request: Request) -> None:
+    def _break_stall(self, stalled: list[Request]) -> None:
+        """Nothing could run: every running request waits for a sibling (beam search) that
+        cannot be admitted while they hold the seats and blocks. Preempt the youngest stalled
+        request of another group to the back of the queue, so the head gets room."""
+        head_group = self.group_of(self.waiting[0].request_id)
+        for victim in reversed(stalled):
+            if self.group_of(victim.request_id) != head_group:
+                self.running.remove(victim)
+                self._preempt(victim, to_back=True)
+                return
+
+    def _preempt(self, request: Request, to_back: bool = False) -> None:
         request.swapped_tokens = 0
         request.computed_before_preemption = max(request.computed_before_preemption, request.num_computed_tokens)
         if self.preemption_mode == "swap" and self.connector is not None:
@@ -260,7 +304,20 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.stats.preemptions += 1
-        self.waiting.appendleft(request)
+        if to_back:
+            self.waiting.append(request)
+        else:
+            self.waiting.appendleft(request)
+
+    def _load_landed(self, request: Request) -> bool:
+        rid = request.request_id
+        return request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and (
+            rid in self.finished_recving_kv_req_ids or rid in self.failed_recving_kv_req_ids
+        )
+
+    def _num_landed(self) -> int:
+        """Waiting requests whose external load has landed (finished or failed)."""
+        return sum(1 for r in self.waiting if self._load_landed(r))
 
     def _update_waiting_for_remote_kv(self, request: Request) -> bool:
         """A request whose external load finished becomes schedulable again."""
@@ -292,8 +349,11 @@ class Scheduler:
         num_scheduled: dict[str, int],
         preempted: list[Request],
     ) -> SchedulerOutput:
-        unsent = [r for r in running if r.request_id in self._unsent]
+        # Forked children the runner has not seen go out in full, also when they were
+        # preempted before their first step and now resume.
+        unsent = [r for r in running + resumed if r.request_id in self._unsent]
         running = [r for r in running if r.request_id not in self._unsent]
+        resumed = [r for r in resumed if r.request_id not in self._unsent]
         self._unsent.difference_update(r.request_id for r in unsent)
         new_data = [
             NewRequestData(
