@@ -43,11 +43,21 @@ class BeamSearchController:
         self.scheduler = scheduler
         self.groups: dict[str, BeamGroup] = {}
         self._beam_group: dict[str, str] = {}
+        scheduler.group_of = self.group_of
 
     def add(self, root: Request) -> None:
         group = BeamGroup(root.request_id, root.sampling_params.beam_width, [Beam(root)])
         self.groups[root.request_id] = group
         self._beam_group[root.request_id] = root.request_id
+
+    def group_of(self, request_id: str) -> str:
+        """The beam group a request advances with (its own id outside beam search)."""
+        return self._beam_group.get(request_id, request_id)
+
+    def forget(self, root_id: str) -> None:
+        """Drop a collected group and its members' ids."""
+        if self.groups.pop(root_id, None) is not None:
+            self._beam_group = {rid: root for rid, root in self._beam_group.items() if root != root_id}
 
     def is_beam(self, request_id: str) -> bool:
         return request_id in self._beam_group

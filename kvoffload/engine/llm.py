@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
+import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -89,7 +89,6 @@ class LLM:
             connector=self.worker_connector,
             record_logits=record_logits,
         )
-        self._ids = itertools.count()
         self._ttfts: list[float] = []
         self._num_requests = 0
         self._prompt_tokens = 0
@@ -115,20 +114,24 @@ class LLM:
     def _to_token_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        token_ids = [int(t) for t in prompt]
+        try:
+            token_ids = [operator.index(t) for t in prompt]
+        except TypeError:
+            raise TypeError(f"prompt {str(prompt)[:60]!r}: give a string or a list of integer token ids") from None
         vocab = self.model_config.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return token_ids
 
-    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, priority: int = 0,
-                    cache_salt: str | None = None) -> str:
-        if self._closed:
-            raise RuntimeError("LLM is closed; create a new one")
+    def _check_request(self, prompt: Prompt, params: SamplingParams, rid: str) -> list[int]:
+        """Everything that can be refused, before anything is enqueued; returns the token ids."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"request {rid!r}: sampling params {params!r} must be a SamplingParams")
         cfg = self.config
         token_ids = self._to_token_ids(prompt)
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if not token_ids:
+            raise ValueError(f"request {rid!r}: the prompt is empty; give at least one token")
         if len(token_ids) >= cfg.max_model_len:
             raise ValueError(
                 f"request {rid!r}: prompt has {len(token_ids)} tokens, max_model_len={cfg.max_model_len} "
@@ -140,6 +143,34 @@ class LLM:
                 f"request {rid!r}: needs {need} KV blocks but num_gpu_blocks={cfg.num_gpu_blocks} "
                 f"holds {cfg.num_gpu_blocks - 1}; raise num_gpu_blocks or lower max_tokens"
             )
+        width = max(params.n, params.beam_width)
+        if width > cfg.max_num_seqs:
+            name = "n" if params.n > 1 else "beam_width"
+            raise ValueError(f"request {rid!r}: {name}={width} sequences never run at once with max_num_seqs="
+                             f"{cfg.max_num_seqs}; lower {name} or raise max_num_seqs")
+        if params.beam_width:
+            # Beams advance together: all of them (shared prompt, own outputs) must fit at once.
+            prompt_blocks = len(token_ids) // cfg.block_size
+            group = prompt_blocks + params.beam_width * (need - prompt_blocks)
+            if group > cfg.num_gpu_blocks - 1:
+                raise ValueError(
+                    f"request {rid!r}: beam_width={params.beam_width} needs {group} KV blocks at once but "
+                    f"num_gpu_blocks={cfg.num_gpu_blocks} holds {cfg.num_gpu_blocks - 1}; lower beam_width or "
+                    "max_tokens, or raise num_gpu_blocks"
+                )
+        return token_ids
+
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, priority: int = 0,
+                    cache_salt: str | None = None) -> str:
+        if self._closed:
+            raise RuntimeError("LLM is closed; create a new one")
+        rid = request_id if request_id is not None else f"req-{self._num_requests}"
+        token_ids = self._check_request(prompt, params, rid)
+        return self._enqueue(rid, token_ids, params, priority, cache_salt)
+
+    def _enqueue(self, rid: str, token_ids: list[int], params: SamplingParams, priority: int = 0,
+                 cache_salt: str | None = None) -> str:
+        cfg = self.config
         request = Request(
             request_id=rid,
             prompt_token_ids=token_ids,
@@ -193,7 +224,13 @@ class LLM:
         params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        if self._closed:
+            raise RuntimeError("LLM is closed; create a new one")
+        # The whole batch is checked before any request is enqueued: a bad prompt at position
+        # i must not leave requests 0..i-1 running with nobody to collect them.
+        checked = [self._check_request(p, sp, f"req-{self._num_requests + i}")
+                   for i, (p, sp) in enumerate(zip(prompts, params))]
+        rids = [self._enqueue(f"req-{self._num_requests}", ids, sp) for ids, sp in zip(checked, params)]
         requests = {rid: self.scheduler.requests[rid] for rid in rids}
         self._open_groups.update(rids)
         self._run_until_done(set(rids), use_tqdm)
@@ -201,7 +238,7 @@ class LLM:
         for rid in rids:  # forget finished requests of this call
             for member in [rid, *self._children.pop(rid, [])]:
                 self._finished.pop(member, None)
-            self.beams.groups.pop(rid, None)
+            self.beams.forget(rid)
         return outs
 
     def _run_until_done(self, rids: set[str], use_tqdm: bool) -> None:

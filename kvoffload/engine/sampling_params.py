@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -22,6 +23,14 @@ class SamplingParams:
     beam_width: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("max_tokens", "top_k", "n", "beam_width"):
+            _require_int(name, getattr(self, name))
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"SamplingParams.{name}={value!r}: must be a finite number")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens={self.max_tokens}: must be >= 1")
         if self.temperature < 0:
@@ -34,8 +43,16 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.n={self.n}: must be >= 1")
         if self.beam_width < 0 or (self.beam_width and self.n > 1):
             raise ValueError(f"SamplingParams.beam_width={self.beam_width}: must be >= 0 and not combined with n > 1")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stop = tuple(self.stop_token_ids)
+        for t in stop:
+            _require_int("stop_token_ids[]", t)
+        object.__setattr__(self, "stop_token_ids", stop)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _require_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"SamplingParams.{name}={value!r}: must be an integer")
