@@ -59,19 +59,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     module = importlib.import_module(f"kvoffload.bench.{args.what}_bench")
-    module.main(args.rest)
-    return 0
+    return int(module.main(args.rest) or 0)
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from kvoffload.config import ConfigError, OffloadConfig, describe
+    from kvoffload.config import ConfigError, OffloadConfig, check_environment, describe
 
     try:
         cfg = OffloadConfig.from_yaml(args.file)
+        warnings = check_environment(cfg)
+        text = describe(cfg, block_bytes=args.block_bytes)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(describe(cfg, block_bytes=args.block_bytes))
+    print(text)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -105,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     bench = sub.add_parser("bench", help="speed figures with baselines and ratios")
-    bench.add_argument("what", choices=["engine", "manager", "transfer", "e2e", "disk", "preemption"])
+    bench.add_argument("what", choices=["engine", "manager", "transfer", "e2e", "disk", "preemption", "chaos"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark")
     bench.set_defaults(func=cmd_bench)
 
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # config, disk tier in use / full / unwritable
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -6,6 +6,7 @@ silently rewritten: a value is either accepted as given or rejected.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ _UNITS = {
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 }
+#: Larger sizes are typos; they would only fail later, deep inside an allocation.
+MAX_SIZE = 1 << 60
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -40,18 +43,23 @@ def parse_size(value: Any, key: str) -> int:
             raise ConfigError(
                 f"{key}: cannot parse size {value!r}; use a number with KiB, MiB, GiB, TiB, KB, MB, GB or TB"
             )
-        size = int(float(m.group(1)) * _UNITS[unit])
+        number = m.group(1)
+        if len(number) > 24:
+            raise ConfigError(f"{key}: size {value[:40]!r}... is too large; at most {MAX_SIZE} bytes")
+        size = int(float(number) * _UNITS[unit])
     else:
         raise ConfigError(f"{key}: {value!r} is not a size; use bytes or a string like '8GiB'")
     if size <= 0:
         raise ConfigError(f"{key}: size must be positive, got {value!r}")
+    if size > MAX_SIZE:
+        raise ConfigError(f"{key}: {str(value)[:40]} is too large; at most {MAX_SIZE} bytes (1 EiB)")
     return size
 
 
 def _check_keys(raw: Mapping[str, Any], allowed: set[str], path: str) -> None:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - allowed)
+    unknown = sorted((str(k) for k in set(raw) - allowed))
     if unknown:
         where = f"{path}.{unknown[0]}" if path else unknown[0]
         raise ConfigError(f"{where}: unknown key; allowed keys here: {', '.join(sorted(allowed))}")
@@ -116,12 +124,15 @@ class OffloadConfig:
         path = Path(path)
         try:
             text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+        except (OSError, ValueError) as exc:  # missing, unreadable, binary (UnicodeDecodeError), NUL in name
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            raise ConfigError(f"cannot read config file {str(path)[:200]!r} ({reason}); give a readable YAML file") from None
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+            raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: YAML nested too deeply; the schema is at most three levels deep") from None
         try:
             return cls.from_dict(raw if raw is not None else {})
         except ConfigError as exc:
@@ -153,6 +164,7 @@ class OffloadConfig:
         for key, value in (("spec_name", spec_name), ("spec_module_path", spec_module_path)):
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{key}: {value!r} must be a string")
+        _check_spec(spec_name, spec_module_path)
         return cls(
             tiers=tiers,
             offloaded_block_size=_int(raw, "offloaded_block_size", None, "", 1),
@@ -172,7 +184,10 @@ class OffloadConfig:
         if isinstance(value, (str, Path)):
             return cls.from_yaml(value)
         if isinstance(value, Mapping):
-            return cls.from_dict(value)
+            try:
+                return cls.from_dict(value)
+            except RecursionError:
+                raise ConfigError("kv_offload: config nested too deeply; see the schema in the README") from None
         raise ConfigError(f"kv_offload: {type(value).__name__} is not a config; pass OffloadConfig, a YAML path or a dict")
 
     # ---- derived values ------------------------------------------------------------------
@@ -190,6 +205,15 @@ class OffloadConfig:
 
     def tier_blocks(self, block_bytes: int) -> list[int]:
         return [t.num_blocks(block_bytes, f"tiers[{i}]") for i, t in enumerate(self.tiers)]
+
+
+def _check_spec(spec_name: str, spec_module_path: str | None) -> None:
+    """Resolve the spec now, so a bad name or an abstract class fails here, not at start-up."""
+    from kvoffload.offload.spec import OffloadingSpecFactory
+
+    cls = OffloadingSpecFactory.get_spec_class(spec_name, spec_module_path)
+    if inspect.isabstract(cls):
+        raise ConfigError(f"spec_name: {spec_name!r} is abstract; name a class that implements get_manager and get_handlers")
 
 
 def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
@@ -216,12 +240,19 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         if not isinstance(policy, str):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} must be a string")
         try:
-            get_policy_class(policy)
+            policy_cls = get_policy_class(policy)
         except UnknownPolicyError as exc:
             raise ConfigError(f"{key}.eviction_policy: {exc}") from None
+        if inspect.isabstract(policy_cls):
+            raise ConfigError(f"{key}.eviction_policy: {policy!r} is abstract; name a class that implements every method")
+        if getattr(policy_cls, "needs_future", False):
+            raise ConfigError(f"{key}.eviction_policy: {policy!r} needs the future of the trace (offline, `kvoffload sim` "
+                              "only); use lru, arc or an online policy here")
         path = raw.get("path")
         if medium == "disk" and not path:
             raise ConfigError(f"{key}.path: a disk tier needs a directory path, e.g. /var/cache/kvoffload")
+        if path is not None and (not isinstance(path, str) or "\0" in path or len(path) > 4000):
+            raise ConfigError(f"{key}.path: {str(path)[:60]!r} is not a usable directory path; give a string path")
         if medium == "cpu" and path is not None:
             raise ConfigError(f"{key}.path: only disk tiers take a path; remove it")
         write_through = raw.get("write_through", False)
@@ -236,6 +267,40 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
     if len(tiers) > 2 or (len(tiers) == 2 and tiers[1].medium != "disk"):
         raise ConfigError("tiers: supported layouts are [cpu] and [cpu, disk]")
     return tuple(tiers)
+
+
+def check_environment(cfg: OffloadConfig) -> list[str]:
+    """What would fail at start-up on this machine (ConfigError), and what looks risky
+    (returned as warnings): disk paths usable and writable, disk tiers within the free space
+    (counting what their files already hold), CPU tiers within the machine's memory."""
+    import os
+    import shutil
+
+    warnings: list[str] = []
+    for i, tier in enumerate(cfg.tiers):
+        key = f"tiers[{i}]"
+        if tier.medium == "disk":
+            assert tier.path is not None
+            p = Path(tier.path)
+            try:
+                target = p if p.exists() else p.parent
+                if not target.is_dir():
+                    raise ConfigError(f"{key}.path: {tier.path!r} needs an existing directory or parent; create it first")
+                if not os.access(target, os.W_OK | os.X_OK):
+                    raise ConfigError(f"{key}.path: {str(target)!r} is not writable; fix its permissions or pick another path")
+                held = sum(f.stat().st_blocks * 512 for f in p.glob("*.kvdata")) if p.exists() else 0
+                free = shutil.disk_usage(target).free + held
+            except OSError as exc:
+                raise ConfigError(f"{key}.path: {tier.path[:200]!r} is not usable ({exc.strerror}); pick another path") from None
+            if tier.capacity_bytes > free:
+                raise ConfigError(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} exceeds the free space at "
+                                  f"{tier.path} ({format_bytes(free)}); lower the capacity or free space")
+        elif hasattr(os, "sysconf"):
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            if tier.capacity_bytes > ram:
+                warnings.append(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} is more than this machine's "
+                                f"memory ({format_bytes(ram)}); start-up will fail to allocate it here")
+    return warnings
 
 
 def format_bytes(n: float) -> str:

@@ -11,7 +11,9 @@ def load_object(target: str, error: type[Exception], what: str) -> Any:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise error(f"{what}: {target!r} is not of the form 'package.module:ClassName'")
+    if module_name.startswith("."):
+        raise error(f"{what}: {target!r} is a relative module; give the full dotted path, e.g. 'mypkg.mod:{attr}'")
     try:
         return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise error(f"{what}: cannot import {target!r} ({exc})") from exc
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise error(f"{what}: cannot import {target!r} ({exc})") from None

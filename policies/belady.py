@@ -21,6 +21,9 @@ NEVER = math.inf
 
 
 class BeladyCachePolicy(CachePolicy):
+    #: Offline only: it ranks blocks by their next use, known from a recorded trace.
+    needs_future = True
+
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self.blocks: dict[Hashable, BlockStatus] = {}

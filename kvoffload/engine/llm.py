@@ -62,6 +62,15 @@ class LLM:
         else:
             self.model_config = ModelConfig.from_pretrained(config.model)
         self.kv_info = engine_kv_info(config, self.model_config)
+        self.scheduler_connector: KVConnectorBase | None = None
+        self.worker_connector: KVConnectorBase | None = None
+        try:
+            self._build(config, record_logits)
+        except BaseException:
+            self._close_connectors()  # a failed start must not keep the disk tier's lock or threads
+            raise
+
+    def _build(self, config: EngineConfig, record_logits: bool) -> None:
         self.scheduler_connector, self.worker_connector = self._build_connectors(config, self.kv_info)
         self.kv_cache_manager = KVCacheManager(
             config.num_gpu_blocks, config.block_size, config.max_model_len, config.enable_prefix_caching
@@ -99,16 +108,14 @@ class LLM:
         self._children: dict[str, list[str]] = {}
         self._open_groups: set[str] = set()
 
-    @staticmethod
-    def _build_connectors(config: EngineConfig, kv_info: Any) -> tuple[KVConnectorBase | None, KVConnectorBase | None]:
+    def _build_connectors(self, config: EngineConfig, kv_info: Any) -> tuple[KVConnectorBase | None, KVConnectorBase | None]:
         name = config.kv_connector
         if name is None and config.kv_offload is None:
             return None, None
         name = name or "OffloadingConnector"
-        return (
-            KVConnectorFactory.create_connector(name, config, KVConnectorRole.SCHEDULER, kv_info=kv_info),
-            KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER, kv_info=kv_info),
-        )
+        self.scheduler_connector = KVConnectorFactory.create_connector(name, config, KVConnectorRole.SCHEDULER, kv_info=kv_info)
+        worker = KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER, kv_info=kv_info)
+        return self.scheduler_connector, worker
 
     # ---- requests ----------------------------------------------------------------------
     def _to_token_ids(self, prompt: Prompt) -> list[int]:
@@ -339,6 +346,9 @@ class LLM:
         if self._closed:
             return
         self._closed = True
+        self._close_connectors()
+
+    def _close_connectors(self) -> None:
         for conn in (self.worker_connector, self.scheduler_connector):
             close = getattr(conn, "close", None)
             if close is not None:

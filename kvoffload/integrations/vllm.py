@@ -95,15 +95,26 @@ def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
     return OffloadConfig.from_dict(merged)
 
 
-def _kv_info(vllm_config: Any, kv_cache_config: Any) -> EngineKVInfo:
+def _kv_info(vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole) -> EngineKVInfo:
+    """KV geometry of one rank. Under tensor/pipeline parallelism every rank holds its own
+    shard of each block: the scheduler side plans for all of them (``world_size``), each worker
+    side copies its own (``rank``), and tier capacities are totals over the ranks."""
     group = kv_cache_config.kv_cache_groups[0]
     spec = group.kv_cache_spec
     num_layers = sum(len(g.layer_names) for g in kv_cache_config.kv_cache_groups)
     block_bytes = spec.page_size_bytes * num_layers
     model = getattr(vllm_config.model_config, "model", "model")
+    parallel = vllm_config.parallel_config
+    world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    rank = 0
+    if role == KVConnectorRole.WORKER and world_size > 1:
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank() + get_pp_group().rank_in_group * parallel.tensor_parallel_size
     digest = hashlib.sha256(f"{model}|{spec}|{num_layers}".encode()).hexdigest()[:16]
     return EngineKVInfo(block_size=spec.block_size, block_bytes=block_bytes,
-                        num_device_blocks=kv_cache_config.num_blocks, layout_digest=digest)
+                        num_device_blocks=kv_cache_config.num_blocks, layout_digest=digest,
+                        world_size=world_size, rank=rank)
 
 
 class KVOffloadConnector(KVConnectorBase_V1):
@@ -111,7 +122,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.offload_config = load_extra_config(extra)
-        spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config))
+        spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config, role))
         self._corrupt_loads = bool(extra.get("test_corrupt_loads", False))
         self.sched: OffloadingConnectorScheduler | None = None
         self.worker: OffloadingConnectorWorker | None = None

@@ -67,8 +67,14 @@ class CPUOffloadingSpec(OffloadingSpec):
             )
         num_blocks = self.num_blocks_per_tier()[0]
         device = kv_caches.device
-        host = HostBlockBuffer(num_blocks * self.block_size_factor, kv_caches.page_bytes, pin=device.type == "cuda",
-                               row_multiple=self.block_size_factor)
+        try:
+            host = HostBlockBuffer(num_blocks * self.block_size_factor, kv_caches.page_bytes, pin=device.type == "cuda",
+                                   row_multiple=self.block_size_factor)
+        except (MemoryError, RuntimeError) as exc:
+            from kvoffload.config import ConfigError
+
+            raise ConfigError(f"tiers[0].capacity: cannot allocate {num_blocks * self.offloaded_block_bytes} bytes of "
+                              f"host memory ({type(exc).__name__}); lower the CPU tier's capacity") from None
         pool = make_stream_pool(self.config.transfer.backend, device, self.config.transfer.num_streams)
         fences = SlotFences()
         handler = DeviceHostHandler(kv_caches, host, self.block_size_factor, pool, fences)

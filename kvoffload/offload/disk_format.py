@@ -30,6 +30,7 @@ _FILE_FMT = "<8sI32sQQQ"  # magic, version, digest, block_bytes, block_tokens, n
 _REC_FMT = "<4sBB32sQ"  # magic, key type, key length, key, data checksum  (then header checksum)
 _KEY_BYTES, _KEY_INT = 1, 2
 _SEEK_DATA: int | None = getattr(os, "SEEK_DATA", None)
+_FS_BLOCK = 4096
 
 
 class DiskFormatError(ValueError):
@@ -138,6 +139,10 @@ def scan_records(fd: int, layout: DiskLayout) -> Iterator[tuple[int, Hashable, b
         pos = layout.offset(slot + 1)
         raw = os.pread(fd, RECORD_HEADER, off)
         if raw[:4] != _REC_MAGIC:
+            # Empty: the data found was the previous record's tail; search on from the next
+            # filesystem block (a few reads per record, however large the tier).
+            pos = max(data + 1, off + RECORD_HEADER)
+            pos = -(-pos // _FS_BLOCK) * _FS_BLOCK
             continue
         parsed = parse_record_header(raw)
         if parsed is None:

@@ -87,15 +87,15 @@ class CaseResult:
 def _prompts(seed: int) -> list[list[int]]:
     rng = random.Random(seed * 31 + 7)
     prefixes = [[rng.randrange(1, 250) for _ in range(rng.randrange(16, 80))] for _ in range(3)]
-    return [rng.choice(prefixes) + [rng.randrange(1, 250) for _ in range(rng.randrange(8, 64))] for _ in range(8)]
+    return [rng.choice(prefixes) + [rng.randrange(1, 250) for _ in range(rng.randrange(8, 72))] for _ in range(10)]
 
 
 def _params(case: ChaosCase) -> SamplingParams:
     if case.sampling == "n":
-        return SamplingParams(max_tokens=10, n=2, temperature=0.8, seed=case.seed, ignore_eos=True)
+        return SamplingParams(max_tokens=16, n=2, temperature=0.8, seed=case.seed, ignore_eos=True)
     if case.sampling == "beam":
         return SamplingParams(max_tokens=8, beam_width=2, ignore_eos=True)
-    return SamplingParams(max_tokens=12, ignore_eos=True)
+    return SamplingParams(max_tokens=32, ignore_eos=True)
 
 
 def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
@@ -112,7 +112,7 @@ def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
 
 
 def _engine(case: ChaosCase, offload: dict[str, Any] | None) -> EngineConfig:
-    return EngineConfig(num_gpu_blocks=case.device_blocks, max_num_seqs=4, max_num_batched_tokens=128,
+    return EngineConfig(num_gpu_blocks=case.device_blocks, max_num_seqs=8, max_num_batched_tokens=256,
                         kv_offload=offload, preemption_mode=case.preemption if offload else "recompute")
 
 

@@ -21,6 +21,8 @@ if __name__ == "__main__":
 
     kw = dict(model=spec["model"], skip_tokenizer_init=True, gpu_memory_utilization=0.1, max_model_len=1024,
               enforce_eager=True, dtype="bfloat16", seed=0)
+    if spec.get("tp", 1) > 1:
+        kw["tensor_parallel_size"] = spec["tp"]
     if spec.get("kv_transfer_config"):
         kw["kv_transfer_config"] = spec["kv_transfer_config"]
     llm = LLM(**kw)

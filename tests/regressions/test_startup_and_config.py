@@ -1,0 +1,147 @@
+"""Start-up failures, restart cost, event queues and config fuzzing: one-line errors, no leaks."""
+
+import errno
+import os
+import random
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvoffload.cli import main
+from kvoffload.config import ConfigError, OffloadConfig
+from kvoffload.engine import LLM, EngineConfig
+from kvoffload.offload import disk_format
+from kvoffload.offload.cpu_manager import MAX_QUEUED_EVENTS, CPUOffloadingManager
+from kvoffload.offload.disk_format import DiskLayout, data_checksum, record_header
+from kvoffload.offload.disk_manager import DiskOffloadingManager, DiskTierError
+
+
+def _disk_cfg(path, capacity="8MiB"):
+    return {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"medium": "disk", "path": str(path), "capacity": capacity}]}
+
+
+def test_disk_full_at_startup_is_one_line_and_a_retry_in_process_works(tmp_path, monkeypatch):
+    real = os.ftruncate
+
+    def full(fd, length):
+        if length > 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", full)
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(DiskTierError, match="No space left on device.*lower the tier's capacity") as info:
+        LLM(EngineConfig(kv_offload=_disk_cfg(tmp_path)))
+    assert "\n" not in str(info.value) and info.value.__cause__ is None
+    assert len(os.listdir("/proc/self/fd")) == fds  # the locked fd was released
+    monkeypatch.setattr(os, "ftruncate", real)
+    with LLM(EngineConfig(kv_offload=_disk_cfg(tmp_path))) as llm:  # not "in use by another process"
+        assert llm.generate([[1, 2, 3]])[0].token_ids
+
+
+def test_unopenable_tier_file_and_a_second_owner_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    with LLM(EngineConfig(kv_offload=_disk_cfg(tmp_path))):
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text(yaml.safe_dump(_disk_cfg(tmp_path)))
+        assert main(["run", "--config", str(cfg)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "in use by another process" in err[0]
+    real_open = os.open
+
+    def denied(path, flags, mode=0o777, **kw):
+        if str(path).endswith(".kvdata"):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(DiskTierError, match="cannot open \\(Operation not permitted\\)"):
+        LLM(EngineConfig(kv_offload=_disk_cfg(tmp_path)))
+
+
+def test_reopening_a_large_sparse_tier_reads_only_the_records_present(tmp_path, monkeypatch):
+    block = 64 * 1024
+    layout = DiskLayout("big", block, 16, (64 << 30) // (block + 64))  # a 64 GiB tier
+    mgr = DiskOffloadingManager(tmp_path, layout)
+    data = memoryview(bytes(block))
+    slots = sorted(random.Random(0).sample(range(layout.num_slots), 1000))
+    for key, slot in enumerate(slots):
+        os.pwritev(mgr._fds[0], [record_header(key, data_checksum(data)), data], layout.offset(slot))
+    mgr.close()
+    reads = []
+    real = os.pread
+    monkeypatch.setattr(disk_format.os, "pread", lambda fd, n, off: reads.append(off) or real(fd, n, off))
+    again = DiskOffloadingManager(tmp_path, layout)
+    assert again.num_recovered == 1000
+    assert len(reads) <= 4 * 1000  # a few reads per record (filesystem extents), never one per slot
+    again.close()
+
+
+def test_undrained_events_are_bounded():
+    mgr = CPUOffloadingManager(4, enable_events=True)
+    for i in range(MAX_QUEUED_EVENTS + 50):
+        mgr.prepare_store([i])
+        mgr.complete_store([i])
+    events = mgr.take_events()
+    assert len(events) == MAX_QUEUED_EVENTS and mgr.num_events_dropped > 0
+    assert events[-1].block_hashes == [MAX_QUEUED_EVENTS + 49]
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], 1: 2, "zz": 3}, "1: unknown key"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB", "eviction_policy": ".foo:Bar"}]}, "relative module"),
+    ({"tiers": [{"medium": "cpu", "capacity": "9" * 400}]}, "tiers[0].capacity"),
+    ({"tiers": [{"medium": "cpu", "capacity": 10**400}]}, "too large"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"medium": "disk", "capacity": "1GiB", "path": 123}]}, "tiers[1].path"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"medium": "disk", "capacity": "1GiB", "path": "/tmp/a\0b"}]}, "tiers[1].path"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB", "eviction_policy": "kvoffload.offload.policy:CachePolicy"}]}, "abstract"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB", "eviction_policy": "belady"}]}, "needs the future"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "spec_name": "OffloadingSpec",
+      "spec_module_path": "kvoffload.offload.spec"}, "abstract"),
+])
+def test_bad_configs_are_config_errors_naming_the_key(raw, key):
+    with pytest.raises(ConfigError, match=key.replace("[", "\\[").replace("]", "\\]")):
+        OffloadConfig.from_dict(raw)
+
+
+def test_bad_files_are_config_errors(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    for path in (deep, binary, tmp_path / ("x" * 5000)):
+        with pytest.raises(ConfigError):
+            OffloadConfig.from_yaml(path)
+
+
+def test_config_check_catches_what_start_up_would(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_disk_cfg(tmp_path / "missing" / "deeper")))
+    assert main(["config", "check", str(cfg)]) == 2
+    assert "needs an existing directory" in capsys.readouterr().err
+    cfg.write_text(yaml.safe_dump(_disk_cfg(tmp_path, capacity="1000TiB")))
+    assert main(["config", "check", str(cfg)]) == 2
+    assert "exceeds the free space" in capsys.readouterr().err
+    cfg.write_text(yaml.safe_dump({"tiers": [{"medium": "cpu", "capacity": "1000TiB"}]}))
+    assert main(["config", "check", str(cfg)]) == 0
+    assert "more than this machine's memory" in capsys.readouterr().err
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=True),
+                  st.text(max_size=12), st.sampled_from(["cpu", "disk", "8GiB", "lru", "arc", "/tmp", "x:Y", ".a:B"]))
+_keys = st.one_of(st.sampled_from(["tiers", "medium", "capacity", "path", "eviction_policy", "write_through",
+                                   "store_threshold", "transfer", "metrics", "backend", "spec_name"]),
+                  st.integers(), st.text(max_size=5))
+_values = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(_keys, kids, max_size=4),
+                       max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=st.dictionaries(_keys, _values, max_size=5), tier=st.dictionaries(_keys, _values, max_size=6))
+def test_fuzzed_configs_raise_only_config_errors(raw, tier):
+    for candidate in (raw, {**raw, "tiers": [tier]}, {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, tier]}):
+        try:
+            OffloadConfig.from_dict(candidate)
+        except ConfigError as exc:
+            assert "\n" not in str(exc)
