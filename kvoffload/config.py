@@ -59,7 +59,7 @@ def parse_size(value: Any, key: str) -> int:
 def _check_keys(raw: Mapping[str, Any], allowed: set[str], path: str) -> None:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(raw).__name__}")
-    unknown = sorted((str(k) for k in set(raw) - allowed))
+    unknown = sorted(k if isinstance(k, str) and k.isprintable() else repr(k) for k in set(raw) - allowed)
     if unknown:
         where = f"{path}.{unknown[0]}" if path else unknown[0]
         raise ConfigError(f"{where}: unknown key; allowed keys here: {', '.join(sorted(allowed))}")

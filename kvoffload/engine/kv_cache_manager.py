@@ -147,6 +147,17 @@ class KVCacheManager:
             manager.num_cached_block[child.request_id] = manager.num_cached_block.get(parent.request_id, 0)
         self.num_forks += 1
 
+    def cancel_copy_on_write(self, request_id: str) -> dict[int, int]:
+        """Drop this step's pending copies into ``request_id``'s private blocks (it is being
+        preempted: they are freed, and copying into a freed block is wrong). Returns
+        private id -> source id: until the forward pass the source still holds the bytes."""
+        mine = {new for _, new in self.pending_replacements.pop(request_id, ())}
+        if not mine:
+            return {}
+        redirect = {new: old for old, new in self.pending_copies if new in mine}
+        self.pending_copies = [(old, new) for old, new in self.pending_copies if new not in mine]
+        return redirect
+
     def take_copy_on_write(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
         copies, self.pending_copies = self.pending_copies, []
         repl, self.pending_replacements = self.pending_replacements, {}

@@ -138,7 +138,7 @@ class LLM:
         cfg = self.config
         token_ids = self._to_token_ids(prompt)
         if not token_ids:
-            raise ValueError(f"request {rid!r}: the prompt is empty; give at least one token")
+            raise ValueError(f"request {rid!r}: empty prompt; give at least one token")
         if len(token_ids) >= cfg.max_model_len:
             raise ValueError(
                 f"request {rid!r}: prompt has {len(token_ids)} tokens, max_model_len={cfg.max_model_len} "

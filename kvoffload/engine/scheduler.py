@@ -259,7 +259,7 @@ class Scheduler:
                 budget -= num_new
         self.waiting.extendleft(reversed(skipped))
         if not num_scheduled and stalled and self.waiting and not preempted:
-            self._break_stall(stalled)
+            preempted += self._break_stall(stalled)  # listed: the worker awaits its swap-out copies
 
         output = self._build_output(
             scheduled_new, scheduled_resumed, scheduled_running, new_blocks_of, num_scheduled, preempted
@@ -280,7 +280,7 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
-    def _break_stall(self, stalled: list[Request]) -> None:
+    def _break_stall(self, stalled: list[Request]) -> list[Request]:
         """Nothing could run: every running request waits for a sibling (beam search) that
         cannot be admitted while they hold the seats and blocks. Preempt the youngest stalled
         request of another group to the back of the queue, so the head gets room."""
@@ -289,13 +289,16 @@ class Scheduler:
             if self.group_of(victim.request_id) != head_group:
                 self.running.remove(victim)
                 self._preempt(victim, to_back=True)
-                return
+                return [victim]
+        return []
 
     def _preempt(self, request: Request, to_back: bool = False) -> None:
         request.swapped_tokens = 0
         request.computed_before_preemption = max(request.computed_before_preemption, request.num_computed_tokens)
+        # A copy-on-write planned this step for this request never runs: swap out the source.
+        redirect = self.kv_cache_manager.cancel_copy_on_write(request.request_id)
         if self.preemption_mode == "swap" and self.connector is not None:
-            ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            ids = tuple([redirect.get(b, b) for b in group] for group in self.kv_cache_manager.get_block_ids(request.request_id))
             if self.connector.swap_out(request, ids):
                 request.swapped_tokens = request.num_computed_tokens
                 self.stats.swapped_out_tokens += request.num_computed_tokens
@@ -448,6 +451,8 @@ class Scheduler:
         if request.check_stop(self.max_model_len):
             if request in self.running:
                 self.running.remove(request)
+            elif request in self.waiting:  # a preempted beam finished on candidates it reported before
+                self.waiting.remove(request)
             self._free_request(request)
             return [request]
         return []

@@ -82,3 +82,27 @@ def test_a_bad_batch_enqueues_nothing():
         assert not llm.scheduler.has_unfinished_requests()
         out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3))
         assert len(out[0].token_ids) == 3 and out[0].request_id == "req-0"
+
+
+def _chaos_prompts(seed):
+    rng = random.Random(seed * 31 + 7)
+    prefixes = [[rng.randrange(1, 250) for _ in range(rng.randrange(16, 80))] for _ in range(3)]
+    return [rng.choice(prefixes) + [rng.randrange(1, 250) for _ in range(rng.randrange(8, 72))] for _ in range(10)]
+
+
+@pytest.mark.parametrize("seed", [1010, 1011, 1026, 1038])
+def test_beam_search_with_swap_preemption_matches_the_reference(seed):
+    # Found by the chaos suite: a stalled beam preempted to make room had its swap-out copy
+    # left running while its blocks were reused; a preempted beam could finish in the queue
+    # (on candidates it had reported) and still be scheduled; a copy-on-write planned in the
+    # step that preempted its request was swapped out before it ran.
+    prompts, params = _chaos_prompts(seed), SamplingParams(max_tokens=8, beam_width=2, ignore_eos=True)
+    with LLM(EngineConfig(num_gpu_blocks=20, max_num_seqs=8, max_num_batched_tokens=256)) as llm:
+        expected = [o.samples for o in llm.generate(prompts, params)]
+    offload = {"tiers": [{"medium": "cpu", "capacity": 512 * 8192}]}
+    cfg = EngineConfig(num_gpu_blocks=20, max_num_seqs=8, max_num_batched_tokens=256, kv_offload=offload,
+                       preemption_mode="swap")
+    with LLM(cfg) as llm:
+        got = [o.samples for o in llm.generate(prompts, params)]
+        assert llm.stats()["swapped_out_tokens"] > 0
+    assert got == expected
