@@ -49,30 +49,36 @@ class ChaosCase:
 
 
 def draw_case(seed: int) -> ChaosCase:
+    """Draws lean towards pressure (small caches, swap at block factor 1) and leave 40% of
+    cases fault-free: the interleaving bugs this hunts need a full CPU tier, preemption and
+    the corrupted block read back, which random faults would often drop first."""
     rng = random.Random(seed)
-    tiers = rng.choice(("cpu", "writeback", "writethrough"))
+    tiers = rng.choice(("cpu", "writeback", "writeback", "writethrough"))
     disk = tiers != "cpu"
+    clean = rng.random() < 0.4
     faults = FaultPlan(
-        read_error=rng.choice((0.0, 0.0, 0.1, 0.5, 1.0)) if disk else 0.0,
-        write_error=rng.choice((0.0, 0.0, 0.2, 1.0)) if disk else 0.0,
-        store_error=rng.choice((0.0, 0.0, 0.1)),
-        delay=rng.choice((0.0, 0.3)),
+        read_error=0.0 if clean or not disk else rng.choice((0.0, 0.1, 0.5, 1.0)),
+        write_error=0.0 if clean or not disk else rng.choice((0.0, 0.2, 1.0)),
+        store_error=0.0 if clean else rng.choice((0.0, 0.1)),
+        delay=0.0 if clean else rng.choice((0.0, 0.3)),
         seed=seed,
     )
+    preemption = rng.choice(("recompute", "swap"))
+    factor = 1 if preemption == "swap" and rng.random() < 0.75 else rng.choice((1, 2, 4))
     return ChaosCase(
         seed=seed,
         tiers=tiers,
         policy=rng.choice(POLICIES),
         reuse_filter=rng.random() < 0.25,
-        factor=rng.choice((1, 1, 2, 4)),
-        preemption=rng.choice(("recompute", "swap")),
+        factor=factor,
+        preemption=preemption,
         sampling=rng.choice(("greedy", "greedy", "n", "beam")),
-        device_blocks=rng.choice((20, 24, 32, 48, 96)),
-        cpu_blocks=rng.choice((4, 8, 16, 64)),
+        device_blocks=rng.choice((20, 24, 24, 32, 48, 96)),
+        cpu_blocks=rng.choice((4, 8, 8, 16, 64)),
         disk_blocks=rng.choice((8, 32, 128)),
         faults=faults,
-        mutate=rng.choice(("none", "flip", "relocate")) if disk else "none",
-        restart=rng.choice(("none", "clean", "kill")) if disk else "none",
+        mutate="none" if clean or not disk else rng.choice(("none", "flip", "relocate")),
+        restart="none" if not disk else rng.choice(("none", "none", "clean", "kill")),
     )
 
 
