@@ -245,6 +245,11 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.eviction_policy: {exc}") from None
         if inspect.isabstract(policy_cls):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} is abstract; name a class that implements every method")
+        try:
+            policy_cls(1)  # what start-up will do (with the real capacity)
+        except Exception as exc:  # a plugin's constructor may raise anything
+            raise ConfigError(f"{key}.eviction_policy: {policy!r} cannot be created ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:120]}); fix the class or pick another policy") from None
         if getattr(policy_cls, "needs_future", False):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} needs the future of the trace (offline, `kvoffload sim` "
                               "only); use lru, arc or an online policy here")

@@ -56,7 +56,15 @@ class OffloadingConnectorWorker:
         self._outstanding: Counter[str] = Counter()
         self._loads_pending: Counter[str] = Counter()
         self._finished: set[str] = set()
+        #: Requests one of whose loads failed, reported once all their loads are done (a failed
+        #: request's blocks are freed for recompute: no copy may still write into them).
+        self._load_failed: set[str] = set()
         self._failed_recving: set[str] = set()
+        #: Device blocks of each in-flight load, and those whose load failed (vLLM asks for them).
+        self._load_dst: dict[int, list[int]] = {}
+        self._failed_block_ids: set[int] = set()
+        #: Engines that recompute per block (vLLM) set this and drain take_failed_block_ids().
+        self.collect_failed_block_ids = False
         self._results: list[TransferResult] = []
         #: The plan whose demotions were submitted (held, so its identity stays unique).
         self._demoted_meta: OffloadingConnectorMetadata | None = None
@@ -79,11 +87,16 @@ class OffloadingConnectorWorker:
                 self._outstanding[rid] += 1
                 if not is_store:
                     self._loads_pending[rid] += 1
+                    self._load_dst[job.job_id] = job.dst.block_ids.tolist()
             return
         direction = DEVICE_TO_HOST if is_store else HOST_TO_DEVICE
         self._results.append(TransferResult(job.job_id, False, 0, 0.0, direction))
         if rid and not is_store:
-            self._failed_recving.add(rid)
+            if self.collect_failed_block_ids:
+                self._failed_block_ids.update(job.dst.block_ids.tolist())
+            self._load_failed.add(rid)
+            if not self._loads_pending.get(rid):
+                self._report_failed(rid)
 
     def _submit_deferred(self) -> None:
         deferred, self._deferred = self._deferred, {}
@@ -134,20 +147,36 @@ class OffloadingConnectorWorker:
             if self._outstanding[rid] <= 0:
                 del self._outstanding[rid]
             if not is_store:
+                dst = self._load_dst.pop(r.job_id, [])
                 if not r.success:
-                    self._failed_recving.add(rid)
+                    if self.collect_failed_block_ids:
+                        self._failed_block_ids.update(dst)
+                    self._load_failed.add(rid)
                 self._loads_pending[rid] -= 1
                 if self._loads_pending[rid] <= 0:
                     del self._loads_pending[rid]
+                    if rid in self._load_failed:
+                        self._report_failed(rid)
                     # A request that finished while loading is reported once, as finished-sending.
-                    if rid not in self._failed_recving and rid not in self._finished:
+                    elif rid not in self._finished:
                         recved.add(rid)
         sent = {rid for rid in self._finished if rid not in self._outstanding and rid not in self._deferred}
         self._finished -= sent
         return sent, recved
 
+    def _report_failed(self, rid: str) -> None:
+        self._load_failed.discard(rid)
+        if rid not in self._finished:
+            self._failed_recving.add(rid)
+
     def get_failed_recving(self) -> set[str]:
+        """Requests whose load failed and whose loads are all done: they recompute."""
         failed, self._failed_recving = self._failed_recving, set()
+        return failed
+
+    def take_failed_block_ids(self) -> set[int]:
+        """Device blocks whose load failed since the last call (their KV must be recomputed)."""
+        failed, self._failed_block_ids = self._failed_block_ids, set()
         return failed
 
     def build_connector_worker_meta(self) -> list[TransferResult]:

@@ -122,6 +122,10 @@ class KVOffloadConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.offload_config = load_extra_config(extra)
+        policy = getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "recompute")
+        if role == KVConnectorRole.SCHEDULER and policy != "recompute":
+            logger.warning("kvoffload: kv_load_failure_policy=%r: a block that fails to load (checksum, I/O error) "
+                           "fails its request; set kv_load_failure_policy='recompute' to recompute it instead", policy)
         spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config, role))
         self._corrupt_loads = bool(extra.get("test_corrupt_loads", False))
         self.sched: OffloadingConnectorScheduler | None = None
@@ -130,6 +134,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
             self.sched = OffloadingConnectorScheduler(spec)
         else:
             self.worker = OffloadingConnectorWorker(spec)
+            self.worker.collect_failed_block_ids = True
 
     # ---- worker side -------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -163,8 +168,14 @@ class KVOffloadConnector(KVConnectorBase_V1):
         return None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """A request whose load failed is reported as received too (vLLM's contract), with its
+        blocks in ``get_block_ids_with_load_errors`` in the same pass: vLLM recomputes them."""
         assert self.worker is not None
-        return self.worker.get_finished(finished_req_ids)
+        sent, recved = self.worker.get_finished(finished_req_ids)
+        return sent, recved | self.worker.get_failed_recving()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_failed_block_ids() if self.worker is not None else set()
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         if self.worker is None:

@@ -145,3 +145,21 @@ def test_fuzzed_configs_raise_only_config_errors(raw, tier):
             OffloadConfig.from_dict(candidate)
         except ConfigError as exc:
             assert "\n" not in str(exc)
+
+
+class BrokenPolicy:  # named by module:Class below; its constructor fails like a buggy plugin's
+    pass
+
+
+def test_a_policy_whose_constructor_fails_is_refused_by_name(monkeypatch):
+    from kvoffload.offload.lru import LRUCachePolicy
+
+    class Exploding(LRUCachePolicy):
+        def __init__(self, capacity):
+            raise RuntimeError("needs a GPU")
+
+    import sys
+    monkeypatch.setattr(sys.modules[__name__], "BrokenPolicy", Exploding)
+    with pytest.raises(ConfigError, match=r"tiers\[0\].eviction_policy: .* cannot be created \(RuntimeError: needs a GPU\)"):
+        OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB",
+                                            "eviction_policy": f"{__name__}:BrokenPolicy"}]})

@@ -120,6 +120,26 @@ def test_tensor_parallel_restart_on_a_disk_tier_serves_each_rank_its_own_shard(m
     assert all(c >= 256 for c in second[0]["cached"])
 
 
+def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, tmp_path):
+    # Every record of the first process is flipped on disk: the second process's loads all fail
+    # their checksum; vLLM is told which blocks (get_block_ids_with_load_errors) and recomputes.
+    tiers = [{"medium": "cpu", "capacity": "64MiB"},
+             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    cfg = ktc(tiers, kv_load_failure_policy="recompute")
+    run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1})
+    (path,) = tmp_path.glob("*.kvdata")
+    data = bytearray(path.read_bytes())
+    flipped = 0
+    for off in range(4096, len(data), 64):
+        if data[off : off + 4] == b"KVB1":
+            data[off + 64 + 100] ^= 0xFF
+            flipped += 1
+    path.write_bytes(bytes(data))
+    assert flipped >= 6
+    second = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1})
+    assert second[0]["tokens"] == plain[0]["tokens"]
+
+
 def test_bad_config_key_fails_startup_with_key_named(model):
     bad = ktc([{"medium": "cpu", "capacity": "64MiB", "colour": "red"}])
     with pytest.raises(AssertionError, match=r"tiers\[0\].colour: unknown key"):
