@@ -96,7 +96,7 @@ class TrackedJobsHandler(OffloadingHandler):
         cause = (direction, type(err).__name__, getattr(err, "errno", None))
         if cause not in self._logged_failures:
             self._logged_failures.add(cause)
-            logger.warning("kvoffload %s copy failed (%s: %s); the block is recomputed and the engine keeps "
+            logger.warning("kvoffload: %s copy failed (%s: %s); the block is recomputed and the engine keeps "
                            "serving (further failures of this kind are not logged)", direction, type(err).__name__, err)
 
     def wait(self, job_ids: Collection[int]) -> None:

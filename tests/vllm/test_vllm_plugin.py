@@ -136,8 +136,10 @@ def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, 
             flipped += 1
     path.write_bytes(bytes(data))
     assert flipped >= 6
-    second = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1})
+    log: list = []
+    second = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1}, log)
     assert second[0]["tokens"] == plain[0]["tokens"]
+    assert any("disk_to_device copy failed" in line and "checksum" in line for line in log)
 
 
 def test_bad_config_key_fails_startup_with_key_named(model):
