@@ -334,7 +334,7 @@ class OffloadingConnectorScheduler:
     def _complete(self, job: _Job, result: Any) -> None:
         if job.kind == _DEMOTE:
             self.manager.complete_demotion(job.block_hashes, result.success)  # type: ignore[attr-defined]
-            self._record_io(job.medium, result)
+            self._record_io(job.medium, result, write=True)
             self.stats.blocks_demoted += len(job.block_hashes) if result.success else 0
         elif job.kind == _STORE:
             self.manager.complete_store(job.block_hashes, result.success)
@@ -365,10 +365,10 @@ class OffloadingConnectorScheduler:
             else:
                 self.stats.loads_failed += len(job.block_hashes)
 
-    def _record_io(self, medium: str, result: Any) -> None:
+    def _record_io(self, medium: str, result: Any, write: bool = False) -> None:
         record = getattr(self.manager, "record_io", None)
         if record is not None and (result.success or result.io_error):
-            record(medium, result.success)
+            record(medium, result.success, write)
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id

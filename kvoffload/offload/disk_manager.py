@@ -74,7 +74,7 @@ class DiskOffloadingManager(CPUOffloadingManager):
         self.num_io_errors = 0
         self.num_outages = 0
         self.retry_after_s = retry_after_s
-        self._errors_in_a_row = 0
+        self._errors_in_a_row = [0, 0]  # reads, writes
         self._out_until = 0.0
         self._fds: list[int] = []
         try:
@@ -144,23 +144,25 @@ class DiskOffloadingManager(CPUOffloadingManager):
         """False for a while after repeated I/O errors: lookups miss it, demotions skip it."""
         if self._out_until and time.monotonic() >= self._out_until:
             self._out_until = 0.0
-            self._errors_in_a_row = 0
+            self._errors_in_a_row = [0, 0]
             logger.warning("disk tier %s: back in service after an I/O outage", self.path)
         return not self._out_until
 
-    def record_io(self, ok: bool) -> None:
-        """Feed one copy's outcome: MAX_IO_ERRORS I/O failures in a row take the tier out of
-        service for ``retry_after_s`` (logged once per outage); a success resets the count."""
+    def record_io(self, ok: bool, write: bool = False) -> None:
+        """Feed one copy's outcome: MAX_IO_ERRORS I/O failures in a row, of reads or of writes
+        (counted apart: a disk that takes writes but fails every read is still of no use), take
+        the tier out of service for ``retry_after_s`` (logged once per outage)."""
         if ok:
-            self._errors_in_a_row = 0
+            self._errors_in_a_row[write] = 0
             return
         self.num_io_errors += 1
-        self._errors_in_a_row += 1
-        if self._errors_in_a_row >= self.MAX_IO_ERRORS and not self._out_until:
+        self._errors_in_a_row[write] += 1
+        if self._errors_in_a_row[write] >= self.MAX_IO_ERRORS and not self._out_until:
             self._out_until = time.monotonic() + self.retry_after_s
             self.num_outages += 1
-            logger.warning("disk tier %s: %d I/O errors in a row; out of service for %.0f s, serving from the "
-                           "other tiers and recompute", self.path, self._errors_in_a_row, self.retry_after_s)
+            logger.warning("disk tier %s: %d %s errors in a row; out of service for %.0f s, serving from the "
+                           "other tiers and recompute", self.path, self._errors_in_a_row[write],
+                           "write" if write else "read", self.retry_after_s)
 
     def drop_corrupt(self, slots: list[int]) -> int:
         """Drop the blocks at these slots (a read found them corrupt, misplaced or unreadable)."""

@@ -149,10 +149,10 @@ class TieredOffloadingManager(OffloadingManager):
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
         return self.disk.drop_corrupt(slots) if medium == self.disk.medium else 0
 
-    def record_io(self, medium: str, ok: bool) -> None:
-        """A copy that touched ``medium`` succeeded or failed with an I/O error."""
+    def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
+        """A read from (or a write to) ``medium`` succeeded or failed with an I/O error."""
         if medium == self.disk.medium:
-            self.disk.record_io(ok)
+            self.disk.record_io(ok, write)
 
     def take_events(self) -> list[OffloadingEvent]:
         return list(self.cpu.take_events()) + list(self.disk.take_events())

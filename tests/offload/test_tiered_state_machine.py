@@ -150,9 +150,9 @@ def make_machine(policy: str, threshold: int):
                 assert self.tiered.drop_corrupt("DISK", [slot]) == 1
                 assert not self.disk.contains(h)
 
-        @rule(ok=st.booleans())
-        def io_outcome(self, ok):
-            self.tiered.record_io("DISK", ok)
+        @rule(ok=st.booleans(), write=st.booleans())
+        def io_outcome(self, ok, write):
+            self.tiered.record_io("DISK", ok, write)
 
         @rule()
         @precondition(lambda self: not self.disk.in_service)

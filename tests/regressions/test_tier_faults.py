@@ -116,3 +116,31 @@ def test_pins_are_released_per_load_even_when_a_hash_is_pinned_in_both_tiers(tmp
     with pytest.raises(ValueError, match="needs the medium"):
         tiered.complete_load([7])
     disk.close()
+
+
+def test_eio_from_the_real_disk_reader_is_bounded_and_recomputed(tmp_path, monkeypatch):
+    # The disk handler's own preadv fails with EIO from round 2 on (no wrapper): each failed
+    # read drops its block, three in a row take the tier out of service, tokens stay identical.
+    import errno
+
+    from kvoffload.transfer import disk_handler
+
+    prompts = _prompts(5)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    cfg = EngineConfig(num_gpu_blocks=24, max_num_seqs=8, max_num_batched_tokens=256,
+                       kv_offload=_tiers(tmp_path, 4, write_through=True))
+    with LLM(EngineConfig(num_gpu_blocks=24, max_num_seqs=8, max_num_batched_tokens=256)) as ref:
+        expected = [o.token_ids for o in ref.generate(prompts, params)]
+    with LLM(cfg) as llm:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+        llm.reset_prefix_cache()
+
+        def eio(*args, **kwargs):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(disk_handler.os, "preadv", eio)
+        assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+        stats = llm.stats()
+    c = stats["connector"]
+    assert c["disk_outages"] == 1 and 3 <= c["disk_io_errors"] <= 3 + 8
+    assert stats["transfer"]["disk_to_device"]["failed"] == c["disk_io_errors"]
