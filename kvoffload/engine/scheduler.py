@@ -164,6 +164,16 @@ class Scheduler:
             # resumed: they hold their blocks already, and only running them frees those blocks
             # (else a blocked head waits forever for blocks held behind it).
             landed_left = -1
+
+            def skip_blocked_head() -> bool:
+                """The head cannot be admitted: skip it if landed loads wait behind it."""
+                nonlocal landed_left
+                if landed_left < 0:
+                    landed_left = self._num_landed()
+                if landed_left:
+                    skipped.append(self.waiting.popleft())
+                return landed_left > 0
+
             while self.waiting and budget > 0:
                 request = self.waiting[0]
                 if landed_left >= 0 and not self._load_landed(request):
@@ -182,11 +192,9 @@ class Scheduler:
                                 break
                             continue
                 elif len(self.running) + num_loading >= self.max_num_seqs:
-                    landed_left = self._num_landed()
-                    if not landed_left:
-                        break
-                    skipped.append(self.waiting.popleft())
-                    continue
+                    if skip_blocked_head():
+                        continue
+                    break
                 load_async = False
                 num_external = 0
                 if request.num_computed_tokens == 0:
@@ -206,11 +214,9 @@ class Scheduler:
                 else:
                     num_new = request.num_tokens - num_computed
                     if not self.enable_chunked_prefill and num_new > budget:
-                        landed_left = self._num_landed() if landed_left < 0 else landed_left
-                        if not landed_left:
-                            break
-                        skipped.append(self.waiting.popleft())
-                        continue
+                        if skip_blocked_head():
+                            continue
+                        break
                     num_new = self._clamp_new_tokens(request, num_new, budget)
                     assert num_new > 0, f"request {request.request_id} has nothing left to compute"
                 # An async load also reserves its prompt's remaining blocks, so a request whose
@@ -227,11 +233,9 @@ class Scheduler:
                     reserve_blocks=self.watermark_blocks if self.running else 0,
                 )
                 if new_blocks is None:
-                    landed_left = self._num_landed() if landed_left < 0 else landed_left
-                    if not landed_left:
-                        break
-                    skipped.append(self.waiting.popleft())
-                    continue
+                    if skip_blocked_head():
+                        continue
+                    break
                 if self.connector is not None:
                     self.connector.update_state_after_alloc(
                         request, computed_blocks + new_blocks, num_external
@@ -298,7 +302,8 @@ class Scheduler:
         # A copy-on-write planned this step for this request never runs: swap out the source.
         redirect = self.kv_cache_manager.cancel_copy_on_write(request.request_id)
         if self.preemption_mode == "swap" and self.connector is not None:
-            ids = tuple([redirect.get(b, b) for b in group] for group in self.kv_cache_manager.get_block_ids(request.request_id))
+            groups = self.kv_cache_manager.get_block_ids(request.request_id)
+            ids = tuple([redirect.get(b, b) for b in group] for group in groups)
             if self.connector.swap_out(request, ids):
                 request.swapped_tokens = request.num_computed_tokens
                 self.stats.swapped_out_tokens += request.num_computed_tokens

@@ -50,7 +50,8 @@ class FaultyHandler(OffloadingHandler):
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
         src, dst = spec
         p = self.plan
-        direction, slots, io = "", (), True
+        direction, io = "", True
+        slots: tuple[int, ...] = ()
         if isinstance(src, DiskLoadStoreSpec) and self.rng.random() < p.read_error:
             direction, slots = DISK_TO_DEVICE, (int(src.block_ids[0]),)
         elif isinstance(dst, DiskLoadStoreSpec) and self.rng.random() < p.write_error:
