@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from kvoffload.logs import LEVELS, configure_cli
+
 
 def _engine_config(args: argparse.Namespace, kv_offload: Any):
     from kvoffload.engine import EngineConfig
@@ -86,6 +88,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvoffload", description="KV-cache offload connector and bundled engine")
+    parser.add_argument("--log-level", choices=LEVELS, default=None,
+                        help="kvoffload's log level (default: $KVOFFLOAD_LOG_LEVEL, else warning)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the bundled engine on a multi-turn chat workload and report")
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     args = build_parser().parse_args(argv)
     try:
+        configure_cli(args.log_level)
         return int(args.func(args) or 0)
     except (ValueError, OSError) as exc:  # config, disk tier in use / full / unwritable
         print(f"error: {exc}", file=sys.stderr)

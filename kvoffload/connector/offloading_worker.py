@@ -16,7 +16,7 @@ from typing import Any
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, TransferJob
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingWorker, TransferResult
-from kvoffload.transfer.layout import canonicalize
+from kvoffload.transfer.layout import CanonicalKVCache, canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
 
 
@@ -50,6 +50,7 @@ class OffloadingConnectorWorker:
     def __init__(self, spec: OffloadingSpec) -> None:
         self.spec = spec
         self.worker: OffloadingWorker | None = None
+        self.kv: CanonicalKVCache | None = None
         self.handlers: list[Any] = []
         self._deferred: dict[str, list[TransferJob]] = {}
         self._job_req: dict[int, tuple[str, bool]] = {}
@@ -72,6 +73,7 @@ class OffloadingConnectorWorker:
 
     def register_kv_caches(self, kv_caches: Any) -> None:
         canonical = canonicalize(kv_caches, self.spec.kv_info.num_device_blocks)
+        self.kv = canonical
         self.worker = OffloadingWorker()
         for src, dst, handler in self.spec.get_handlers(canonical):
             self.worker.register_handler(src, dst, handler)

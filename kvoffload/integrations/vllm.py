@@ -127,7 +127,6 @@ class KVOffloadConnector(KVConnectorBase_V1):
             logger.warning("kvoffload: kv_load_failure_policy=%r: a block that fails to load (checksum, I/O error) "
                            "fails its request; set kv_load_failure_policy='recompute' to recompute it instead", policy)
         spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config, role))
-        self._corrupt_loads = bool(extra.get("test_corrupt_loads", False))
         self.sched: OffloadingConnectorScheduler | None = None
         self.worker: OffloadingConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -141,13 +140,10 @@ class KVOffloadConnector(KVConnectorBase_V1):
         assert self.worker is not None
         self.worker.register_kv_caches(kv_caches)
         first = next(iter(kv_caches.values()))
-        views = self.worker.handlers[0].kv.views if self.worker.handlers else ()
+        views = self.worker.kv.views if self.worker.kv is not None else ()
         logger.info("kvoffload: %d KV tensors like %s %s -> %d block views, %d bytes per block",
                     len(kv_caches), tuple(first.shape), first.dtype, len(views),
                     sum(v.shape[1] for v in views))
-        for handler in self.worker.handlers:
-            if hasattr(handler, "corrupt_loads"):
-                handler.corrupt_loads = self._corrupt_loads  # test-only negative control
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self.worker is not None and isinstance(kv_connector_metadata, _Meta):

@@ -65,7 +65,6 @@ class KVOffloadSpec(OffloadingSpec):
         self.chunk_bytes = config.worker_kv_bytes_per_block * self.blocks_per_chunk * copies
         tier = self.offload_config.tiers[0]
         self.num_chunks = tier.num_blocks(self.chunk_bytes, "tiers[0]") if self.chunk_bytes else 0
-        self.corrupt_loads = bool(extra.get("test_corrupt_loads", False))
         self._manager: KVOffloadManager | None = None
         self._worker: OffloadingWorker | None = None
 
@@ -92,5 +91,5 @@ class KVOffloadSpec(OffloadingSpec):
 
             transfer = self.offload_config.transfer
             self._worker = KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, transfer.backend,
-                                           transfer.num_streams, self.corrupt_loads)
+                                           transfer.num_streams)
         return self._worker

@@ -53,7 +53,7 @@ def canonical_from_vllm(kv_caches: CanonicalKVCaches) -> CanonicalKVCache:
 
 class KVOffloadWorker(OffloadingWorker):
     def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int,
-                 backend: str = "auto", num_streams: int = 4, corrupt_loads: bool = False) -> None:
+                 backend: str = "auto", num_streams: int = 4) -> None:
         self.kv = canonical_from_vllm(kv_caches)
         self.factor = blocks_per_chunk
         device = self.kv.device
@@ -61,7 +61,6 @@ class KVOffloadWorker(OffloadingWorker):
                                     row_multiple=blocks_per_chunk)
         pool = make_stream_pool(backend, device, num_streams)
         self.handler = DeviceHostHandler(self.kv, self.host, blocks_per_chunk, pool)
-        self.handler.corrupt_loads = corrupt_loads  # test-only negative control
         logger.info("kvoffload: %d vLLM block tensors -> %d block views, %d bytes per block, %d chunks of %d blocks",
                     len(kv_caches.tensors), len(self.kv.views), self.kv.page_bytes, num_chunks, blocks_per_chunk)
 

@@ -9,17 +9,23 @@ it with ``spec_name: FaultyOffloadingSpec`` and ``spec_module_path: kvoffload.te
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import threading
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+import torch
+
 from kvoffload.offload.cpu_spec import CPUOffloadingSpec
 from kvoffload.offload.abstract import LoadStoreSpec
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.transfer.disk_handler import DISK_TO_DEVICE, HOST_TO_DISK
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.streams import DEVICE_TO_HOST
 
 
@@ -27,21 +33,33 @@ from kvoffload.transfer.streams import DEVICE_TO_HOST
 class FaultPlan:
     """Per-job probabilities. ``read_error``: a disk read fails with EIO; ``write_error``: a
     disk write fails (ENOSPC/EIO); ``store_error``: a device → host store fails; ``delay``:
-    the completion is reported up to ``max_delay_polls`` polls late."""
+    the completion is reported up to ``max_delay_polls`` polls late; ``corrupt_loads``: every
+    loaded block's bytes are flipped once its load lands (a negative control: outputs must
+    change, so a test that compares them can fail)."""
 
     read_error: float = 0.0
     write_error: float = 0.0
     store_error: float = 0.0
     delay: float = 0.0
     max_delay_polls: int = 8
+    corrupt_loads: bool = False
     seed: int = 0
+
+    @classmethod
+    def from_env(cls, default: FaultPlan) -> FaultPlan:
+        """``KVOFFLOAD_FAULT_PLAN`` (JSON of these fields) reaches engines in child processes."""
+        raw = os.environ.get("KVOFFLOAD_FAULT_PLAN")
+        return cls(**json.loads(raw)) if raw else default
 
 
 class FaultyHandler(OffloadingHandler):
-    def __init__(self, inner: OffloadingHandler, plan: FaultPlan, rng: random.Random) -> None:
+    def __init__(self, inner: OffloadingHandler, plan: FaultPlan, rng: random.Random,
+                 kv: CanonicalKVCache | None = None) -> None:
         self.inner = inner
         self.plan = plan
         self.rng = rng
+        self.kv = kv
+        self._loads: dict[int, np.ndarray] = {}  # job -> device blocks, to corrupt once landed
         self._lock = threading.Lock()
         self._ready: list[TransferResult] = []
         self._held: list[tuple[int, TransferResult]] = []
@@ -59,6 +77,8 @@ class FaultyHandler(OffloadingHandler):
         elif src.medium() == "GPU" and self.rng.random() < p.store_error:
             direction, io = DEVICE_TO_HOST, False
         if not direction:
+            if p.corrupt_loads and dst.medium() == "GPU":
+                self._loads[job_id] = dst.block_ids
             return self.inner.transfer_async(job_id, spec)
         self.injected += 1
         with self._lock:
@@ -80,6 +100,10 @@ class FaultyHandler(OffloadingHandler):
                 ready.append(r)
         with self._lock:
             self._held += held
+        for r in ready:
+            ids = self._loads.pop(r.job_id, None)
+            if ids is not None and r.success and self.kv is not None:
+                corrupt_blocks(self.kv, ids)
         return ready
 
     def wait(self, job_ids: Collection[int]) -> None:
@@ -93,6 +117,12 @@ class FaultyHandler(OffloadingHandler):
         self.inner.close()
 
 
+def corrupt_blocks(kv: CanonicalKVCache, device_ids: np.ndarray) -> None:
+    index = torch.from_numpy(np.asarray(device_ids, dtype=np.int64))
+    for view in kv.views:
+        view[index.to(view.device)] ^= 0x5A
+
+
 class FaultyOffloadingSpec(CPUOffloadingSpec):
     """The CPU(/disk) spec with each worker handler wrapped in a FaultyHandler."""
 
@@ -100,10 +130,11 @@ class FaultyOffloadingSpec(CPUOffloadingSpec):
     handlers: ClassVar[list[FaultyHandler]] = []
 
     def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
-        rng = random.Random(self.plan.seed)
+        plan = FaultPlan.from_env(self.plan)
+        rng = random.Random(plan.seed)
         wrapped: dict[int, FaultyHandler] = {}
         for src, dst, handler in super().get_handlers(kv_caches):
             if id(handler) not in wrapped:
-                wrapped[id(handler)] = FaultyHandler(handler, self.plan, rng)
+                wrapped[id(handler)] = FaultyHandler(handler, plan, rng, kv_caches)
                 FaultyOffloadingSpec.handlers.append(wrapped[id(handler)])
             yield src, dst, wrapped[id(handler)]

@@ -9,7 +9,6 @@ copied into the given device blocks; when the first offloaded block is only part
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
@@ -32,8 +31,6 @@ class DeviceHostHandler(TrackedJobsHandler):
         self.fences = fences
         self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
         super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
-        #: Test-only negative control: flip the bytes of every loaded block after copying.
-        self.corrupt_loads = False
 
     def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:
         return (host_blocks[:, None] * self.factor + np.arange(self.factor)[None, :]).reshape(-1)
@@ -88,9 +85,6 @@ class DeviceHostHandler(TrackedJobsHandler):
                     copy_blocks(view, cols, dev, local_rows)
                 else:
                     copy_blocks(cols, view, local_rows, dev)
-        if direction == HOST_TO_DEVICE and self.corrupt_loads:
-            for view in self.kv.views:
-                view[torch.from_numpy(device_ids).to(view.device)] ^= 0x5A
 
     def close(self) -> None:
         self.pool.close()

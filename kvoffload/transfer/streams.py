@@ -65,26 +65,21 @@ class _FutureHandle(JobHandle):
 
 
 class CPUStreamPool(StreamPool):
-    def __init__(self, num_streams: int = 4, delay_s: float = 0.0) -> None:
+    def __init__(self, num_streams: int = 4) -> None:
         if num_streams < 1:
             raise ValueError(f"num_streams={num_streams}: need at least one copy thread")
         self._executor = cf.ThreadPoolExecutor(num_streams, thread_name_prefix="kvoffload-copy")
         self._last: dict[str, cf.Future] = {}
         self._lock = threading.Lock()
-        #: Artificial per-job latency, for tests of ordering and asynchrony.
-        self.delay_s = delay_s
 
     def submit(self, direction: str, fn: Callable[[], None]) -> JobHandle:
         with self._lock:
             prev = self._last.get(direction)
-            delay = self.delay_s
 
             def run() -> float:
                 if prev is not None:
                     cf.wait([prev])  # the previous job's end event
                 t0 = time.perf_counter()
-                if delay:
-                    time.sleep(delay)
                 fn()
                 return time.perf_counter() - t0
 

@@ -89,16 +89,10 @@ def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
 
 
 def test_negative_control_corrupted_loads_change_outputs(baseline, monkeypatch):
-    from kvoffload.transfer import device_host_handler as dh
+    from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
 
-    init = dh.DeviceHostHandler.__init__
-
-    def corrupting_init(self, *a, **k):
-        init(self, *a, **k)
-        self.corrupt_loads = True
-
-    monkeypatch.setattr(dh.DeviceHostHandler, "__init__", corrupting_init)
-    tokens, stats = run(cpu_tier())
+    monkeypatch.setattr(FaultyOffloadingSpec, "plan", FaultPlan(corrupt_loads=True))
+    tokens, stats = run(cpu_tier(spec_name="FaultyOffloadingSpec", spec_module_path="kvoffload.testing.faults"))
     assert stats["prefix_hit_tokens"]["cpu"] > 0
     assert tokens != baseline[0]
 

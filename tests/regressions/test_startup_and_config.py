@@ -163,3 +163,21 @@ def test_a_policy_whose_constructor_fails_is_refused_by_name(monkeypatch):
     with pytest.raises(ConfigError, match=r"tiers\[0\].eviction_policy: .* cannot be created \(RuntimeError: needs a GPU\)"):
         OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB",
                                             "eviction_policy": f"{__name__}:BrokenPolicy"}]})
+
+
+def test_log_level_from_the_environment_and_the_cli(monkeypatch, capsys):
+    import logging
+
+    from kvoffload.logs import apply_env_level
+
+    logger = logging.getLogger("kvoffload")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setenv("KVOFFLOAD_LOG_LEVEL", "error")
+    apply_env_level()
+    assert logger.level == logging.ERROR
+    monkeypatch.setenv("KVOFFLOAD_LOG_LEVEL", "loud")
+    apply_env_level()
+    assert logger.level == logging.ERROR  # a bad value keeps the level
+    with pytest.raises(SystemExit):
+        main(["--log-level", "loud", "config", "check", "x.yaml"])
+    assert "invalid choice: 'loud'" in capsys.readouterr().err

@@ -43,11 +43,26 @@ def test_copy_blocks_rejects_bad_input(args, match):
         copy_blocks(*args)
 
 
+class SlowStreamPool(CPUStreamPool):
+    """Each job sleeps first: slow copies, for tests of ordering and asynchrony."""
+
+    def __init__(self, num_streams, delay_s):
+        super().__init__(num_streams)
+        self.delay_s = delay_s
+
+    def submit(self, direction, fn):
+        def slow():
+            time.sleep(self.delay_s)
+            fn()
+
+        return super().submit(direction, slow if self.delay_s else fn)
+
+
 def make_handler(num_device_blocks=12, host_blocks=6, factor=2, delay=0.0, chunk_bytes=1 << 20):
     layers = [torch.randn(2, num_device_blocks, 4, 2, 8) for _ in range(2)]
     kv = canonicalize(layers, num_device_blocks)
     host = HostBlockBuffer(host_blocks * factor, kv.page_bytes, chunk_bytes=chunk_bytes)
-    return DeviceHostHandler(kv, host, factor, CPUStreamPool(2, delay_s=delay)), kv
+    return DeviceHostHandler(kv, host, factor, SlowStreamPool(2, delay)), kv
 
 
 def page(kv, i):

@@ -30,9 +30,9 @@ def model(tmp_path_factory):
 
 
 def run_job(spec: dict, log: list | None = None) -> list[dict]:
-    env = None
+    env = {**os.environ, **spec.pop("env", {})}
     if spec.get("tp", 1) > 1:  # one OpenMP thread set per rank on vLLM's CPU backend
-        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(spec["tp"]))}
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(spec["tp"]))
     proc = subprocess.run([sys.executable, str(JOB), json.dumps(spec)], capture_output=True, text=True, timeout=600,
                           env=env)
     if log is not None:
@@ -72,7 +72,9 @@ def test_by_name_serves_second_round_from_cpu_tier(model, plain):
 
 
 def test_negative_control_corrupted_loads_change_outputs(model, plain):
-    rounds = run_job({"model": model, "kv_transfer_config": ktc(CPU, extra={"test_corrupt_loads": True})})
+    faulty = {"spec_name": "FaultyOffloadingSpec", "spec_module_path": "kvoffload.testing.faults"}
+    rounds = run_job({"model": model, "kv_transfer_config": ktc(CPU, extra={"config": {"tiers": CPU, **faulty}}),
+                      "env": {"KVOFFLOAD_FAULT_PLAN": '{"corrupt_loads": true}'}})
     assert all(c >= 256 for c in rounds[1]["cached"])
     assert rounds[1]["tokens"] != plain[1]["tokens"]
 
@@ -168,9 +170,18 @@ def test_offloading_spec_route_with_vllms_own_connector(model, plain, chunk_toke
     assert all(c >= 256 for c in rounds[1]["cached"])
 
 
-def test_offloading_spec_route_by_plugin_name_negative_control(model, plain):
-    cfg = spec_route(CPU, test_corrupt_loads=True)
+def test_offloading_spec_route_by_plugin_name(model, plain):
+    cfg = spec_route(CPU)
     del cfg["kv_connector_extra_config"]["spec_module_path"]  # the plugin registered "KVOffloadSpec"
+    rounds = run_job({"model": model, "kv_transfer_config": cfg})
+    assert all(c >= 256 for c in rounds[1]["cached"])
+    assert rounds[1]["tokens"] == plain[1]["tokens"]
+
+
+def test_offloading_spec_route_negative_control(model, plain):
+    cfg = spec_route(CPU)
+    cfg["kv_connector_extra_config"].update(spec_name="FaultyKVOffloadSpec",
+                                            spec_module_path="kvoffload.testing.vllm_faults")
     rounds = run_job({"model": model, "kv_transfer_config": cfg})
     assert all(c >= 256 for c in rounds[1]["cached"])
     assert rounds[1]["tokens"] != plain[1]["tokens"]

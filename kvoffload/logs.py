@@ -1,0 +1,57 @@
+"""Log level for kvoffload's own loggers: ``KVOFFLOAD_LOG_LEVEL`` or the CLI's ``--log-level``.
+
+The library adds no handler (an embedding application, e.g. vLLM, owns logging); the level
+alone decides what reaches Python's last-resort stderr handler or the application's handlers.
+The CLI adds one stderr handler so its lines carry a timestamp and the logger name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+LEVELS = ("debug", "info", "warning", "error")
+ENV_VAR = "KVOFFLOAD_LOG_LEVEL"
+
+
+def parse_level(value: str, source: str) -> int:
+    if value.lower() not in LEVELS:
+        raise ValueError(f"{source}={value!r}: use one of {', '.join(LEVELS)}")
+    return int(getattr(logging, value.upper()))
+
+
+def apply_env_level() -> None:
+    """Honour KVOFFLOAD_LOG_LEVEL at import; a bad value is reported once, not fatal."""
+    value = os.environ.get(ENV_VAR)
+    if not value:
+        return
+    try:
+        logging.getLogger("kvoffload").setLevel(parse_level(value, ENV_VAR))
+    except ValueError as exc:
+        logging.getLogger("kvoffload").warning("%s; keeping the default level", exc)
+
+
+def configure_cli(level: str | None) -> None:
+    """The CLI's logging: ``level`` (or the environment, or warning) with one stderr handler."""
+    logger = logging.getLogger("kvoffload")
+    if level is not None:
+        logger.setLevel(parse_level(level, "--log-level"))
+    elif not os.environ.get(ENV_VAR):
+        logger.setLevel(logging.WARNING)
+    if not logger.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is now (tests and tools swap it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # type: ignore[no-untyped-def]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # type: ignore[no-untyped-def]
+        pass
