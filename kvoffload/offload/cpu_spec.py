@@ -32,6 +32,16 @@ class CPUOffloadingSpec(OffloadingSpec):
         )
 
     def get_manager(self) -> OffloadingManager:
+        try:
+            return self._build_manager()
+        except MemoryError:
+            from kvoffload.config import ConfigError
+
+            blocks = self.num_blocks_per_tier()
+            raise ConfigError(f"tiers: {max(blocks)} blocks per tier are too many to track in this process's memory; "
+                              "lower the capacity or raise offloaded_block_size") from None
+
+    def _build_manager(self) -> OffloadingManager:
         cfg = self.config
         cpu_tier = cfg.tiers[0]
         manager: OffloadingManager = CPUOffloadingManager(

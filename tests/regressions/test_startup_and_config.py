@@ -181,3 +181,8 @@ def test_log_level_from_the_environment_and_the_cli(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["--log-level", "loud", "config", "check", "x.yaml"])
     assert "invalid choice: 'loud'" in capsys.readouterr().err
+
+
+def test_a_cpu_tier_beyond_this_machine_is_a_config_error_at_start():
+    with pytest.raises(ConfigError, match="tiers"):
+        LLM(EngineConfig(kv_offload={"tiers": [{"medium": "cpu", "capacity": "64TiB"}]}))
