@@ -6,6 +6,7 @@ the printed ratio says how much of a step the scheduler costs on this machine.
 
 from __future__ import annotations
 
+import argparse
 import platform
 import time
 
@@ -76,6 +77,8 @@ def bench_model(model: str = "tiny", num_reqs: int = 32, prompt_len: int = 128, 
 
 
 def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="kvoffload bench engine", description=__doc__)
+    parser.parse_args(argv)  # no options; --help prints this and returns
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads")
     dec = bench_schedule(256, 64, mixed=False)
     mix = bench_schedule(32, 1024, mixed=True)
