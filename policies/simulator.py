@@ -14,6 +14,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager, create_policy
+from kvoffload.offload.forwarding import ForwardingOffloadingManager
 
 
 @dataclass(slots=True)
@@ -109,11 +110,11 @@ def replay(
                      written, evicted, time.perf_counter() - t0)
 
 
-class OpRecorder(OffloadingManager):
+class OpRecorder(ForwardingOffloadingManager):
     """Wraps a live manager and records every call, so a run can be replayed exactly."""
 
     def __init__(self, backing: OffloadingManager) -> None:
-        self.backing = backing
+        super().__init__(backing)
         self.ops: list[tuple[str, list[Hashable], bool]] = []
 
     def __getattr__(self, name: str):
@@ -133,6 +134,10 @@ class OpRecorder(OffloadingManager):
         hashes = list(block_hashes)
         self.ops.append(("prepare_load", hashes, True))
         return self.backing.prepare_load(hashes)
+
+    def prepare_load_segments(self, block_hashes):  # type: ignore[no-untyped-def]
+        # One tier: the load goes through prepare_load above, so it is recorded.
+        return OffloadingManager.prepare_load_segments(self, block_hashes)
 
     def complete_load(self, block_hashes, medium=None):  # type: ignore[no-untyped-def]
         hashes = list(block_hashes)

@@ -110,8 +110,7 @@ class OffloadingConnectorScheduler:
         hits = self.manager.lookup(hashes[start:])
         if hits is None:
             return None, False
-        is_pending = getattr(self.manager, "is_pending", None)
-        if is_pending is not None and start + hits < len(hashes) and is_pending(hashes[start + hits]):
+        if start + hits < len(hashes) and self.manager.is_pending(hashes[start + hits]):
             # The next block's store is still in flight: wait a step for it rather than
             # recompute it (hit counts then do not depend on copy timing).
             self.stats.lookups_deferred += 1
@@ -232,8 +231,7 @@ class OffloadingConnectorScheduler:
         self.stats.blocks_swapped_in += len(hashes) + (key is not None)
 
     def _prepare_load_segments(self, hashes: list[BlockHash]) -> list[tuple[Any, list[BlockHash]]]:
-        segment_fn = getattr(self.manager, "prepare_load_segments", None)
-        return segment_fn(hashes) if segment_fn else [(self.manager.prepare_load(hashes), hashes)]
+        return self.manager.prepare_load_segments(hashes)
 
     # ---- stores ------------------------------------------------------------------------------
     def _update_block_ids(self, so: Any) -> None:
@@ -287,13 +285,11 @@ class OffloadingConnectorScheduler:
 
     def has_pending_work(self) -> bool:
         """Jobs in flight, or demotions the manager queued that no step has planned yet."""
-        pending = getattr(self.manager, "has_pending_demotions", None)
-        return bool(self._jobs) or (pending is not None and pending())
+        return bool(self._jobs) or self.manager.has_pending_demotions()
 
     def _plan_demotions(self) -> list[TransferJob]:
-        take = getattr(self.manager, "take_demotions", None)
         jobs = []
-        for d in take() if take else ():
+        for d in self.manager.take_demotions():
             job_id = next(self._job_ids)
             self._jobs[job_id] = _Job("", d.block_hashes, _DEMOTE, d.dst.medium())
             jobs.append(TransferJob(job_id, d.src, d.dst))
@@ -333,7 +329,7 @@ class OffloadingConnectorScheduler:
 
     def _complete(self, job: _Job, result: Any) -> None:
         if job.kind == _DEMOTE:
-            self.manager.complete_demotion(job.block_hashes, result.success)  # type: ignore[attr-defined]
+            self.manager.complete_demotion(job.block_hashes, result.success)
             self._record_io(job.medium, result, write=True)
             self.stats.blocks_demoted += len(job.block_hashes) if result.success else 0
         elif job.kind == _STORE:
@@ -356,9 +352,7 @@ class OffloadingConnectorScheduler:
                 del self._loading[job.req_id]
             if result.bad_block_ids:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
-                drop = getattr(self.manager, "drop_corrupt", None)
-                if drop is not None:
-                    self.stats.corrupt_blocks += drop(job.medium, list(result.bad_block_ids))
+                self.stats.corrupt_blocks += self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
             self._record_io(job.medium, result)
             if result.success:
                 self.stats.blocks_loaded += len(job.block_hashes)
@@ -366,9 +360,8 @@ class OffloadingConnectorScheduler:
                 self.stats.loads_failed += len(job.block_hashes)
 
     def _record_io(self, medium: str, result: Any, write: bool = False) -> None:
-        record = getattr(self.manager, "record_io", None)
-        if record is not None and (result.success or result.io_error):
-            record(medium, result.success, write)
+        if result.success or result.io_error:
+            self.manager.record_io(medium, result.success, write)
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
@@ -394,22 +387,22 @@ class OffloadingConnectorScheduler:
 
     def stats_dict(self) -> dict[str, Any]:
         s = self.stats
-        filtered = getattr(self.manager, "num_filtered", 0)
+        tiers = self.manager.stats()
         return {
             "hit_tokens_by_tier": dict(s.tier_hits),
             "blocks_loaded": s.blocks_loaded,
             "blocks_stored": s.blocks_stored,
             "blocks_evicted": s.evicted_blocks,
-            "stores_skipped_by_filter": filtered,
+            "stores_skipped_by_filter": tiers.get("stores_skipped_by_filter", 0),
             "store_retries": s.store_retries,
             "stores_failed": s.stores_failed,
             "loads_failed": s.loads_failed,
             "lookups_deferred": s.lookups_deferred,
             "blocks_demoted": s.blocks_demoted,
-            "corrupt_blocks": getattr(getattr(self.manager, "disk", None), "num_corrupt", s.corrupt_blocks),
-            "disk_blocks_recovered": getattr(getattr(self.manager, "disk", None), "num_recovered", 0),
-            "disk_io_errors": getattr(getattr(self.manager, "disk", None), "num_io_errors", 0),
-            "disk_outages": getattr(getattr(self.manager, "disk", None), "num_outages", 0),
+            "corrupt_blocks": tiers.get("corrupt_blocks", s.corrupt_blocks),
+            "disk_blocks_recovered": tiers.get("disk_blocks_recovered", 0),
+            "disk_io_errors": tiers.get("disk_io_errors", 0),
+            "disk_outages": tiers.get("disk_outages", 0),
             "blocks_swapped_out": s.blocks_swapped_out,
             "blocks_swapped_in": s.blocks_swapped_in,
         }

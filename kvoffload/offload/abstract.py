@@ -108,3 +108,49 @@ class OffloadingManager(ABC):
 
     def close(self) -> None:
         """Release resources (files, threads); the manager is unusable afterwards."""
+
+    # ---- the rest of what the connector uses -------------------------------------------
+    # Defaults are right for one tier without a store of its own; a manager of several tiers
+    # overrides them all, and a decorator forwards every one of them (tested).
+
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        """Present but its store has not completed: a lookup should wait a step, not recompute."""
+        return False
+
+    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+        """``prepare_load`` for blocks that may live in several tiers: consecutive runs per tier,
+        each pinned in its tier (release each with ``complete_load(hashes, spec.medium())``)."""
+        hashes = list(block_hashes)
+        return [(self.prepare_load(hashes), hashes)]
+
+    def take_demotions(self) -> list[Demotion]:
+        """Copies into a slower tier queued since the last call (victims, write-through); the
+        worker must run each before any later copy can overwrite its source slots."""
+        return []
+
+    def has_pending_demotions(self) -> bool:
+        return False
+
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool) -> None:
+        """A demotion's copy landed (or failed: its destination slots are freed)."""
+
+    def drop_corrupt(self, medium: str, slots: list[int]) -> int:
+        """Forget blocks a read found corrupt, misplaced or unreadable; returns how many."""
+        return 0
+
+    def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
+        """A read from (write to) ``medium`` succeeded or failed with an I/O error; repeated
+        errors may take that tier out of service."""
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the tiers (corrupt_blocks, disk_blocks_recovered, ...); {} by default."""
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class Demotion:
+    """A copy of blocks from a faster tier's slots (src) into a slower tier's (dst)."""
+
+    block_hashes: list[BlockHash]
+    src: LoadStoreSpec
+    dst: LoadStoreSpec

@@ -13,22 +13,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from kvoffload.offload.abstract import (
-    BlockHash,
-    LoadStoreSpec,
-    OffloadingEvent,
-    OffloadingManager,
-    PrepareStoreOutput,
-)
+from kvoffload.offload.abstract import BlockHash, OffloadingManager, PrepareStoreOutput
+from kvoffload.offload.forwarding import ForwardingOffloadingManager
 
 
-class FilterReusedOffloadingManager(OffloadingManager):
+class FilterReusedOffloadingManager(ForwardingOffloadingManager):
     def __init__(self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
         if store_threshold < 2:
             raise ValueError(f"store_threshold={store_threshold}: the reuse filter needs >= 2 (use the backing manager directly)")
         if max_tracker_size < 1:
             raise ValueError(f"max_tracker_size={max_tracker_size}: must be >= 1")
-        self.backing = backing
+        super().__init__(backing)
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
         self.counts: OrderedDict[BlockHash, int] = OrderedDict()
@@ -36,24 +31,6 @@ class FilterReusedOffloadingManager(OffloadingManager):
 
     def __getattr__(self, name: str):  # medium, block_size, ledger... of the backing manager
         return getattr(self.backing, name)
-
-    def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
-        return self.backing.lookup(block_hashes)
-
-    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
-        return self.backing.prepare_load(block_hashes)
-
-    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.backing.touch(block_hashes)
-
-    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.backing.on_store_miss(block_hashes)
-
-    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.backing.refresh(block_hashes)
-
-    def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
-        self.backing.complete_load(block_hashes, medium)
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         hashes = list(dict.fromkeys(block_hashes))
@@ -73,11 +50,5 @@ class FilterReusedOffloadingManager(OffloadingManager):
         self.num_filtered += len(hashes) - len(admitted)
         return result
 
-    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
-        self.backing.complete_store(block_hashes, success)
-
-    def take_events(self) -> Iterable[OffloadingEvent]:
-        return self.backing.take_events()
-
-    def close(self) -> None:
-        self.backing.close()
+    def stats(self) -> dict[str, int]:
+        return {**self.backing.stats(), "stores_skipped_by_filter": self.num_filtered}

@@ -14,10 +14,10 @@ A disk tier out of service after repeated I/O errors is invisible to lookups and
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from kvoffload.offload.abstract import (
     BlockHash,
+    Demotion,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -26,13 +26,6 @@ from kvoffload.offload.abstract import (
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.disk_manager import DiskOffloadingManager
 from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec
-
-
-@dataclass(frozen=True, slots=True)
-class Demotion:
-    block_hashes: list[BlockHash]
-    src: CPULoadStoreSpec
-    dst: LoadStoreSpec
 
 
 class TieredOffloadingManager(OffloadingManager):
@@ -69,7 +62,7 @@ class TieredOffloadingManager(OffloadingManager):
         self.cpu.touch(hashes)
         self.disk.touch(hashes)
 
-    def prepare_load_segments(self, block_hashes: Iterable[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
         """Consecutive runs by tier (CPU preferred), each pinned in its tier; a disk segment's
         spec names its hashes, so the reader can check each record's key."""
         runs: list[tuple[CPUOffloadingManager, list[BlockHash]]] = []
@@ -156,6 +149,12 @@ class TieredOffloadingManager(OffloadingManager):
 
     def take_events(self) -> list[OffloadingEvent]:
         return list(self.cpu.take_events()) + list(self.disk.take_events())
+
+    def stats(self) -> dict[str, int]:
+        d = self.disk
+        return {"corrupt_blocks": d.num_corrupt, "disk_blocks_recovered": d.num_recovered,
+                "disk_io_errors": d.num_io_errors, "disk_outages": d.num_outages,
+                "demotions_dropped": self.num_demotions_dropped}
 
     def close(self) -> None:
         self.disk.close()

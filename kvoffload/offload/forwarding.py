@@ -1,0 +1,78 @@
+"""ForwardingOffloadingManager: the base of decorators (reuse filter, recorders).
+
+Every method of the OffloadingManager protocol goes to ``backing`` explicitly, so a decorator
+overrides only what it intercepts and can never fall back to the ABC's single-tier defaults
+by accident (a test checks each protocol method reaches the backing manager).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvoffload.offload.abstract import (
+    BlockHash,
+    Demotion,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+)
+
+
+class ForwardingOffloadingManager(OffloadingManager):
+    def __init__(self, backing: OffloadingManager) -> None:
+        self.backing = backing
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
+        return self.backing.lookup(block_hashes)
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        return self.backing.prepare_load(block_hashes)
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.backing.touch(block_hashes)
+
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.backing.on_store_miss(block_hashes)
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.backing.refresh(block_hashes)
+
+    def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
+        self.backing.complete_load(block_hashes, medium)
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        return self.backing.prepare_store(block_hashes)
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        self.backing.complete_store(block_hashes, success)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        return self.backing.take_events()
+
+    def close(self) -> None:
+        self.backing.close()
+
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        return self.backing.is_pending(block_hash)
+
+    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+        return self.backing.prepare_load_segments(block_hashes)
+
+    def take_demotions(self) -> list[Demotion]:
+        return self.backing.take_demotions()
+
+    def has_pending_demotions(self) -> bool:
+        return self.backing.has_pending_demotions()
+
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool) -> None:
+        self.backing.complete_demotion(block_hashes, success)
+
+    def drop_corrupt(self, medium: str, slots: list[int]) -> int:
+        return self.backing.drop_corrupt(medium, slots)
+
+    def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
+        self.backing.record_io(medium, ok, write)
+
+    def stats(self) -> dict[str, int]:
+        return self.backing.stats()
