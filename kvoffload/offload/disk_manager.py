@@ -148,7 +148,7 @@ class DiskOffloadingManager(CPUOffloadingManager):
             logger.warning("disk tier %s: back in service after an I/O outage", self.path)
         return not self._out_until
 
-    def record_io(self, ok: bool, write: bool = False) -> None:
+    def note_io(self, ok: bool, write: bool = False) -> None:
         """Feed one copy's outcome: MAX_IO_ERRORS I/O failures in a row, of reads or of writes
         (counted apart: a disk that takes writes but fails every read is still of no use), take
         the tier out of service for ``retry_after_s`` (logged once per outage)."""
@@ -164,7 +164,7 @@ class DiskOffloadingManager(CPUOffloadingManager):
                            "other tiers and recompute", self.path, self._errors_in_a_row[write],
                            "write" if write else "read", self.retry_after_s)
 
-    def drop_corrupt(self, slots: list[int]) -> int:
+    def drop_slots(self, slots: list[int]) -> int:
         """Drop the blocks at these slots (a read found them corrupt, misplaced or unreadable)."""
         hashes = [h for h in (self.hash_at(s) for s in slots) if h is not None]
         n = len(self.drop(hashes))

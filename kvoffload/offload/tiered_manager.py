@@ -81,7 +81,7 @@ class TieredOffloadingManager(OffloadingManager):
         return out
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
-        segments = self.prepare_load_segments(block_hashes)
+        segments = self.prepare_load_segments(list(block_hashes))
         if len(segments) != 1:
             for spec, hashes in segments:
                 self.complete_load(hashes, spec.medium())
@@ -140,12 +140,12 @@ class TieredOffloadingManager(OffloadingManager):
             self._plan_demotion(slots)
 
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
-        return self.disk.drop_corrupt(slots) if medium == self.disk.medium else 0
+        return self.disk.drop_slots(slots) if medium == self.disk.medium else 0
 
     def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
         """A read from (or a write to) ``medium`` succeeded or failed with an I/O error."""
         if medium == self.disk.medium:
-            self.disk.record_io(ok, write)
+            self.disk.note_io(ok, write)
 
     def take_events(self) -> list[OffloadingEvent]:
         return list(self.cpu.take_events()) + list(self.disk.take_events())
