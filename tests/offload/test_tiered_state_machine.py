@@ -60,12 +60,15 @@ def make_machine(policy: str, threshold: int):
             if out is None:
                 assert dict(self.cpu.ledger.index) == before  # atomic
                 return
+            offered = hashes
             if threshold:
                 for h in hashes:
                     self.sightings[h] = self.sightings.get(h, 0) + 1
                 assert all(self.sightings[h] >= threshold for h in out.block_hashes_to_store)
+                # Like vLLM's filter: only admitted hashes reach (and are protected by) the backing store.
+                offered = [h for h in hashes if self.sightings[h] >= threshold]
             for h in out.block_hashes_evicted:
-                assert h not in cpu_pins and h not in self.pending and h not in hashes
+                assert h not in cpu_pins and h not in self.pending and h not in offered
             self.pending |= set(out.block_hashes_to_store)
             for d in self.tiered.take_demotions():
                 assert len(d.src) == len(d.dst) == len(d.block_hashes)
