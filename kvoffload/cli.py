@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any
 
+from kvoffload import __version__
 from kvoffload.logs import LEVELS, configure_cli
 
 
@@ -88,6 +89,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvoffload", description="KV-cache offload connector and bundled engine")
+    parser.add_argument("--version", action="version", version=f"kvoffload {__version__}")
     parser.add_argument("--log-level", choices=LEVELS, default=None,
                         help="kvoffload's log level (default: $KVOFFLOAD_LOG_LEVEL, else warning)")
     sub = parser.add_subparsers(dest="command", required=True)

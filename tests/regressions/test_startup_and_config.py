@@ -186,3 +186,13 @@ def test_log_level_from_the_environment_and_the_cli(monkeypatch, capsys):
 def test_a_cpu_tier_beyond_this_machine_is_a_config_error_at_start():
     with pytest.raises(ConfigError, match="tiers"):
         LLM(EngineConfig(kv_offload={"tiers": [{"medium": "cpu", "capacity": "64TiB"}]}))
+
+
+def test_version_and_module_entry_point():
+    import subprocess
+    import sys
+
+    import kvoffload
+
+    out = subprocess.run([sys.executable, "-m", "kvoffload", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"kvoffload {kvoffload.__version__}"
