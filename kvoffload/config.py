@@ -7,7 +7,9 @@ silently rewritten: a value is either accepted as given or rejected.
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +45,10 @@ def parse_size(value: Any, key: str) -> int:
             raise ConfigError(
                 f"{key}: cannot parse size {value!r}; use a number with KiB, MiB, GiB, TiB, KB, MB, GB or TB"
             )
-        number = m.group(1)
-        if len(number) > 24:
-            raise ConfigError(f"{key}: size {value[:40]!r}... is too large; at most {MAX_SIZE} bytes")
-        size = int(float(number) * _UNITS[unit])
+        scaled = float(m.group(1)) * _UNITS[unit]  # inf for hundreds of digits
+        if not scaled <= MAX_SIZE:
+            raise ConfigError(f"{key}: {value[:40]!r} is too large; at most {MAX_SIZE} bytes (1 EiB)")
+        size = int(scaled)
     else:
         raise ConfigError(f"{key}: {value!r} is not a size; use bytes or a string like '8GiB'")
     if size <= 0:
@@ -278,9 +280,6 @@ def check_environment(cfg: OffloadConfig) -> list[str]:
     """What would fail at start-up on this machine (ConfigError), and what looks risky
     (returned as warnings): disk paths usable and writable, disk tiers within the free space
     (counting what their files already hold), CPU tiers within the machine's memory."""
-    import os
-    import shutil
-
     warnings: list[str] = []
     for i, tier in enumerate(cfg.tiers):
         key = f"tiers[{i}]"

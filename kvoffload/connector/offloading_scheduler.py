@@ -146,7 +146,7 @@ class OffloadingConnectorScheduler:
         start = num_local // self.offloaded_block_size
         end = full_tokens // self.offloaded_block_size
         hashes = self._offload_hashes(request, start, end)
-        segments = self._prepare_load_segments(hashes)
+        segments = self.manager.prepare_load_segments(hashes)
         jobs = []
         first_engine = num_local // self.block_size
         promote_from = end
@@ -220,7 +220,7 @@ class OffloadingConnectorScheduler:
             if not seg_hashes or seg_hashes[0] is None:
                 continue
             offset = 0
-            for spec, seg in self._prepare_load_segments(seg_hashes):
+            for spec, seg in self.manager.prepare_load_segments(seg_hashes):
                 job_id = next(self._job_ids)
                 self._jobs[job_id] = _Job(rid, list(seg), _LOAD, spec.medium())
                 jobs.append(TransferJob(job_id, spec, GPULoadStoreSpec(device_ids[offset : offset + len(seg)])))
@@ -229,9 +229,6 @@ class OffloadingConnectorScheduler:
         self._loading[rid] = hashes + ([key] if key is not None else [])
         self._blocks_being_loaded.update(hashes)
         self.stats.blocks_swapped_in += len(hashes) + (key is not None)
-
-    def _prepare_load_segments(self, hashes: list[BlockHash]) -> list[tuple[Any, list[BlockHash]]]:
-        return self.manager.prepare_load_segments(hashes)
 
     # ---- stores ------------------------------------------------------------------------------
     def _update_block_ids(self, so: Any) -> None:

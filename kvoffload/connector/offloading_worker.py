@@ -61,7 +61,8 @@ class OffloadingConnectorWorker:
         #: request's blocks are freed for recompute: no copy may still write into them).
         self._load_failed: set[str] = set()
         self._failed_recving: set[str] = set()
-        #: Device blocks of each in-flight load, and those whose load failed (vLLM asks for them).
+        #: Device blocks of each in-flight load, and those whose load failed (vLLM asks for them;
+        #: tracked only when collect_failed_block_ids is set).
         self._load_dst: dict[int, list[int]] = {}
         self._failed_block_ids: set[int] = set()
         #: Engines that recompute per block (vLLM) set this and drain take_failed_block_ids().
@@ -89,7 +90,8 @@ class OffloadingConnectorWorker:
                 self._outstanding[rid] += 1
                 if not is_store:
                     self._loads_pending[rid] += 1
-                    self._load_dst[job.job_id] = job.dst.block_ids.tolist()
+                    if self.collect_failed_block_ids:
+                        self._load_dst[job.job_id] = job.dst.block_ids.tolist()
             return
         direction = DEVICE_TO_HOST if is_store else HOST_TO_DEVICE
         self._results.append(TransferResult(job.job_id, False, 0, 0.0, direction))
@@ -151,8 +153,7 @@ class OffloadingConnectorWorker:
             if not is_store:
                 dst = self._load_dst.pop(r.job_id, [])
                 if not r.success:
-                    if self.collect_failed_block_ids:
-                        self._failed_block_ids.update(dst)
+                    self._failed_block_ids.update(dst)
                     self._load_failed.add(rid)
                 self._loads_pending[rid] -= 1
                 if self._loads_pending[rid] <= 0:

@@ -71,7 +71,7 @@ class LLM:
             raise
 
     def _build(self, config: EngineConfig, record_logits: bool) -> None:
-        self.scheduler_connector, self.worker_connector = self._build_connectors(config, self.kv_info)
+        self._build_connectors(config, self.kv_info)
         self.kv_cache_manager = KVCacheManager(
             config.num_gpu_blocks, config.block_size, config.max_model_len, config.enable_prefix_caching
         )
@@ -108,14 +108,14 @@ class LLM:
         self._children: dict[str, list[str]] = {}
         self._open_groups: set[str] = set()
 
-    def _build_connectors(self, config: EngineConfig, kv_info: Any) -> tuple[KVConnectorBase | None, KVConnectorBase | None]:
+    def _build_connectors(self, config: EngineConfig, kv_info: Any) -> None:
+        """Each half is kept as soon as it exists, so a failed start can close what was built."""
         name = config.kv_connector
         if name is None and config.kv_offload is None:
-            return None, None
+            return
         name = name or "OffloadingConnector"
         self.scheduler_connector = KVConnectorFactory.create_connector(name, config, KVConnectorRole.SCHEDULER, kv_info=kv_info)
-        worker = KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER, kv_info=kv_info)
-        return self.scheduler_connector, worker
+        self.worker_connector = KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER, kv_info=kv_info)
 
     # ---- requests ----------------------------------------------------------------------
     def _to_token_ids(self, prompt: Prompt) -> list[int]:

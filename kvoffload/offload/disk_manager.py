@@ -25,9 +25,6 @@ logger = logging.getLogger(__name__)
 class DiskTierError(OSError):
     """The disk tier cannot start (path in use, disk full, not writable); the message says why."""
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
 
 def tier_file(path: str | Path, layout: DiskLayout) -> Path:
     suffix = "" if layout.world_size == 1 else f"-rank{layout.rank}of{layout.world_size}"

@@ -100,10 +100,8 @@ class FaultyHandler(OffloadingHandler):
                 ready.append(r)
         with self._lock:
             self._held += held
-        for r in ready:
-            ids = self._loads.pop(r.job_id, None)
-            if ids is not None and r.success and self.kv is not None:
-                corrupt_blocks(self.kv, ids)
+        if self.kv is not None:
+            corrupt_landed_loads(self._loads, self.kv, ready)
         return ready
 
     def wait(self, job_ids: Collection[int]) -> None:
@@ -117,10 +115,14 @@ class FaultyHandler(OffloadingHandler):
         self.inner.close()
 
 
-def corrupt_blocks(kv: CanonicalKVCache, device_ids: np.ndarray) -> None:
-    index = torch.from_numpy(np.asarray(device_ids, dtype=np.int64))
-    for view in kv.views:
-        view[index.to(view.device)] ^= 0x5A
+def corrupt_landed_loads(pending: dict[int, np.ndarray], kv: CanonicalKVCache, results: list[Any]) -> None:
+    """Flip the bytes of the device blocks of every load in ``results`` that succeeded."""
+    for r in results:
+        ids = pending.pop(r.job_id, None)
+        if ids is not None and r.success:
+            index = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+            for view in kv.views:
+                view[index.to(view.device)] ^= 0x5A
 
 
 class FaultyOffloadingSpec(CPUOffloadingSpec):

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvoffload.integrations.vllm_spec import KVOffloadSpec
 from kvoffload.integrations.vllm_worker import KVOffloadWorker
-from kvoffload.testing.faults import corrupt_blocks
+from kvoffload.testing.faults import corrupt_landed_loads
 
 
 class CorruptingKVOffloadWorker(KVOffloadWorker):
@@ -24,10 +24,7 @@ class CorruptingKVOffloadWorker(KVOffloadWorker):
 
     def get_finished(self) -> list:
         results = super().get_finished()
-        for r in results:
-            ids = self._loads.pop(r.job_id, None)
-            if ids is not None and r.success:
-                corrupt_blocks(self.kv, ids)
+        corrupt_landed_loads(self._loads, self.kv, results)
         return results
 
 
