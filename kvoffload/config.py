@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
+from kvoffload.errors import ConfigError, UnknownPluginError
+from kvoffload.registry import POLICIES, SPECS
 
-class ConfigError(ValueError):
-    """An invalid offload configuration; the message names the key path and the fix."""
 
 
 _UNITS = {
@@ -211,16 +211,15 @@ class OffloadConfig:
 
 def _check_spec(spec_name: str, spec_module_path: str | None) -> None:
     """Resolve the spec now, so a bad name or an abstract class fails here, not at start-up."""
-    from kvoffload.offload.spec import OffloadingSpecFactory
-
-    cls = OffloadingSpecFactory.get_spec_class(spec_name, spec_module_path)
+    try:
+        cls = SPECS.load(f"{spec_module_path}:{spec_name}" if spec_module_path else spec_name)
+    except UnknownPluginError as exc:
+        raise UnknownPluginError(f"spec_name: {exc}; or set spec_module_path") from None
     if inspect.isabstract(cls):
         raise ConfigError(f"spec_name: {spec_name!r} is abstract; name a class that implements get_manager and get_handlers")
 
 
 def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
-    from kvoffload.offload.policy_registry import UnknownPolicyError, get_policy_class
-
     if not isinstance(raw_tiers, list) or not raw_tiers:
         raise ConfigError("tiers: must be a non-empty list of tiers, fastest first")
     tiers: list[TierConfig] = []
@@ -242,8 +241,8 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         if not isinstance(policy, str):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} must be a string")
         try:
-            policy_cls = get_policy_class(policy)
-        except UnknownPolicyError as exc:
+            policy_cls = POLICIES.load(policy)
+        except UnknownPluginError as exc:
             raise ConfigError(f"{key}.eviction_policy: {exc}") from None
         if inspect.isabstract(policy_cls):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} is abstract; name a class that implements every method")

@@ -7,55 +7,14 @@ prefix (prepare + complete), store of the rest (prepare + complete).
 from __future__ import annotations
 
 import argparse
-import gc
-import time
-import tracemalloc
 from pathlib import Path
 
 from kvoffload.bench.baseline_manager import TextbookManager
+from kvoffload.bench.ledger_replay import bytes_per_block, replay
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.traces import load_mooncake, synthetic_prefix_workload
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
-
-
-def replay(mgr, requests: list[list[int]]) -> tuple[int, int, float]:
-    """(block operations, blocks hit, seconds)."""
-    ops = hits_total = 0
-    t0 = time.perf_counter()
-    for hashes in requests:
-        hits = mgr.lookup(hashes)
-        mgr.touch(hashes)
-        ops += 2 * len(hashes)
-        if hits:
-            head = hashes[:hits]
-            mgr.prepare_load(head)
-            mgr.complete_load(head)
-            ops += 2 * hits
-            hits_total += hits
-        out = mgr.prepare_store(hashes[hits:])
-        if out is not None:
-            stored = out[0] if isinstance(out, tuple) else out.block_hashes_to_store
-            mgr.complete_store(stored)
-            ops += 2 * len(stored)
-    return ops, hits_total, time.perf_counter() - t0
-
-
-def bytes_per_block(factory, num_blocks: int) -> float:
-    """Memory to track ``num_blocks`` ready blocks (the hash keys themselves excluded)."""
-    keys = list(range(10**9, 10**9 + num_blocks))
-    gc.collect()
-    tracemalloc.start()
-    mgr = factory()
-    chunk = 4096
-    for i in range(0, num_blocks, chunk):
-        out = mgr.prepare_store(keys[i : i + chunk])
-        stored = out[0] if isinstance(out, tuple) else out.block_hashes_to_store
-        mgr.complete_store(stored)
-    current, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    del mgr
-    return current / num_blocks
 
 
 def run(name: str, requests: list[list[int]], capacity: int) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUManager
 
-from kvoffload.bench.manager_bench import replay as replay_native
+from kvoffload.bench.ledger_replay import replay as replay_native
 from kvoffload.integrations.vllm_manager import KVOffloadManager
 from kvoffload.offload import CPUOffloadingManager
 

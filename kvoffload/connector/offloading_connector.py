@@ -14,7 +14,8 @@ from kvoffload.connector.base import KVConnectorBase, KVConnectorMetadata, KVCon
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
-from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
+from kvoffload.kv_info import EngineKVInfo
+from kvoffload.offload.spec import OffloadingSpecFactory
 
 
 class OffloadingConnector(KVConnectorBase):

@@ -23,13 +23,12 @@ from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler import Scheduler
 from kvoffload.engine.single_type_manager import cdiv
 from kvoffload.engine.tokenizer import ByteTokenizer
+from kvoffload.kv_info import EngineKVInfo
 
 Prompt = str | Sequence[int]
 
-def engine_kv_info(config: EngineConfig, model: ModelConfig) -> Any:
+def engine_kv_info(config: EngineConfig, model: ModelConfig) -> EngineKVInfo:
     """The KV geometry a connector needs: block size, bytes per block, a layout digest."""
-    from kvoffload.offload.spec import EngineKVInfo
-
     itemsize = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
     block_bytes = model.num_hidden_layers * 2 * config.block_size * model.num_key_value_heads * model.head_dim * itemsize
     digest = hashlib.sha256(

@@ -30,7 +30,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
-from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
+from kvoffload.kv_info import EngineKVInfo
+from kvoffload.offload.spec import OffloadingSpecFactory
 
 CONNECTOR_NAME = "KVOffloadConnector"
 # Under "vllm." so vLLM's logging config (level, format) applies to our start-up lines too.

@@ -14,6 +14,7 @@ import os
 import time
 from pathlib import Path
 
+from kvoffload.errors import ConfigError
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.disk_format import DiskLayout, scan_records
 from kvoffload.offload.mediums import DiskLoadStoreSpec
@@ -33,7 +34,6 @@ def tier_file(path: str | Path, layout: DiskLayout) -> Path:
 
 def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
     """Create the leaf directory if its parent exists; fail clearly otherwise."""
-    from kvoffload.config import ConfigError
 
     p = Path(path)
     if not p.exists():

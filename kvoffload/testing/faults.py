@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from kvoffload.offload.cpu_spec import CPUOffloadingSpec
+from kvoffload.tiers.cpu_spec import CPUOffloadingSpec
 from kvoffload.offload.abstract import LoadStoreSpec
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.transfer.disk_handler import DISK_TO_DEVICE, HOST_TO_DISK

@@ -132,7 +132,7 @@ def test_arc_paper_oltp_hit_ratios(capacity, policy, expected):
 
 def test_simulator_agrees_with_live_connector(monkeypatch):
     from kvoffload.engine import LLM, EngineConfig
-    from kvoffload.offload import cpu_spec
+    from kvoffload.tiers import cpu_spec
     from kvoffload.workload import ChatWorkload, run_chat_workload
     from policies.simulator import OpRecorder, replay_ops
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from kvoffload.errors import ConfigError
 from kvoffload.offload.abstract import LoadStoreSpec, OffloadingManager
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.disk_format import DiskLayout
@@ -35,8 +36,6 @@ class CPUOffloadingSpec(OffloadingSpec):
         try:
             return self._build_manager()
         except MemoryError:
-            from kvoffload.config import ConfigError
-
             blocks = self.num_blocks_per_tier()
             raise ConfigError(f"tiers: {max(blocks)} blocks per tier are too many to track in this process's memory; "
                               "lower the capacity or raise offloaded_block_size") from None
@@ -81,8 +80,6 @@ class CPUOffloadingSpec(OffloadingSpec):
             host = HostBlockBuffer(num_blocks * self.block_size_factor, kv_caches.page_bytes, pin=device.type == "cuda",
                                    row_multiple=self.block_size_factor)
         except (MemoryError, RuntimeError) as exc:
-            from kvoffload.config import ConfigError
-
             raise ConfigError(f"tiers[0].capacity: cannot allocate {num_blocks * self.offloaded_block_bytes} bytes of "
                               f"host memory ({type(exc).__name__}); lower the CPU tier's capacity") from None
         pool = make_stream_pool(self.config.transfer.backend, device, self.config.transfer.num_streams)

@@ -1,0 +1,12 @@
+"""Errors every layer may raise: a leaf module, so raising one imports nothing above it."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key, the value and the fix."""
+
+
+class UnknownPluginError(ConfigError):
+    """A registry name (policy, spec, connector, tier kind) that resolves to nothing usable;
+    the message lists the known names."""

@@ -1,0 +1,90 @@
+"""Layers import downward only: every ``kvoffload`` import (module level, inside functions and
+under TYPE_CHECKING alike) goes to a layer below its own, or stays inside its own package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kvoffload
+
+ROOT = Path(kvoffload.__file__).parent
+
+#: Bottom first. Equal ranks may not import each other (only within one package).
+LAYERS = [
+    ("kvoffload.errors", "kvoffload.kv_info", "kvoffload.logs"),
+    ("kvoffload.registry", "kvoffload"),  # the package root: its version and log set-up
+    ("kvoffload.config",),
+    ("kvoffload.offload",),
+    ("kvoffload.transfer",),
+    ("kvoffload.tiers",),
+    ("kvoffload.connector",),
+    ("kvoffload.engine",),
+    ("kvoffload.traces", "kvoffload.workload", "kvoffload.report", "kvoffload.integrations"),
+    ("kvoffload.testing",),
+    ("kvoffload.bench",),
+    ("kvoffload.cli",),
+    ("kvoffload.__main__",),
+]
+
+
+def _unit(module: str) -> tuple[int, str]:
+    """(rank, unit) of a module: the unit is the longest layer entry it falls under."""
+    best: tuple[int, str] | None = None
+    for rank, units in enumerate(LAYERS):
+        for unit in units:
+            if (module == unit or module.startswith(unit + ".")) and (best is None or len(unit) > len(best[1])):
+                best = (rank, unit)
+    assert best is not None, f"{module} is in no layer; add it to LAYERS"
+    return best
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+    return [(line, name) for line, name in out if name == "kvoffload" or name.startswith("kvoffload.")]
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _target(name: str) -> str:
+    """``from kvoffload.x import y`` names either a module or an attribute of kvoffload.x."""
+    return name if (ROOT.parent / (name.replace(".", "/") + ".py")).exists() or (
+        ROOT.parent / name.replace(".", "/")).is_dir() else name.rpartition(".")[0]
+
+
+def test_every_import_goes_down():
+    upward = []
+    for path in sorted(ROOT.rglob("*.py")):
+        module = _module_of(path)
+        rank, unit = _unit(module)
+        for line, name in _imports(path):
+            target = _target(name)
+            t_rank, t_unit = _unit(target)
+            if t_unit == unit:
+                continue
+            if t_rank >= rank:
+                upward.append(f"{path.relative_to(ROOT.parent)}:{line} {module} imports {target}")
+    assert upward == []
+
+
+def test_bench_modules_do_not_import_each_other_in_a_cycle():
+    edges = {}
+    for path in (ROOT / "bench").glob("*.py"):
+        edges[_module_of(path)] = {_target(n) for _, n in _imports(path) if n.startswith("kvoffload.bench.")}
+    cycles = [(a, b) for a, targets in edges.items() for b in targets if a in edges.get(b, ())]
+    assert cycles == []
+
+
+def test_the_engine_knows_only_the_connector_contract():
+    for path in (ROOT / "engine").rglob("*.py"):
+        for line, name in _imports(path):
+            assert not name.startswith(("kvoffload.offload", "kvoffload.transfer", "kvoffload.tiers")), (
+                f"{path.name}:{line} imports {name}")
