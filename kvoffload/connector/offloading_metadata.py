@@ -5,14 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvoffload.connector.base import KVConnectorMetadata
-from kvoffload.offload.abstract import LoadStoreSpec
+from kvoffload.connector.jobs import TransferJob
 
-
-@dataclass(frozen=True, slots=True)
-class TransferJob:
-    job_id: int
-    src: LoadStoreSpec
-    dst: LoadStoreSpec
+__all__ = ["OffloadingConnectorMetadata", "TransferJob"]
 
 
 @dataclass
@@ -21,7 +16,7 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     #: Planned this step, submitted by the worker at the start of the next one.
     reqs_to_store: dict[str, list[TransferJob]] = field(default_factory=dict)
     preempted_req_ids: set[str] = field(default_factory=set)
-    #: CPU → disk copies of CPU-tier victims; run before their slots are overwritten.
+    #: Copies of a tier's victims into the next tier; run before their slots are overwritten.
     demotions: list[TransferJob] = field(default_factory=list)
     #: Swap-mode preemption: copies of preempted requests' KV, run (and awaited) before the
     #: forward pass, since their blocks may be reused in this very step.

@@ -13,21 +13,12 @@ from typing import Any
 
 import xxhash
 
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, TransferJob
-from kvoffload.offload.abstract import BlockHash, OffloadingEvent
+from kvoffload.connector.jobs import JobKind, TransferJob
+from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
+from kvoffload.connector.request_state import JobRecord, RequestOffloadState
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, OffloadingEvent
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import OffloadingSpec
-
-
-_LOAD, _STORE, _DEMOTE = "load", "store", "demote"
-
-
-@dataclass(slots=True)
-class _Job:
-    req_id: str
-    block_hashes: list[BlockHash]
-    kind: str
-    medium: str = ""
 
 
 @dataclass(slots=True)
@@ -64,20 +55,27 @@ class OffloadingConnectorScheduler:
         self.world_size = spec.kv_info.world_size
         #: Results of jobs some ranks have reported and others not yet.
         self._partial: dict[int, list[Any]] = {}
-        self._requests: dict[str, Any] = {}
-        self._block_ids: dict[str, list[int]] = {}
-        self._next_stored: dict[str, int] = {}
-        self._loading: dict[str, list[BlockHash]] = {}
-        self._storing: dict[str, Counter] = {}
+        self._requests: dict[str, RequestOffloadState] = {}
+        self._jobs: dict[int, JobRecord] = {}
         self._blocks_being_loaded: set[BlockHash] = set()
+        #: This step's plan, sent (and reset) by build_connector_meta.
         self._reqs_to_load: dict[str, list[TransferJob]] = {}
-        self._jobs: dict[int, _Job] = {}
-        #: Swapped-out requests: computed tokens at preemption, key of their partial block.
-        self._swapped: dict[str, tuple[int, BlockHash | None]] = {}
         self._swap_out: dict[str, list[TransferJob]] = {}
         self._delayed: set[str] = set()
         self._job_ids = itertools.count()
         self.stats = SchedulerSideStats()
+
+    def _state(self, rid: str) -> RequestOffloadState:
+        state = self._requests.get(rid)
+        if state is None:
+            state = self._requests[rid] = RequestOffloadState()
+        return state
+
+    def _new_job(self, kind: JobKind, rid: str | None, hashes: list[BlockHash], src: LoadStoreSpec,
+                 dst: LoadStoreSpec) -> TransferJob:
+        job = TransferJob(next(self._job_ids), kind, src, dst, rid)
+        self._jobs[job.job_id] = JobRecord(job, list(hashes))
+        return job
 
     def _offload_hashes(self, request: Any, start: int, end: int) -> list[BlockHash]:
         f = self.factor
@@ -86,7 +84,9 @@ class OffloadingConnectorScheduler:
     # ---- lookups and loads -----------------------------------------------------------------
     def _swap_hit(self, request: Any, num_computed_tokens: int) -> int:
         """Tokens a swapped-out request can restore exactly (all its full blocks + the tail)."""
-        computed, key = self._swapped[request.request_id]
+        swapped = self._requests[request.request_id].swapped
+        assert swapped is not None
+        computed, key = swapped
         full = computed // self.block_size
         hashes = request.block_hashes[:full]
         if self.manager.lookup(hashes) != full or (key is not None and self.manager.lookup([key]) != 1):
@@ -96,11 +96,12 @@ class OffloadingConnectorScheduler:
         return max(0, computed - num_computed_tokens)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        if request.request_id in self._swapped:
+        state = self._requests.get(request.request_id)
+        if state is not None and state.swapped is not None:
             restorable = self._swap_hit(request, num_computed_tokens)
             if restorable:
                 return restorable, True
-            del self._swapped[request.request_id]  # evicted meanwhile: the plain path decides
+            state.swapped = None  # evicted meanwhile: the plain path decides
         num_blocks = request.num_tokens // self.offloaded_block_size
         hashes = self._offload_hashes(request, 0, num_blocks)
         self.manager.touch(hashes)
@@ -127,15 +128,15 @@ class OffloadingConnectorScheduler:
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id
-        self._requests[rid] = request
-        block_ids = list(blocks.get_block_ids()[0])
-        self._block_ids[rid] = block_ids
+        state = self._state(rid)
+        state.request = request
+        block_ids = state.block_ids = list(blocks.get_block_ids()[0])
         if num_external_tokens == 0:
             return
         # Local prefix hits are the blocks that already carry a hash; the rest are new.
         num_local = sum(1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
-        if rid in self._swapped:
-            self._plan_swap_in(request, block_ids, num_local, num_external_tokens)
+        if state.swapped is not None:
+            self._plan_swap_in(state, block_ids, num_local, num_external_tokens)
             return
         full_tokens = num_local + num_external_tokens
         if full_tokens % self.offloaded_block_size or num_external_tokens % self.block_size:
@@ -155,19 +156,17 @@ class OffloadingConnectorScheduler:
         for spec, seg_hashes in segments:
             lo = max(offset * f, first_engine)
             hi = (offset + len(seg_hashes)) * f
-            job_id = next(self._job_ids)
             medium = spec.medium()
-            self._jobs[job_id] = _Job(rid, list(seg_hashes), _LOAD, medium)
-            jobs.append(TransferJob(job_id, spec, GPULoadStoreSpec(block_ids[lo:hi])))
+            jobs.append(self._new_job(JobKind.LOAD, rid, seg_hashes, spec, GPULoadStoreSpec(block_ids[lo:hi])))
             tokens = (hi - lo) * self.block_size
             self.stats.tier_hits[medium.lower()] += tokens  # "cpu" / "disk", as stats() reports
-            if medium != "CPU":
+            if medium is not Medium.CPU:
                 promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
             offset += len(seg_hashes)
         self._reqs_to_load[rid] = jobs
-        self._loading[rid] = hashes
+        state.loading = hashes
         self._blocks_being_loaded.update(hashes)
-        self._next_stored[rid] = max(self._next_stored.get(rid, 0), promote_from)
+        state.next_stored = max(state.next_stored, promote_from)
 
     # ---- swap-mode preemption ------------------------------------------------------------
     def swap_out(self, request: Any, block_ids: Any) -> bool:
@@ -181,10 +180,11 @@ class OffloadingConnectorScheduler:
         out = self.manager.prepare_store(hashes)
         if out is None or computed == 0:
             return False
+        state = self._state(rid)
         jobs = []
         if out.block_hashes_to_store:
             index_of = {h: i for i, h in enumerate(hashes)}
-            jobs.append(self._store_job(rid, out, [ids[index_of[h]] for h in out.block_hashes_to_store]))
+            jobs.append(self._store_job(state, rid, out, [ids[index_of[h]] for h in out.block_hashes_to_store]))
         key = None
         if computed % self.block_size:
             # The partial block has no chained hash; key it by request and length (16 bytes, so
@@ -195,22 +195,24 @@ class OffloadingConnectorScheduler:
                 self._swap_out[rid] = jobs
                 return False
             if tail.block_hashes_to_store:
-                jobs.append(self._store_job(rid, tail, [ids[full]]))
+                jobs.append(self._store_job(state, rid, tail, [ids[full]]))
         self._swap_out[rid] = jobs
-        self._swapped[rid] = (computed, key)
-        self._next_stored[rid] = max(self._next_stored.get(rid, 0), full)
+        state.swapped = (computed, key)
+        state.next_stored = max(state.next_stored, full)
         self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
         return True
 
-    def _store_job(self, rid: str, out: Any, device_ids: list[int]) -> TransferJob:
-        job_id = next(self._job_ids)
-        self._jobs[job_id] = _Job(rid, list(out.block_hashes_to_store), _STORE)
-        self._storing.setdefault(rid, Counter()).update(out.block_hashes_to_store)
-        return TransferJob(job_id, GPULoadStoreSpec(device_ids), out.store_spec)
+    def _store_job(self, state: RequestOffloadState, rid: str, out: Any, device_ids: list[int]) -> TransferJob:
+        state.storing.update(out.block_hashes_to_store)
+        return self._new_job(JobKind.SWAP_OUT, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
+                             out.store_spec)
 
-    def _plan_swap_in(self, request: Any, block_ids: list[int], num_local: int, num_external: int) -> None:
+    def _plan_swap_in(self, state: RequestOffloadState, block_ids: list[int], num_local: int, num_external: int) -> None:
+        request = state.request
         rid = request.request_id
-        computed, key = self._swapped.pop(rid)
+        assert state.swapped is not None
+        computed, key = state.swapped
+        state.swapped = None
         assert num_local + num_external == computed, "swap-in must restore exactly what was swapped out"
         first, full = num_local // self.block_size, computed // self.block_size
         hashes = list(request.block_hashes[first:full])
@@ -221,41 +223,41 @@ class OffloadingConnectorScheduler:
                 continue
             offset = 0
             for spec, seg in self.manager.prepare_load_segments(seg_hashes):
-                job_id = next(self._job_ids)
-                self._jobs[job_id] = _Job(rid, list(seg), _LOAD, spec.medium())
-                jobs.append(TransferJob(job_id, spec, GPULoadStoreSpec(device_ids[offset : offset + len(seg)])))
+                jobs.append(self._new_job(JobKind.LOAD, rid, seg, spec,
+                                          GPULoadStoreSpec(device_ids[offset : offset + len(seg)])))
                 offset += len(seg)
         self._reqs_to_load[rid] = jobs
-        self._loading[rid] = hashes + ([key] if key is not None else [])
+        state.loading = hashes + ([key] if key is not None else [])
         self._blocks_being_loaded.update(hashes)
         self.stats.blocks_swapped_in += len(hashes) + (key is not None)
 
     # ---- stores ------------------------------------------------------------------------------
     def _update_block_ids(self, so: Any) -> None:
         for new in so.scheduled_new_reqs:
-            self._block_ids[new.req_id] = list(new.block_ids[0])
+            self._state(new.req_id).block_ids = list(new.block_ids[0])
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             ids = cached.new_block_ids[i]
             if cached.resumed_from_preemption[i]:
-                self._block_ids[rid] = list(ids[0]) if ids else []
+                self._state(rid).block_ids = list(ids[0]) if ids else []
             elif ids:
-                self._block_ids.setdefault(rid, []).extend(ids[0])
+                self._state(rid).block_ids.extend(ids[0])
         for rid, replacements in getattr(so, "block_replacements", {}).items():
-            ids = self._block_ids.get(rid)
-            for idx, block_id in replacements if ids is not None else ():
-                ids[idx] = block_id  # copy-on-write gave this request a private block
+            state = self._requests.get(rid)
+            for idx, block_id in replacements if state is not None else ():
+                state.block_ids[idx] = block_id  # copy-on-write gave this request a private block
 
     def _plan_stores(self, so: Any) -> dict[str, list[TransferJob]]:
         reqs_to_store: dict[str, list[TransferJob]] = {}
         f = self.factor
         for rid, n in so.num_scheduled_tokens.items():
-            request = self._requests.get(rid)
-            if request is None:
+            state = self._requests.get(rid)
+            if state is None or state.request is None:
                 continue
+            request = state.request
             num_tokens = request.num_computed_tokens + n
             num_blocks = min(num_tokens // self.offloaded_block_size, len(request.block_hashes) // f)
-            start = self._next_stored.get(rid, 0)
+            start = state.next_stored
             if num_blocks <= start:
                 continue
             hashes = self._offload_hashes(request, start, num_blocks)
@@ -263,21 +265,20 @@ class OffloadingConnectorScheduler:
             if out is None:
                 self.stats.store_retries += 1
                 continue  # the cursor stays: retried next step
-            self._next_stored[rid] = num_blocks
+            state.next_stored = num_blocks
             self.manager.touch(hashes)
             self.stats.evicted_blocks += len(out.block_hashes_evicted)
             if not out.block_hashes_to_store:
                 continue
             index_of = {h: start + k for k, h in enumerate(hashes)}
-            block_ids = self._block_ids[rid]
+            block_ids = state.block_ids
             device_ids: list[int] = []
             for h in out.block_hashes_to_store:
                 i = index_of[h]
                 device_ids.extend(block_ids[i * f : (i + 1) * f])
-            job_id = next(self._job_ids)
-            self._jobs[job_id] = _Job(rid, list(out.block_hashes_to_store), _STORE)
-            reqs_to_store[rid] = [TransferJob(job_id, GPULoadStoreSpec(device_ids), out.store_spec)]
-            self._storing.setdefault(rid, Counter()).update(out.block_hashes_to_store)
+            reqs_to_store[rid] = [self._new_job(JobKind.STORE, rid, out.block_hashes_to_store,
+                                                GPULoadStoreSpec(device_ids), out.store_spec)]
+            state.storing.update(out.block_hashes_to_store)
         return reqs_to_store
 
     def has_pending_work(self) -> bool:
@@ -285,12 +286,7 @@ class OffloadingConnectorScheduler:
         return bool(self._jobs) or self.manager.has_pending_demotions()
 
     def _plan_demotions(self) -> list[TransferJob]:
-        jobs = []
-        for d in self.manager.take_demotions():
-            job_id = next(self._job_ids)
-            self._jobs[job_id] = _Job("", d.block_hashes, _DEMOTE, d.dst.medium())
-            jobs.append(TransferJob(job_id, d.src, d.dst))
-        return jobs
+        return [self._new_job(JobKind.DEMOTE, None, d.block_hashes, d.src, d.dst) for d in self.manager.take_demotions()]
 
     def build_connector_meta(self, scheduler_output: Any) -> OffloadingConnectorMetadata:
         self._update_block_ids(scheduler_output)
@@ -324,37 +320,39 @@ class OffloadingConnectorScheduler:
                 result = _merge(parts)
             self._complete(self._jobs.pop(job_id), result)
 
-    def _complete(self, job: _Job, result: Any) -> None:
-        if job.kind == _DEMOTE:
-            self.manager.complete_demotion(job.block_hashes, result.success)
+    def _complete(self, job: JobRecord, result: Any) -> None:
+        kind, hashes = job.kind, job.block_hashes
+        state = self._requests.get(job.req_id) if job.req_id is not None else None
+        if kind is JobKind.DEMOTE:
+            self.manager.complete_demotion(hashes, result.success)
             self._record_io(job.medium, result, write=True)
-            self.stats.blocks_demoted += len(job.block_hashes) if result.success else 0
-        elif job.kind == _STORE:
-            self.manager.complete_store(job.block_hashes, result.success)
-            storing = self._storing.get(job.req_id)
-            if storing is not None:
-                storing.subtract(job.block_hashes)
-                if not +storing:
-                    del self._storing[job.req_id]
-            if result.success:
-                self.stats.blocks_stored += len(job.block_hashes)
-            else:
-                self.stats.stores_failed += len(job.block_hashes)
-        else:
-            self.manager.complete_load(job.block_hashes, job.medium)
-            self._blocks_being_loaded.difference_update(job.block_hashes)
-            if job.req_id in self._loading and not any(
-                j.req_id == job.req_id and j.kind == _LOAD for j in self._jobs.values()
+            self.stats.blocks_demoted += len(hashes) if result.success else 0
+        elif kind is JobKind.LOAD:
+            self.manager.complete_load(hashes, job.medium)
+            self._blocks_being_loaded.difference_update(hashes)
+            if state is not None and state.loading is not None and not any(
+                j.req_id == job.req_id and j.kind is JobKind.LOAD for j in self._jobs.values()
             ):
-                del self._loading[job.req_id]
+                state.loading = None
             if result.bad_block_ids:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
                 self.stats.corrupt_blocks += self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
             self._record_io(job.medium, result)
             if result.success:
-                self.stats.blocks_loaded += len(job.block_hashes)
+                self.stats.blocks_loaded += len(hashes)
             else:
-                self.stats.loads_failed += len(job.block_hashes)
+                self.stats.loads_failed += len(hashes)
+        else:  # STORE, SWAP_OUT
+            self.manager.complete_store(hashes, result.success)
+            if state is not None:
+                state.storing.subtract(hashes)
+                state.storing = +state.storing
+            if result.success:
+                self.stats.blocks_stored += len(hashes)
+            else:
+                self.stats.stores_failed += len(hashes)
+        if state is not None and state.finished and not state.busy:
+            del self._requests[job.req_id]  # type: ignore[arg-type]
 
     def _record_io(self, medium: str, result: Any, write: bool = False) -> None:
         if result.success or result.io_error:
@@ -362,21 +360,23 @@ class OffloadingConnectorScheduler:
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        self._requests.pop(rid, None)
-        self._block_ids.pop(rid, None)
-        self._next_stored.pop(rid, None)
-        self._swapped.pop(rid, None)
+        state = self._requests.get(rid)
+        if state is None:
+            return False, None
         for job in self._reqs_to_load.pop(rid, ()):  # planned, never sent: undo the pin now
             planned = self._jobs.pop(job.job_id)  # one job per tier segment
             hashes = planned.block_hashes
             self.manager.complete_load(hashes, planned.medium)
             self._blocks_being_loaded.difference_update(hashes)
-            self._loading.pop(rid, None)
+            state.loading = None
         # Keep the device blocks while any planned or in-flight copy still reads or fills them;
         # the worker then reports this request (and only delayed ones) as finished-sending.
-        delay = bool(self._storing.get(rid)) or rid in self._loading
+        delay = state.busy
         if delay:
             self._delayed.add(rid)
+            state.request, state.block_ids, state.swapped, state.finished = None, [], None, True
+        else:
+            del self._requests[rid]
         return delay, None
 
     def take_events(self) -> list[OffloadingEvent]:

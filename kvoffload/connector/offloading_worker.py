@@ -13,7 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, TransferJob
+from kvoffload.connector.jobs import JobKind, TransferJob
+from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingWorker, TransferResult
 from kvoffload.transfer.layout import CanonicalKVCache, canonicalize
@@ -53,7 +54,7 @@ class OffloadingConnectorWorker:
         self.kv: CanonicalKVCache | None = None
         self.handlers: list[Any] = []
         self._deferred: dict[str, list[TransferJob]] = {}
-        self._job_req: dict[int, tuple[str, bool]] = {}
+        self._jobs: dict[int, TransferJob] = {}
         self._outstanding: Counter[str] = Counter()
         self._loads_pending: Counter[str] = Counter()
         self._finished: set[str] = set()
@@ -81,21 +82,22 @@ class OffloadingConnectorWorker:
             if all(handler is not h for h in self.handlers):
                 self.handlers.append(handler)
 
-    def _submit(self, rid: str, job: TransferJob, is_store: bool) -> None:
-        """Submit one copy; ``rid == ""`` marks a demotion, which belongs to no request."""
+    def _submit(self, job: TransferJob) -> None:
+        """Submit one copy (a demotion belongs to no request)."""
         assert self.worker is not None, "register_kv_caches must run before any transfer"
+        rid, is_load = job.req_id, job.kind is JobKind.LOAD
         if self.worker.transfer_async(job.job_id, (job.src, job.dst)):
-            self._job_req[job.job_id] = (rid, is_store)
-            if rid:
+            self._jobs[job.job_id] = job
+            if rid is not None:
                 self._outstanding[rid] += 1
-                if not is_store:
+                if is_load:
                     self._loads_pending[rid] += 1
                     if self.collect_failed_block_ids:
                         self._load_dst[job.job_id] = job.dst.block_ids.tolist()
             return
-        direction = DEVICE_TO_HOST if is_store else HOST_TO_DEVICE
+        direction = HOST_TO_DEVICE if is_load else DEVICE_TO_HOST
         self._results.append(TransferResult(job.job_id, False, 0, 0.0, direction))
-        if rid and not is_store:
+        if rid is not None and is_load:
             if self.collect_failed_block_ids:
                 self._failed_block_ids.update(job.dst.block_ids.tolist())
             self._load_failed.add(rid)
@@ -104,9 +106,9 @@ class OffloadingConnectorWorker:
 
     def _submit_deferred(self) -> None:
         deferred, self._deferred = self._deferred, {}
-        for rid, jobs in deferred.items():
+        for jobs in deferred.values():
             for job in jobs:
-                self._submit(rid, job, is_store=True)
+                self._submit(job)
 
     def _submit_demotions(self, meta: OffloadingConnectorMetadata) -> None:
         """Demotions go first, whichever hook runs first: they fence the CPU slots they read,
@@ -115,7 +117,7 @@ class OffloadingConnectorWorker:
             return
         self._demoted_meta = meta
         for job in meta.demotions:
-            self._submit("", job, is_store=True)
+            self._submit(job)
 
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
         """Preemption is a barrier: copies reading a preempted request's blocks finish first."""
@@ -123,18 +125,18 @@ class OffloadingConnectorWorker:
             return
         self._submit_demotions(meta)
         self._submit_deferred()
-        for rid, jobs in meta.swap_out.items():
+        for jobs in meta.swap_out.values():
             for job in jobs:
-                self._submit(rid, job, is_store=True)
+                self._submit(job)
         assert self.worker is not None
-        self.worker.wait([j for j, (rid, _) in self._job_req.items() if rid in meta.preempted_req_ids])
+        self.worker.wait([j for j, job in self._jobs.items() if job.req_id in meta.preempted_req_ids])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
         self._finished |= meta.await_finish
         self._submit_demotions(meta)
-        for rid, jobs in meta.reqs_to_load.items():
+        for jobs in meta.reqs_to_load.values():
             for job in jobs:
-                self._submit(rid, job, is_store=False)
+                self._submit(job)
         self._submit_deferred()
         self._deferred = dict(meta.reqs_to_store)
 
@@ -142,15 +144,16 @@ class OffloadingConnectorWorker:
         recved: set[str] = set()
         assert self.worker is not None
         for r in self.worker.get_finished():
-            rid, is_store = self._job_req.pop(r.job_id)
+            job = self._jobs.pop(r.job_id)
+            rid = job.req_id
             self.stats.record(r)
             self._results.append(r)
-            if not rid:
+            if rid is None:
                 continue
             self._outstanding[rid] -= 1
             if self._outstanding[rid] <= 0:
                 del self._outstanding[rid]
-            if not is_store:
+            if job.kind is JobKind.LOAD:
                 dst = self._load_dst.pop(r.job_id, [])
                 if not r.success:
                     self._failed_block_ids.update(dst)
@@ -191,7 +194,7 @@ class OffloadingConnectorWorker:
         if self.worker is None:
             return
         self._submit_deferred()
-        self.worker.wait(list(self._job_req))
+        self.worker.wait(list(self._jobs))
 
     def close(self) -> None:
         if self.worker is not None:

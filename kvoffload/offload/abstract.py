@@ -16,10 +16,24 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 BlockHash = Hashable
+
+
+class Medium(str, Enum):
+    """Where a LoadStoreSpec's slots live. A ``str`` enum: ``Medium.CPU == "CPU"``, so events
+    and stats keep their plain names."""
+
+    GPU = "GPU"
+    CPU = "CPU"
+    DISK = "DISK"
+    REMOTE = "REMOTE"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class LoadStoreSpec(ABC):
@@ -32,8 +46,8 @@ class LoadStoreSpec(ABC):
 
     @staticmethod
     @abstractmethod
-    def medium() -> str:
-        """Medium name, e.g. "GPU", "CPU", "DISK"."""
+    def medium() -> Medium:
+        """The medium these slots are in."""
 
     def __len__(self) -> int:
         return len(self.block_ids)

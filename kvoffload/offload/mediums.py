@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvoffload.offload.abstract import LoadStoreSpec
+from kvoffload.offload.abstract import LoadStoreSpec, Medium
 
 
 class GPULoadStoreSpec(LoadStoreSpec):
@@ -11,16 +11,16 @@ class GPULoadStoreSpec(LoadStoreSpec):
     __slots__ = ()
 
     @staticmethod
-    def medium() -> str:
-        return "GPU"
+    def medium() -> Medium:
+        return Medium.GPU
 
 
 class CPULoadStoreSpec(LoadStoreSpec):
     __slots__ = ()
 
     @staticmethod
-    def medium() -> str:
-        return "CPU"
+    def medium() -> Medium:
+        return Medium.CPU
 
 
 class DiskLoadStoreSpec(LoadStoreSpec):
@@ -33,5 +33,5 @@ class DiskLoadStoreSpec(LoadStoreSpec):
         self.block_hashes = block_hashes
 
     @staticmethod
-    def medium() -> str:
-        return "DISK"
+    def medium() -> Medium:
+        return Medium.DISK

@@ -7,7 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from kvoffload.config import OffloadConfig
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler, _Job
+from kvoffload.connector.jobs import JobKind, TransferJob
+from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.request_state import JobRecord, RequestOffloadState
+from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.disk_format import DiskLayout, data_checksum, record_header
 from kvoffload.offload.disk_manager import DiskOffloadingManager, tier_file
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
@@ -29,8 +32,8 @@ def test_capacity_is_the_total_over_ranks():
 def test_a_job_completes_when_every_rank_reported_and_fails_if_any_failed(second_ok):
     sched = _sched(2)
     sched.manager.prepare_store([7])
-    sched._jobs[3] = _Job("r", [7], "store")
-    sched._storing["r"] = Counter({7: 1})
+    sched._jobs[3] = JobRecord(TransferJob(3, JobKind.STORE, GPULoadStoreSpec([0]), CPULoadStoreSpec([0]), "r"), [7])
+    sched._requests["r"] = RequestOffloadState(storing=Counter({7: 1}))
     ok = TransferResult(3, True, 100, 0.001, "device_to_host")
     sched.update_connector_output(SimpleNamespace(worker_meta=[ok]))
     assert sched.manager.is_pending(7) and 3 in sched._jobs  # rank 1 has not reported yet

@@ -1,0 +1,54 @@
+"""RequestOffloadState: everything the scheduler half tracks about one request, in one record."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.connector.jobs import JobKind, TransferJob
+from kvoffload.offload.abstract import BlockHash, Medium
+
+
+@dataclass(slots=True)
+class RequestOffloadState:
+    #: The engine's request (None until it is allocated, and after it finished).
+    request: Any = None
+    #: Its device block ids, in order (engine blocks, not offloaded slots).
+    block_ids: list[int] = field(default_factory=list)
+    #: Offloaded blocks below this index are stored or being stored (the store cursor).
+    next_stored: int = 0
+    #: Hashes of the load in flight (None when none is), so the engine keeps its blocks.
+    loading: list[BlockHash] | None = None
+    #: Hashes being stored (multiset), so the engine keeps the blocks the stores read.
+    storing: Counter = field(default_factory=Counter)
+    #: Swapped out at preemption: (computed tokens, key of the partial tail block or None).
+    swapped: tuple[int, BlockHash | None] | None = None
+    #: Finished by the engine while copies were still in flight: dropped once they land.
+    finished: bool = False
+
+    @property
+    def busy(self) -> bool:
+        """A planned or in-flight copy still reads or fills this request's device blocks."""
+        return bool(self.storing) or self.loading is not None
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """The scheduler half's view of a submitted job: the job and the hashes it moves."""
+
+    job: TransferJob
+    block_hashes: list[BlockHash]
+
+    @property
+    def kind(self) -> JobKind:
+        return self.job.kind
+
+    @property
+    def req_id(self) -> str | None:
+        return self.job.req_id
+
+    @property
+    def medium(self) -> Medium:
+        """The offload tier the job reads (a load) or writes (a store or demotion)."""
+        return self.job.src.medium() if self.job.kind is JobKind.LOAD else self.job.dst.medium()
