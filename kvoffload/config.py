@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from kvoffload.errors import ConfigError, UnknownPluginError
-from kvoffload.registry import POLICIES, SPECS
+from kvoffload.registry import POLICIES, SPECS, TIER_KINDS
 
 
 
@@ -227,8 +227,9 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         key = f"tiers[{i}]"
         _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path", "write_through"}, key)
         medium = raw.get("medium")
-        if medium not in ("cpu", "disk"):
-            raise ConfigError(f"{key}.medium: {medium!r}; use cpu or disk")
+        _check_medium(medium, i, key)
+        if any(t.medium == medium for t in tiers):
+            raise ConfigError(f"{key}.medium: a second {medium} tier; one tier per medium (copies are routed by it)")
         name = raw.get("name", medium)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{key}.name: {name!r} must be a non-empty string")
@@ -265,14 +266,28 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         if not isinstance(write_through, bool):
             raise ConfigError(f"{key}.write_through: {write_through!r}; use true or false")
         if medium == "cpu" and write_through:
-            raise ConfigError(f"{key}.write_through: only a disk tier is written through to; remove it here")
+            raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
+                              "through to; remove it from the cpu tier")
         tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
                                 path=str(path) if path is not None else None, write_through=write_through))
-    if tiers[0].medium != "cpu":
-        raise ConfigError("tiers[0].medium: the first (fastest) tier must be cpu; disk loads pass through host memory")
-    if len(tiers) > 2 or (len(tiers) == 2 and tiers[1].medium != "disk"):
-        raise ConfigError("tiers: supported layouts are [cpu] and [cpu, disk]")
     return tuple(tiers)
+
+
+def _check_medium(medium: Any, i: int, key: str) -> None:
+    """tiers[0] is the host (cpu) tier; every later tier is a registered tier kind."""
+    if i == 0:
+        if medium != "cpu":
+            raise ConfigError(f"{key}.medium: {medium!r}; the first (fastest) tier must be cpu: every other tier's "
+                              "loads pass through host memory")
+        return
+    if medium == "cpu":
+        raise ConfigError(f"{key}.medium: cpu; only the first tier is cpu, list it first and once")
+    if not isinstance(medium, str) or not medium:
+        raise ConfigError(f"{key}.medium: {medium!r}; use cpu, or a tier kind: {', '.join(TIER_KINDS.known())}")
+    try:
+        TIER_KINDS.load(medium)
+    except UnknownPluginError as exc:
+        raise ConfigError(f"{key}.medium: {exc}") from None
 
 
 def check_environment(cfg: OffloadConfig) -> list[str]:

@@ -81,7 +81,7 @@ POLICIES = Registry("eviction policy", "kvoffload.policies", "kvoffload.offload.
     "lru": "kvoffload.offload.lru:LRUCachePolicy",
     "arc": "kvoffload.offload.arc:ARCCachePolicy",
 })
+#: Kinds of secondary tier (the host tier, ``cpu``, is always first and is not a plugin).
 TIER_KINDS = Registry("tier medium", "kvoffload.tiers", "kvoffload.tiers.base:TierKind", {
-    "cpu": "kvoffload.tiers.cpu:CPUTier",
     "disk": "kvoffload.tiers.disk:DiskTier",
 })

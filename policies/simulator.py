@@ -117,8 +117,9 @@ class OpRecorder(ForwardingOffloadingManager):
         super().__init__(backing)
         self.ops: list[tuple[str, list[Hashable], bool]] = []
 
-    def __getattr__(self, name: str):
-        return getattr(self.backing, name)
+    def lookup_prefix(self, block_hashes):  # type: ignore[no-untyped-def]
+        # Through lookup and is_pending (the single-tier default), so the lookup is recorded.
+        return OffloadingManager.lookup_prefix(self, block_hashes)
 
     def lookup(self, block_hashes):  # type: ignore[no-untyped-def]
         hashes = list(block_hashes)

@@ -16,7 +16,7 @@ import xxhash
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState
-from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, OffloadingEvent
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, LookupResult, Medium, OffloadingEvent
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import OffloadingSpec
 
@@ -108,10 +108,11 @@ class OffloadingConnectorScheduler:
         start = num_computed_tokens // self.offloaded_block_size
         if start >= len(hashes):
             return 0, False
-        hits = self.manager.lookup(hashes[start:])
-        if hits is None:
+        found = self.manager.lookup_prefix(hashes[start:])
+        if found.stop is LookupResult.RETRY:
             return None, False
-        if start + hits < len(hashes) and self.manager.is_pending(hashes[start + hits]):
+        hits = found.hits
+        if found.stop is LookupResult.HIT_PENDING:
             # The next block's store is still in flight: wait a step for it rather than
             # recompute it (hit counts then do not depend on copy timing).
             self.stats.lookups_deferred += 1
@@ -324,7 +325,7 @@ class OffloadingConnectorScheduler:
         kind, hashes = job.kind, job.block_hashes
         state = self._requests.get(job.req_id) if job.req_id is not None else None
         if kind is JobKind.DEMOTE:
-            self.manager.complete_demotion(hashes, result.success)
+            self.manager.complete_demotion(hashes, result.success, job.medium)
             self._record_io(job.medium, result, write=True)
             self.stats.blocks_demoted += len(hashes) if result.success else 0
         elif kind is JobKind.LOAD:

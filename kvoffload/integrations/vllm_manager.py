@@ -49,10 +49,9 @@ class KVOffloadManager(OffloadingManager):
 
     def _use(self, inner: KVOffloadingManager) -> None:
         self.inner = inner
-        # vLLM looks keys up one at a time: bind the single-key checks once (the reuse filter
-        # forwards them through __getattr__); managers without them answer through lookup().
-        self._is_ready: Callable[[OffloadKey], bool] | None = getattr(inner, "is_ready", None)
-        self._is_pending: Callable[[OffloadKey], bool] | None = getattr(inner, "is_pending", None)
+        # vLLM looks keys up one at a time: bind the protocol's single-key checks once.
+        self._is_ready: Callable[[OffloadKey], bool] = inner.is_ready
+        self._is_pending: Callable[[OffloadKey], bool] = inner.is_pending
 
     # ---- helpers -------------------------------------------------------------------------
     def _access(self, ctx: ReqContext) -> _RequestAccess:
@@ -68,17 +67,9 @@ class KVOffloadManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self._is_ready is not None:
-            if self._is_ready(key):
-                return LookupResult.HIT
-        else:
-            hits = self.inner.lookup([key])
-            if hits is None:
-                return LookupResult.RETRY
-            if hits:
-                return LookupResult.HIT
-        pending = self._is_pending
-        return LookupResult.HIT_PENDING if pending is not None and pending(key) else LookupResult.MISS
+        if self._is_ready(key):
+            return LookupResult.HIT
+        return LookupResult.HIT_PENDING if self._is_pending(key) else LookupResult.MISS
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         spec = self.inner.prepare_load(list(keys))
@@ -104,7 +95,7 @@ class KVOffloadManager(OffloadingManager):
         for k in offered:
             if k in new:
                 seen.setdefault(k, False)
-            elif k not in seen and (self._is_ready is None or self._is_ready(k)):
+            elif k not in seen and self._is_ready(k):
                 seen[k] = True
         return PrepareStoreOutput(
             keys_to_store=list(out.block_hashes_to_store),

@@ -59,6 +59,28 @@ class LoadStoreSpec(ABC):
         return f"{type(self).__name__}({self.block_ids.tolist()})"
 
 
+class LookupResult(Enum):
+    """What a lookup found for one block (vLLM's names)."""
+
+    HIT = "hit"  # ready in some tier
+    MISS = "miss"  # in no tier: recompute
+    HIT_PENDING = "hit_pending"  # its store has not landed yet: wait a step rather than recompute
+    RETRY = "retry"  # the manager cannot answer now: ask again next step
+
+
+@dataclass(slots=True)
+class PrefixLookup:
+    """One pass over a request's block hashes: the tier of each leading hit, and what stopped
+    the run (MISS, HIT_PENDING or RETRY at ``hashes[hits]``; HIT when every block hit)."""
+
+    media: list[Medium]
+    stop: LookupResult
+
+    @property
+    def hits(self) -> int:
+        return len(self.media)
+
+
 @dataclass(slots=True)
 class PrepareStoreOutput:
     block_hashes_to_store: list[BlockHash]
@@ -79,6 +101,10 @@ class OffloadingEvent:
 
 
 class OffloadingManager(ABC):
+    #: The first tier's medium, and tokens per offloaded block (events carry both).
+    medium: str = Medium.CPU
+    block_size: int = 0
+
     @abstractmethod
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
         """Length of the leading run of present *and ready* blocks; None = ask again later."""
@@ -127,6 +153,22 @@ class OffloadingManager(ABC):
     # Defaults are right for one tier without a store of its own; a manager of several tiers
     # overrides them all, and a decorator forwards every one of them (tested).
 
+    def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
+        """``lookup`` and the state of the first block not hit, in one call (a manager of
+        several tiers answers in one pass over the chain). Default: one tier, the host's."""
+        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hits = self.lookup(hashes)
+        if hits is None:
+            return PrefixLookup([], LookupResult.RETRY)
+        if hits == len(hashes):
+            return PrefixLookup([Medium.CPU] * hits, LookupResult.HIT)
+        stop = LookupResult.HIT_PENDING if self.is_pending(hashes[hits]) else LookupResult.MISS
+        return PrefixLookup([Medium.CPU] * hits, stop)
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        """Loadable now from some tier (one block's ``lookup``)."""
+        return self.lookup([block_hash]) == 1
+
     def is_pending(self, block_hash: BlockHash) -> bool:
         """Present but its store has not completed: a lookup should wait a step, not recompute."""
         return False
@@ -138,15 +180,17 @@ class OffloadingManager(ABC):
         return [(self.prepare_load(hashes), hashes)]
 
     def take_demotions(self) -> list[Demotion]:
-        """Copies into a slower tier queued since the last call (victims, write-through); the
-        worker must run each before any later copy can overwrite its source slots."""
+        """Copies into a slower tier queued since the last call (victims, write-through), in the
+        order the worker must submit them: each before any later copy that overwrites its
+        source slots (a victim of tier i+1 is read before tier i's victim takes its slot)."""
         return []
 
     def has_pending_demotions(self) -> bool:
         return False
 
-    def complete_demotion(self, block_hashes: list[BlockHash], success: bool) -> None:
-        """A demotion's copy landed (or failed: its destination slots are freed)."""
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str | None = None) -> None:
+        """A demotion's copy into ``medium`` (the destination tier) landed, or failed: its
+        destination slots are freed."""
 
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
         """Forget blocks a read found corrupt, misplaced or unreadable; returns how many."""

@@ -11,14 +11,13 @@ import errno
 import fcntl
 import logging
 import os
-import time
 from pathlib import Path
 
 from kvoffload.errors import ConfigError
-from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.disk_format import DiskLayout, scan_records
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
+from kvoffload.offload.secondary import LedgerTierManager
 
 logger = logging.getLogger(__name__)
 
@@ -50,29 +49,21 @@ def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
     return p
 
 
-class DiskOffloadingManager(CPUOffloadingManager):
+class DiskOffloadingManager(LedgerTierManager):
     """The ledger is one for all ranks: slot s of every rank's file holds that rank's shard of
     the same block. Only a record intact in every rank's file is recovered on open."""
 
     spec_type = DiskLoadStoreSpec
 
-    #: I/O errors in a row (reads or writes) that take the tier out of service.
-    MAX_IO_ERRORS = 3
-
     def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | CachePolicy = "lru",
                  enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0) -> None:
-        super().__init__(layout.num_slots, cache_policy, enable_events, block_size=layout.block_tokens)
+        super().__init__(layout.num_slots, cache_policy, enable_events, block_size=layout.block_tokens,
+                         retry_after_s=retry_after_s)
         self.layout = layout
         directory = prepare_tier_dir(path, key)
         self.paths = [tier_file(directory, layout.for_rank(r)) for r in range(layout.world_size)]
         self.path = self.paths[0]
-        self.num_corrupt = 0
         self.num_recovered = 0
-        self.num_io_errors = 0
-        self.num_outages = 0
-        self.retry_after_s = retry_after_s
-        self._errors_in_a_row = [0, 0]  # reads, writes
-        self._out_until = 0.0
         self._fds: list[int] = []
         try:
             for p in self.paths:
@@ -135,38 +126,11 @@ class DiskOffloadingManager(CPUOffloadingManager):
         if self.num_corrupt:
             logger.warning("disk tier %s: dropped %d torn or truncated blocks on open", self.path, self.num_corrupt)
 
-    # ---- health ------------------------------------------------------------------------
-    @property
-    def in_service(self) -> bool:
-        """False for a while after repeated I/O errors: lookups miss it, demotions skip it."""
-        if self._out_until and time.monotonic() >= self._out_until:
-            self._out_until = 0.0
-            self._errors_in_a_row = [0, 0]
-            logger.warning("disk tier %s: back in service after an I/O outage", self.path)
-        return not self._out_until
+    def describe(self) -> str:
+        return f"disk tier {self.path}"
 
-    def note_io(self, ok: bool, write: bool = False) -> None:
-        """Feed one copy's outcome: MAX_IO_ERRORS I/O failures in a row, of reads or of writes
-        (counted apart: a disk that takes writes but fails every read is still of no use), take
-        the tier out of service for ``retry_after_s`` (logged once per outage)."""
-        if ok:
-            self._errors_in_a_row[write] = 0
-            return
-        self.num_io_errors += 1
-        self._errors_in_a_row[write] += 1
-        if self._errors_in_a_row[write] >= self.MAX_IO_ERRORS and not self._out_until:
-            self._out_until = time.monotonic() + self.retry_after_s
-            self.num_outages += 1
-            logger.warning("disk tier %s: %d %s errors in a row; out of service for %.0f s, serving from the "
-                           "other tiers and recompute", self.path, self._errors_in_a_row[write],
-                           "write" if write else "read", self.retry_after_s)
-
-    def drop_slots(self, slots: list[int]) -> int:
-        """Drop the blocks at these slots (a read found them corrupt, misplaced or unreadable)."""
-        hashes = [h for h in (self.hash_at(s) for s in slots) if h is not None]
-        n = len(self.drop(hashes))
-        self.num_corrupt += n
-        return n
+    def stats(self) -> dict[str, int]:
+        return {**super().stats(), "blocks_recovered": self.num_recovered}
 
     def close(self) -> None:
         for fd in self._fds:

@@ -7,7 +7,7 @@ by accident (a test checks each protocol method reaches the backing manager).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import (
     BlockHash,
@@ -15,6 +15,7 @@ from kvoffload.offload.abstract import (
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
+    PrefixLookup,
     PrepareStoreOutput,
 )
 
@@ -22,6 +23,16 @@ from kvoffload.offload.abstract import (
 class ForwardingOffloadingManager(OffloadingManager):
     def __init__(self, backing: OffloadingManager) -> None:
         self.backing = backing
+
+    @property
+    def medium(self) -> str:
+        """The first tier's medium (events and stats name it)."""
+        return self.backing.medium
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per offloaded block."""
+        return self.backing.block_size
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
         return self.backing.lookup(block_hashes)
@@ -53,6 +64,12 @@ class ForwardingOffloadingManager(OffloadingManager):
     def close(self) -> None:
         self.backing.close()
 
+    def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
+        return self.backing.lookup_prefix(block_hashes)
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        return self.backing.is_ready(block_hash)
+
     def is_pending(self, block_hash: BlockHash) -> bool:
         return self.backing.is_pending(block_hash)
 
@@ -65,8 +82,8 @@ class ForwardingOffloadingManager(OffloadingManager):
     def has_pending_demotions(self) -> bool:
         return self.backing.has_pending_demotions()
 
-    def complete_demotion(self, block_hashes: list[BlockHash], success: bool) -> None:
-        self.backing.complete_demotion(block_hashes, success)
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str | None = None) -> None:
+        self.backing.complete_demotion(block_hashes, success, medium)
 
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
         return self.backing.drop_corrupt(medium, slots)

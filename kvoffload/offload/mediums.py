@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from kvoffload.offload.abstract import LoadStoreSpec, Medium
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium
 
 
 class GPULoadStoreSpec(LoadStoreSpec):
@@ -23,15 +27,32 @@ class CPULoadStoreSpec(LoadStoreSpec):
         return Medium.CPU
 
 
-class DiskLoadStoreSpec(LoadStoreSpec):
-    """Disk slots; a write also carries the block hashes its records are keyed by."""
+class KeyedLoadStoreSpec(LoadStoreSpec):
+    """Slots of a secondary tier, with the block hashes their records are keyed by: a write
+    stores each key with its block, a read checks it (a misplaced record is never served)."""
 
     __slots__ = ("block_hashes",)
 
-    def __init__(self, block_ids, block_hashes: list | None = None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, block_ids: Sequence[int] | np.ndarray, block_hashes: list[BlockHash] | None = None) -> None:
         super().__init__(block_ids)
         self.block_hashes = block_hashes
+
+
+class DiskLoadStoreSpec(KeyedLoadStoreSpec):
+    """Slots of the local-disk tier's record file."""
+
+    __slots__ = ()
 
     @staticmethod
     def medium() -> Medium:
         return Medium.DISK
+
+
+class RemoteLoadStoreSpec(KeyedLoadStoreSpec):
+    """Slots of a shared remote tier (a store other engine replicas read too)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def medium() -> Medium:
+        return Medium.REMOTE

@@ -29,9 +29,6 @@ class FilterReusedOffloadingManager(ForwardingOffloadingManager):
         self.counts: OrderedDict[BlockHash, int] = OrderedDict()
         self.num_filtered = 0
 
-    def __getattr__(self, name: str):  # medium, block_size, ledger... of the backing manager
-        return getattr(self.backing, name)
-
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         hashes = list(dict.fromkeys(block_hashes))
         counts = self.counts

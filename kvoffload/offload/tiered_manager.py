@@ -1,84 +1,123 @@
-"""TieredOffloadingManager: a CPU tier in front of a disk tier.
+"""TieredOffloadingManager: the host (CPU) tier in front of a chain of secondary tiers.
 
-Lookups see both tiers (the leading run of blocks ready in either). Stores go to the CPU
-tier; its victims are demoted to disk: each demotion is a CPU → disk copy the connector plans
-from ``take_demotions()`` and the worker submits before any copy that could overwrite the
-victim's CPU slot. Loads come from whichever tier holds each block, CPU first, as per-tier
-segments, each pinned in its tier and released by ``complete_load(hashes, medium)``. A block
-loaded from disk is promoted by the connector storing it into the CPU tier again.
-With ``write_through`` every block whose CPU store completes is also copied to disk (the same
-fenced CPU → disk job as a demotion), so the disk holds the whole cache across restarts.
-A disk tier out of service after repeated I/O errors is invisible to lookups and demotions.
+``tiers[0]`` is the host tier; ``tiers[1:]`` are SecondaryTierManagers (disk, a shared store),
+slowest last, one per medium. The chain has no special cases:
+
+- Lookups walk the hashes once; each block is served by the first tier holding it ready
+  (secondary tiers out of service are skipped).
+- Loads come from whichever tier holds each block, as consecutive per-tier segments, each
+  pinned in its tier and released by ``complete_load(hashes, medium)``. A block loaded from a
+  secondary tier is promoted by the connector storing it into the host tier again.
+- Stores go to the host tier. The victims of tier i are demoted to tier i+1: a copy from
+  tier i's slots the connector plans from ``take_demotions()`` and the worker submits before
+  any copy that could overwrite those slots. Making room in tier i+1 may evict there too; those
+  victims are queued first, so every victim is read before its slot is written again.
+- A tier with ``write_through`` also receives every block landing in the tier above it (the
+  same fenced job as a demotion), so it holds the whole cache across restarts or replicas.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import (
     BlockHash,
     Demotion,
     LoadStoreSpec,
+    LookupResult,
+    Medium,
     OffloadingEvent,
     OffloadingManager,
+    PrefixLookup,
     PrepareStoreOutput,
 )
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
-from kvoffload.offload.disk_manager import DiskOffloadingManager
-from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec
+from kvoffload.offload.secondary import SecondaryTierManager
 
 
 class TieredOffloadingManager(OffloadingManager):
-    def __init__(self, cpu: CPUOffloadingManager, disk: DiskOffloadingManager, write_through: bool = False) -> None:
-        self.cpu = cpu
-        self.disk = disk
-        self.write_through = write_through
-        self.medium = cpu.medium
-        self.block_size = cpu.block_size
+    def __init__(self, primary: CPUOffloadingManager, *secondaries: SecondaryTierManager,
+                 write_through: bool | Sequence[bool] = False) -> None:
+        media = [primary.medium] + [t.medium for t in secondaries]
+        if len(set(media)) != len(media):
+            raise ValueError(f"tiers {[str(m) for m in media]}: one tier per medium (copies are routed by medium)")
+        if isinstance(write_through, bool):
+            write_through = [write_through] * len(secondaries)
+        if len(write_through) != len(secondaries):
+            raise ValueError(f"write_through: {len(write_through)} flags for {len(secondaries)} secondary tiers")
+        self.primary = primary
+        self.secondaries = list(secondaries)
+        #: write_through[i]: tier i+1 receives every block landing in tier i.
+        self.write_through = [False, *write_through]
+        self.medium = primary.medium
+        self.block_size = primary.block_size
+        self._by_medium: dict[str, CPUOffloadingManager | SecondaryTierManager] = {
+            m: t for m, t in zip(media, [primary, *secondaries])}
+        self._index_of = {m: i for i, m in enumerate(media)}
         self._demotions: list[Demotion] = []
         self.num_demoted = 0
         self.num_demotions_dropped = 0
 
-    def _ready(self, h: BlockHash, disk_ok: bool) -> bool:
-        return self.cpu.is_ready(h) or (disk_ok and self.disk.is_ready(h))
+    # Compatibility with the two-tier layout: ``cpu`` and ``disk`` name the first two tiers.
+    @property
+    def cpu(self) -> CPUOffloadingManager:
+        return self.primary
+
+    @property
+    def disk(self) -> SecondaryTierManager:
+        return self.secondaries[0]
+
+    def _tiers(self) -> list[CPUOffloadingManager | SecondaryTierManager]:
+        """The tiers a lookup may use now: the host tier and the secondaries in service."""
+        return [self.primary, *(t for t in self.secondaries if t.in_service)]
+
+    def _tier_of(self, medium: str | None) -> CPUOffloadingManager | SecondaryTierManager:
+        if medium is None:
+            raise ValueError("TieredOffloadingManager needs the medium of the tier a load or demotion used")
+        return self._by_medium[medium]
+
+    # ---- lookups and loads ---------------------------------------------------------------
+    def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
+        tiers = self._tiers()
+        media: list[Medium] = []
+        for h in block_hashes:
+            tier = next((t for t in tiers if t.is_ready(h)), None)
+            if tier is None:
+                pending = any(t.is_pending(h) for t in tiers)
+                return PrefixLookup(media, LookupResult.HIT_PENDING if pending else LookupResult.MISS)
+            media.append(tier.medium)
+        return PrefixLookup(media, LookupResult.HIT)
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        disk_ok = self.disk.in_service
-        hits = 0
-        for h in block_hashes:
-            if not self._ready(h, disk_ok):
-                break
-            hits += 1
-        return hits
+        return self.lookup_prefix(list(block_hashes)).hits
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        return any(t.is_ready(block_hash) for t in self._tiers())
 
     def is_pending(self, block_hash: BlockHash) -> bool:
-        disk_ok = self.disk.in_service
-        return not self._ready(block_hash, disk_ok) and (
-            self.cpu.is_pending(block_hash) or (disk_ok and self.disk.is_pending(block_hash))
-        )
+        tiers = self._tiers()
+        return not any(t.is_ready(block_hash) for t in tiers) and any(t.is_pending(block_hash) for t in tiers)
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = list(block_hashes)
-        self.cpu.touch(hashes)
-        self.disk.touch(hashes)
+        self.primary.touch(hashes)
+        for t in self.secondaries:
+            t.touch(hashes)
 
     def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
-        """Consecutive runs by tier (CPU preferred), each pinned in its tier; a disk segment's
-        spec names its hashes, so the reader can check each record's key."""
-        runs: list[tuple[CPUOffloadingManager, list[BlockHash]]] = []
+        """Consecutive runs by tier (the fastest holding each block), each pinned in its tier; a
+        secondary tier's spec names its hashes, so the reader can check each record's key. A
+        tier that went out of service since the lookup still serves what it holds (a failed read
+        is reported and recomputed)."""
+        tiers = [self.primary, *self.secondaries]
+        runs: list[tuple[CPUOffloadingManager | SecondaryTierManager, list[BlockHash]]] = []
         for h in block_hashes:
-            tier = self.cpu if self.cpu.is_ready(h) else self.disk
+            tier = next((t for t in tiers if t.is_ready(h)), tiers[-1])  # a miss fails in prepare_load
             if runs and runs[-1][0] is tier:
                 runs[-1][1].append(h)
             else:
                 runs.append((tier, [h]))
-        out: list[tuple[LoadStoreSpec, list[BlockHash]]] = []
-        for tier, hashes in runs:
-            spec = tier.prepare_load(hashes)
-            if tier is self.disk:
-                spec = DiskLoadStoreSpec(spec.block_ids, list(hashes))
-            out.append((spec, hashes))
-        return out
+        return [(tier.prepare_load(hashes), hashes) for tier, hashes in runs]
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         segments = self.prepare_load_segments(list(block_hashes))
@@ -89,36 +128,45 @@ class TieredOffloadingManager(OffloadingManager):
         return segments[0][0]
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
-        """Release the pins of one load: in ``medium``'s tier (required: a hash may be pinned
-        in both tiers at once, e.g. loaded from disk, promoted, then loaded from CPU)."""
-        if medium is None:
-            raise ValueError("TieredOffloadingManager.complete_load needs the medium the load was served from")
-        tier = self.disk if medium == self.disk.medium else self.cpu
-        tier.complete_load(block_hashes)
+        """Release the pins of one load in ``medium``'s tier (required: a hash may be pinned in
+        two tiers at once, e.g. loaded from disk, promoted, then loaded from CPU)."""
+        self._tier_of(medium).complete_load(block_hashes)
 
+    # ---- stores and demotions ------------------------------------------------------------
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
-        out = self.cpu.prepare_store(block_hashes)
-        if out is None or not out.block_hashes_evicted:
-            return out
-        self._plan_demotion(list(zip(out.block_hashes_evicted, out.evicted_block_ids)))
+        out = self.primary.prepare_store(block_hashes)
+        if out is not None and out.block_hashes_evicted:
+            self._demote(0, list(zip(out.block_hashes_evicted, out.evicted_block_ids)))
         return out
 
-    def _plan_demotion(self, pairs: list[tuple[BlockHash, int]]) -> None:
-        """Queue a CPU → disk copy of (hash, CPU slot) pairs the disk tier does not hold yet."""
-        if not self.disk.in_service:
+    def _src_spec(self, i: int, slots: list[int], hashes: list[BlockHash]) -> LoadStoreSpec:
+        if i == 0:
+            return self.primary.spec_type(slots)
+        return self.secondaries[i - 1].slot_spec(slots, hashes)
+
+    def _demote(self, i: int, pairs: list[tuple[BlockHash, int]]) -> None:
+        """Queue a copy of (hash, slot in tier i) pairs into tier i+1, where it lacks them."""
+        if i + 1 > len(self.secondaries) or not pairs:
+            return  # the last tier's victims leave the chain
+        target = self.secondaries[i]
+        if not target.in_service:
             self.num_demotions_dropped += len(pairs)
             return
-        pairs = [(h, s) for h, s in pairs if not self.disk.contains(h)]
+        pairs = [(h, s) for h, s in pairs if not target.contains(h)]
         if not pairs:
             return
-        disk_out = self.disk.prepare_store([h for h, _ in pairs])
-        if disk_out is None:
+        out = target.prepare_store([h for h, _ in pairs])
+        if out is None:
             self.num_demotions_dropped += len(pairs)
-        elif disk_out.block_hashes_to_store:
+            return
+        if out.block_hashes_evicted:  # read them out of their slots before this copy overwrites them
+            self._demote(i + 1, list(zip(out.block_hashes_evicted, out.evicted_block_ids)))
+        if out.block_hashes_to_store:
             slot_of = dict(pairs)
-            hashes = disk_out.block_hashes_to_store
-            dst = DiskLoadStoreSpec(disk_out.store_spec.block_ids, list(hashes))
-            self._demotions.append(Demotion(list(hashes), CPULoadStoreSpec([slot_of[h] for h in hashes]), dst))
+            hashes = list(out.block_hashes_to_store)
+            src = self._src_spec(i, [slot_of[h] for h in hashes], hashes)
+            dst = target.slot_spec(out.store_spec.block_ids.tolist(), hashes)
+            self._demotions.append(Demotion(hashes, src, dst))
 
     def has_pending_demotions(self) -> bool:
         return bool(self._demotions)
@@ -127,34 +175,51 @@ class TieredOffloadingManager(OffloadingManager):
         demotions, self._demotions = self._demotions, []
         return demotions
 
-    def complete_demotion(self, block_hashes: list[BlockHash], success: bool) -> None:
-        self.disk.complete_store(block_hashes, success)
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str | None = None) -> None:
+        i = self._index_of[medium] if medium is not None else 1
+        tier = self.secondaries[i - 1]
+        tier.complete_store(block_hashes, success)
         if success:
             self.num_demoted += len(block_hashes)
+            self._write_through(i, block_hashes)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         hashes = list(block_hashes)
-        self.cpu.complete_store(hashes, success)
-        if success and self.write_through:
-            slots = [(h, s) for h in hashes if (s := self.cpu.slot_of(h)) is not None]
-            self._plan_demotion(slots)
+        self.primary.complete_store(hashes, success)
+        if success:
+            self._write_through(0, hashes)
 
+    def _write_through(self, i: int, hashes: list[BlockHash]) -> None:
+        """Blocks landed in tier i: copy them on if tier i+1 is written through."""
+        if i + 1 < len(self.write_through) and self.write_through[i + 1]:
+            tier = self.primary if i == 0 else self.secondaries[i - 1]
+            self._demote(i, [(h, s) for h in hashes if (s := tier.slot_of(h)) is not None])
+
+    # ---- faults, events, stats -----------------------------------------------------------
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
-        return self.disk.drop_slots(slots) if medium == self.disk.medium else 0
+        tier = self._by_medium.get(medium)
+        return tier.drop_slots(slots) if isinstance(tier, SecondaryTierManager) else 0
 
     def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
-        """A read from (or a write to) ``medium`` succeeded or failed with an I/O error."""
-        if medium == self.disk.medium:
-            self.disk.note_io(ok, write)
+        tier = self._by_medium.get(medium)
+        if isinstance(tier, SecondaryTierManager):
+            tier.note_io(ok, write)
 
     def take_events(self) -> list[OffloadingEvent]:
-        return list(self.cpu.take_events()) + list(self.disk.take_events())
+        events = list(self.primary.take_events())
+        for t in self.secondaries:
+            events.extend(t.take_events())
+        return events
 
     def stats(self) -> dict[str, int]:
-        d = self.disk
-        return {"corrupt_blocks": d.num_corrupt, "disk_blocks_recovered": d.num_recovered,
-                "disk_io_errors": d.num_io_errors, "disk_outages": d.num_outages,
-                "demotions_dropped": self.num_demotions_dropped}
+        out = {"corrupt_blocks": 0, "demotions_dropped": self.num_demotions_dropped}
+        for t in self.secondaries:
+            for key, value in t.stats().items():
+                out[f"{t.medium.lower()}_{key}"] = value
+                if key == "corrupt_blocks":
+                    out["corrupt_blocks"] += value
+        return out
 
     def close(self) -> None:
-        self.disk.close()
+        for t in self.secondaries:
+            t.close()

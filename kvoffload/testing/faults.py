@@ -20,13 +20,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from kvoffload.tiers.cpu_spec import CPUOffloadingSpec
 from kvoffload.offload.abstract import LoadStoreSpec
-from kvoffload.offload.mediums import DiskLoadStoreSpec
-from kvoffload.transfer.disk_handler import DISK_TO_DEVICE, HOST_TO_DISK
+from kvoffload.offload.abstract import Medium
+from kvoffload.offload.mediums import KeyedLoadStoreSpec
+from kvoffload.transfer.secondary_handler import copy_direction
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.streams import DEVICE_TO_HOST
+from kvoffload.tiers.cpu_spec import CPUOffloadingSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +71,14 @@ class FaultyHandler(OffloadingHandler):
         p = self.plan
         direction, io = "", True
         slots: tuple[int, ...] = ()
-        if isinstance(src, DiskLoadStoreSpec) and self.rng.random() < p.read_error:
-            direction, slots = DISK_TO_DEVICE, (int(src.block_ids[0]),)
-        elif isinstance(dst, DiskLoadStoreSpec) and self.rng.random() < p.write_error:
-            direction = HOST_TO_DISK
-        elif src.medium() == "GPU" and self.rng.random() < p.store_error:
+        if isinstance(src, KeyedLoadStoreSpec) and self.rng.random() < p.read_error:
+            direction, slots = copy_direction(src.medium(), dst.medium()), (int(src.block_ids[0]),)
+        elif isinstance(dst, KeyedLoadStoreSpec) and self.rng.random() < p.write_error:
+            direction = copy_direction(src.medium(), dst.medium())
+        elif src.medium() is Medium.GPU and self.rng.random() < p.store_error:
             direction, io = DEVICE_TO_HOST, False
         if not direction:
-            if p.corrupt_loads and dst.medium() == "GPU":
+            if p.corrupt_loads and dst.medium() is Medium.GPU:
                 self._loads[job_id] = dst.block_ids
             return self.inner.transfer_async(job_id, spec)
         self.injected += 1

@@ -1,5 +1,5 @@
-"""CPUOffloadingSpec: a CPU DRAM tier, optionally a local disk tier behind it, optionally the
-reuse filter in front of both."""
+"""CPUOffloadingSpec: a CPU DRAM tier, then any chain of secondary tiers behind it (each a
+TierKind plugin), optionally the reuse filter in front of them all."""
 
 from __future__ import annotations
 
@@ -7,12 +7,20 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvoffload.errors import ConfigError
-from kvoffload.offload.abstract import LoadStoreSpec, OffloadingManager
+from kvoffload.offload.abstract import LoadStoreSpec, Medium, OffloadingManager
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
-from kvoffload.offload.disk_format import DiskLayout
-from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
+from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 from kvoffload.offload.spec import OffloadingSpec
+from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.registry import TIER_KINDS
+from kvoffload.tiers.base import TierContext, TierKind
+from kvoffload.transfer.device_host_handler import DeviceHostHandler
+from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.secondary_handler import SecondaryTierHandler
+from kvoffload.transfer.slot_fence import SlotFences
+from kvoffload.transfer.streams import make_stream_pool
+from kvoffload.transfer.tier_io import TierIO
 
 
 class CPUOffloadingSpec(OffloadingSpec):
@@ -21,16 +29,16 @@ class CPUOffloadingSpec(OffloadingSpec):
         under tensor parallelism each rank holds its shard of every block, capacity / world_size."""
         return self.config.tier_blocks(self.offloaded_block_bytes * self.kv_info.world_size)
 
-    def disk_layout(self) -> DiskLayout | None:
-        if len(self.config.tiers) < 2:
-            return None
-        return DiskLayout(
-            digest=self.kv_info.layout_digest or "unnamed",
-            block_bytes=self.offloaded_block_bytes,
-            block_tokens=self.offloaded_block_size,
-            num_slots=self.num_blocks_per_tier()[1],
-            world_size=self.kv_info.world_size,
-        )
+    def tier_kinds(self) -> list[TierKind]:
+        """The secondary tiers, in chain order, as their kinds' plugins."""
+        blocks = self.num_blocks_per_tier()
+        info = self.kv_info
+        kinds = []
+        for i, tier in enumerate(self.config.tiers[1:], start=1):
+            ctx = TierContext(tier, f"tiers[{i}]", blocks[i], self.offloaded_block_bytes, self.offloaded_block_size,
+                              info.layout_digest, info.world_size, info.rank, self.config.metrics.events)
+            kinds.append(TIER_KINDS.load(tier.medium)(ctx))
+        return kinds
 
     def get_manager(self) -> OffloadingManager:
         try:
@@ -42,33 +50,30 @@ class CPUOffloadingSpec(OffloadingSpec):
 
     def _build_manager(self) -> OffloadingManager:
         cfg = self.config
-        cpu_tier = cfg.tiers[0]
-        manager: OffloadingManager = CPUOffloadingManager(
+        cpu = CPUOffloadingManager(
             self.num_blocks_per_tier()[0],
-            cache_policy=cpu_tier.eviction_policy,
+            cache_policy=cfg.tiers[0].eviction_policy,
             enable_events=cfg.metrics.events,
             block_size=self.offloaded_block_size,
         )
-        layout = self.disk_layout()
-        if layout is not None:
-            from kvoffload.offload.disk_manager import DiskOffloadingManager
-            from kvoffload.offload.tiered_manager import TieredOffloadingManager
-
-            disk_tier = cfg.tiers[1]
-            assert disk_tier.path is not None
-            disk = DiskOffloadingManager(disk_tier.path, layout, disk_tier.eviction_policy, cfg.metrics.events)
-            manager = TieredOffloadingManager(manager, disk, disk_tier.write_through)  # type: ignore[arg-type]
+        manager: OffloadingManager = cpu
+        secondaries = []
+        try:
+            for kind in self.tier_kinds():
+                secondaries.append(kind.build_manager())
+        except BaseException:
+            for tier in secondaries:
+                tier.close()
+            raise
+        if secondaries:
+            manager = TieredOffloadingManager(cpu, *secondaries, write_through=[t.write_through for t in cfg.tiers[1:]])
         if cfg.store_threshold >= 2:
             manager = FilterReusedOffloadingManager(manager, cfg.store_threshold, cfg.max_tracker_size)
         return manager
 
     def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
-        """Device <-> host handlers (and disk ones) over a CanonicalKVCache; imports torch."""
-        from kvoffload.transfer.device_host_handler import DeviceHostHandler
-        from kvoffload.transfer.host_buffer import HostBlockBuffer
-        from kvoffload.transfer.slot_fence import SlotFences
-        from kvoffload.transfer.streams import make_stream_pool
-
+        """Device <-> host handlers over a CanonicalKVCache, then one handler per secondary tier
+        (host → tier, tier above → tier, tier → device)."""
         if kv_caches.page_bytes * self.block_size_factor != self.offloaded_block_bytes:
             raise ValueError(
                 f"KV layout gives {kv_caches.page_bytes} bytes per engine block but the engine declared "
@@ -83,19 +88,18 @@ class CPUOffloadingSpec(OffloadingSpec):
             raise ConfigError(f"tiers[0].capacity: cannot allocate {num_blocks * self.offloaded_block_bytes} bytes of "
                               f"host memory ({type(exc).__name__}); lower the CPU tier's capacity") from None
         pool = make_stream_pool(self.config.transfer.backend, device, self.config.transfer.num_streams)
-        fences = SlotFences()
-        handler = DeviceHostHandler(kv_caches, host, self.block_size_factor, pool, fences)
+        host_fences = SlotFences()
+        handler = DeviceHostHandler(kv_caches, host, self.block_size_factor, pool, host_fences)
         yield GPULoadStoreSpec, CPULoadStoreSpec, handler
         yield CPULoadStoreSpec, GPULoadStoreSpec, handler
-        layout = self.disk_layout()
-        if layout is not None:
-            from kvoffload.offload.disk_manager import prepare_tier_dir, tier_file
-            from kvoffload.transfer.disk_handler import DiskHandler
-
-            disk_path = self.config.tiers[1].path
-            assert disk_path is not None
-            layout = layout.for_rank(self.kv_info.rank)  # each rank reads and writes only its own file
-            path = tier_file(prepare_tier_dir(disk_path), layout)
-            disk = DiskHandler(kv_caches, host, self.block_size_factor, layout, path, fences)
-            yield CPULoadStoreSpec, DiskLoadStoreSpec, disk
-            yield DiskLoadStoreSpec, GPULoadStoreSpec, disk
+        above: tuple[Medium, type[LoadStoreSpec], TierIO, SlotFences] | None = None
+        for kind in self.tier_kinds():
+            io, fences = kind.build_io(), SlotFences()
+            upstream = {above[0]: (above[2], above[3])} if above is not None else {}
+            tier = SecondaryTierHandler(kind.medium, io, kv_caches, host, self.block_size_factor,
+                                        self.offloaded_block_bytes, host_fences, fences, upstream)
+            yield CPULoadStoreSpec, kind.spec_type, tier
+            yield kind.spec_type, GPULoadStoreSpec, tier
+            if above is not None:
+                yield above[1], kind.spec_type, tier
+            above = (kind.medium, kind.spec_type, io, fences)

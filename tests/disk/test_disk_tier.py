@@ -167,7 +167,7 @@ def test_missing_or_unwritable_path_is_a_config_error(tmp_path):
 
 
 def test_disk_full_fails_stores_cleanly(tmp_path, baseline, monkeypatch):
-    from kvoffload.transfer import disk_handler
+    from kvoffload.transfer import disk_io as disk_handler
 
     real = os.pwritev
 
@@ -186,7 +186,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import sys, time
     from kvoffload.engine import LLM, EngineConfig
     from kvoffload.workload import ChatWorkload, run_chat_workload
-    from kvoffload.transfer import disk_handler
+    from kvoffload.transfer import disk_io as disk_handler
     real = disk_handler.os.pwritev
     count = [0]
     def slow(fd, bufs, off):

@@ -14,7 +14,7 @@ from policies.simulator import OpRecorder
 
 PROTOCOL = sorted(name for name, fn in inspect.getmembers(OffloadingManager, inspect.isfunction)
                   if not name.startswith("_"))
-ARGS = {"is_pending": (1,), "drop_corrupt": ("DISK", [0]), "record_io": ("DISK", False, True),
+ARGS = {"is_pending": (1,), "is_ready": (1,), "drop_corrupt": ("DISK", [0]), "record_io": ("DISK", False, True),
         "complete_demotion": ([1], True), "complete_load": ([1], "CPU"), "complete_store": ([1], True)}
 
 
@@ -33,10 +33,13 @@ def test_each_protocol_method_reaches_the_backing_manager(decorator, name):
     backing.stats.return_value = {}
     backing.prepare_load_segments.return_value = []
     backing.prepare_store.return_value = None
+    backing.lookup.return_value = 1
     wrapped = decorator(backing)
     _call(wrapped, name)
     if name == "prepare_load_segments" and isinstance(wrapped, OpRecorder):
         name = "prepare_load"  # the recorder loads through its own (recorded) prepare_load
+    if name == "lookup_prefix" and isinstance(wrapped, OpRecorder):
+        name = "lookup"  # ... and looks up through its own (recorded) lookup
     if name == "prepare_store" and isinstance(wrapped, FilterReusedOffloadingManager):
         backing.prepare_store.assert_called_once_with([])  # filtered: the first sighting admits nothing
         return

@@ -123,7 +123,7 @@ def test_eio_from_the_real_disk_reader_is_bounded_and_recomputed(tmp_path, monke
     # read drops its block, three in a row take the tier out of service, tokens stay identical.
     import errno
 
-    from kvoffload.transfer import disk_handler
+    from kvoffload.transfer import disk_io as disk_handler
 
     prompts = _prompts(5)
     params = SamplingParams(max_tokens=40, ignore_eos=True)

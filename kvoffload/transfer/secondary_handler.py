@@ -1,0 +1,118 @@
+"""SecondaryTierHandler: every copy into or out of one secondary tier, over its TierIO.
+
+- host → tier: a victim (or written-through block) of the host tier, read from its host slots;
+- tier above → tier: a victim of the secondary tier above, staged through a scratch buffer;
+- tier → device: a load, staged and copied into the device blocks (promotion into the host
+  tier is the connector's store that follows).
+Copies run on the tier's own threads and report through the same ``get_finished`` accounting
+as device copies. Fences order them: a copy reading a slot (host or tier) marks it, and a
+later copy writing that slot waits for the mark, so a victim's bytes leave before its slot is
+reused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from kvoffload.offload.abstract import Medium
+from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec, KeyedLoadStoreSpec
+from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
+from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.slot_fence import SlotFences
+from kvoffload.transfer.streams import CPUStreamPool
+from kvoffload.transfer.tier_io import TierIO
+from kvoffload_ext import copy_blocks
+
+
+def copy_direction(src: str, dst: str) -> str:
+    """The name a copy's results and stats go under: host_to_disk, disk_to_device, ..."""
+    names = {Medium.CPU: "host", Medium.GPU: "device"}
+    return f"{names.get(Medium(src), src.lower())}_to_{names.get(Medium(dst), dst.lower())}"
+
+
+class SecondaryTierHandler(TrackedJobsHandler):
+    def __init__(self, medium: Medium, io: TierIO, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int,
+                 block_bytes: int, host_fences: SlotFences, tier_fences: SlotFences,
+                 upstream: Mapping[Medium, tuple[TierIO, SlotFences]] | None = None, num_threads: int = 2) -> None:
+        if kv.page_bytes * block_size_factor != block_bytes:
+            raise ValueError(
+                f"{io.name} holds {block_bytes}-byte blocks but an offloaded block is "
+                f"{kv.page_bytes * block_size_factor}; the tier was configured for another layout"
+            )
+        self.medium = medium
+        self.io = io
+        self.kv = kv
+        self.host = host
+        self.factor = block_size_factor
+        self.block_bytes = block_bytes
+        self.host_fences = host_fences
+        self.tier_fences = tier_fences
+        #: The secondary tier(s) whose victims this tier takes: their I/O and slot fences.
+        self.upstream = dict(upstream or {})
+        self.pool = CPUStreamPool(num_threads)
+        self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
+        self.from_host = copy_direction(Medium.CPU, medium)
+        self.to_device = copy_direction(medium, Medium.GPU)
+        directions = [self.from_host, self.to_device, *(copy_direction(m, medium) for m in self.upstream)]
+        super().__init__(tuple(directions))
+
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        src, dst = spec
+        if isinstance(dst, GPULoadStoreSpec) and isinstance(src, KeyedLoadStoreSpec):
+            slots, keys, device_ids = src.block_ids.tolist(), src.block_hashes, dst.block_ids
+            skip = len(slots) * self.factor - len(device_ids)
+            if not 0 <= skip < self.factor or keys is None or len(keys) != len(slots):
+                return False  # every record read is checked against the key the ledger expects
+            handle = self.pool.submit(self.to_device, lambda: self._load(slots, list(keys), device_ids, skip))
+            self._track(self.to_device, job_id, handle, len(device_ids) * self.kv.page_bytes)
+            return True
+        if not isinstance(dst, KeyedLoadStoreSpec):
+            return False
+        dst_slots, keys = dst.block_ids.tolist(), dst.block_hashes
+        if keys is None or len(keys) != len(dst_slots) or len(src) != len(dst_slots):
+            return False  # a record must name its block hash, or it cannot be recovered
+        nbytes = len(dst_slots) * self.block_bytes
+        if isinstance(src, CPULoadStoreSpec):
+            host_blocks = src.block_ids.tolist()
+            handle = self.pool.submit(self.from_host, lambda: self._from_host(host_blocks, dst_slots, list(keys)))
+            self.host_fences.mark(host_blocks, handle)
+            self._track(self.from_host, job_id, handle, nbytes)
+            return True
+        up = self.upstream.get(src.medium())
+        if up is None or not isinstance(src, KeyedLoadStoreSpec):
+            return False
+        direction = copy_direction(src.medium(), self.medium)
+        src_slots = src.block_ids.tolist()
+        handle = self.pool.submit(direction, lambda: self._from_tier(up[0], src_slots, dst_slots, list(keys)))
+        up[1].mark(src_slots, handle)
+        self._track(direction, job_id, handle, nbytes)
+        return True
+
+    def _from_host(self, host_blocks: list[int], slots: list[int], keys: list) -> None:
+        self.tier_fences.wait(slots)  # a victim in these slots is read out first
+        blocks = [memoryview(self.host.rows(b * self.factor, self.factor).numpy().reshape(-1).data) for b in host_blocks]
+        self.io.write(blocks, slots, keys)
+
+    def _from_tier(self, src_io: TierIO, src_slots: list[int], slots: list[int], keys: list) -> None:
+        staging = np.empty((len(slots), self.block_bytes), dtype=np.uint8)
+        views = [memoryview(row) for row in staging]
+        src_io.read(src_slots, keys, views)
+        self.tier_fences.wait(slots)
+        self.io.write(views, slots, keys)
+
+    def _load(self, slots: list[int], keys: list, device_ids: np.ndarray, skip: int) -> None:
+        staging = torch.empty((len(slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8)
+        views = [memoryview(staging[i * self.factor : (i + 1) * self.factor].numpy().reshape(-1).data)
+                 for i in range(len(slots))]
+        self.io.read(slots, keys, views)
+        rows = np.arange(skip, len(slots) * self.factor)
+        for view, off in zip(self.kv.views, self.offsets):
+            copy_blocks(staging[:, off : off + view.shape[1]], view, rows, device_ids)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.io.close()

@@ -1,0 +1,57 @@
+"""A tier kind for tests: a third tier (medium REMOTE) held in this process's memory, built
+only from the TierKind plugin surface, so a chain [cpu, disk, remote] runs end to end."""
+
+from __future__ import annotations
+
+import threading
+
+from kvoffload.offload.abstract import Medium
+from kvoffload.offload.mediums import RemoteLoadStoreSpec
+from kvoffload.offload.secondary import LedgerTierManager
+from kvoffload.tiers.base import TierKind
+from kvoffload.transfer.handler import BlockTransferError
+from kvoffload.transfer.tier_io import TierIO
+
+
+class MemoryTierManager(LedgerTierManager):
+    spec_type = RemoteLoadStoreSpec
+
+
+class MemoryIO(TierIO):
+    name = "memory tier"
+
+    def __init__(self) -> None:
+        self.records: dict[int, tuple[object, bytes]] = {}
+        self.lock = threading.Lock()
+        self.writes = self.reads = 0
+
+    def write(self, blocks, slots, keys):
+        with self.lock:
+            for data, slot, key in zip(blocks, slots, keys):
+                self.records[slot] = (key, bytes(data))
+            self.writes += len(slots)
+
+    def read(self, slots, keys, out):
+        with self.lock:
+            bad = [s for s, k in zip(slots, keys) if self.records.get(s, (None,))[0] != k]
+            if bad:
+                raise BlockTransferError(f"memory tier: slots {bad} hold other blocks", bad)
+            for slot, view in zip(slots, out):
+                view[:] = self.records[slot][1]
+            self.reads += len(slots)
+
+
+class MemoryTier(TierKind):
+    medium = Medium.REMOTE
+    spec_type = RemoteLoadStoreSpec
+    #: The IO the last worker built, so a test can look inside.
+    last_io: MemoryIO | None = None
+
+    def build_manager(self) -> MemoryTierManager:
+        t = self.ctx.tier
+        return MemoryTierManager(self.ctx.num_slots, t.eviction_policy, self.ctx.events, self.ctx.block_tokens)
+
+    def build_io(self) -> MemoryIO:
+        io = MemoryIO()
+        MemoryTier.last_io = io
+        return io

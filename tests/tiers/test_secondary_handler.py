@@ -1,0 +1,66 @@
+"""The secondary-tier handler's fences: a victim staged out of a tier's slot is read before a
+later copy writes that slot, however slow the read; and a host slot is read before reuse."""
+
+import threading
+import time
+
+import torch
+
+from kvoffload.offload.abstract import Medium
+from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec, RemoteLoadStoreSpec
+from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.layout import canonicalize
+from kvoffload.transfer.secondary_handler import SecondaryTierHandler
+from kvoffload.transfer.slot_fence import SlotFences
+from tests.tiers.memory_tier import MemoryIO
+
+
+class SlowReads(MemoryIO):
+    def __init__(self, delay_s):
+        super().__init__()
+        self.delay_s = delay_s
+        self.read_started = threading.Event()
+
+    def read(self, slots, keys, out):
+        self.read_started.set()
+        time.sleep(self.delay_s)
+        super().read(slots, keys, out)
+
+
+def _drain(handlers, n):
+    out, t0 = [], time.time()
+    while len(out) < n:
+        for h in handlers:
+            out += h.get_finished()
+        assert time.time() - t0 < 10, "copies did not finish"
+        time.sleep(0.005)
+    return out
+
+
+def test_a_staged_victim_is_read_before_the_write_that_reuses_its_slot():
+    num_blocks = 4
+    kv = canonicalize([torch.randn(2, num_blocks, 4, 2, 8) for _ in range(2)], num_blocks)
+    host = HostBlockBuffer(2, kv.page_bytes)
+    host.rows(0, 1).copy_(torch.full((1, kv.page_bytes), 7, dtype=torch.uint8))  # the new block's bytes
+    host_fences, disk_fences, remote_fences = SlotFences(), SlotFences(), SlotFences()
+    disk_io, remote_io = SlowReads(0.3), MemoryIO()
+    disk_io.records[0] = ("old", b"\x01" * kv.page_bytes)  # the victim, in disk slot 0
+    disk = SecondaryTierHandler(Medium.DISK, disk_io, kv, host, 1, kv.page_bytes, host_fences, disk_fences)
+    remote = SecondaryTierHandler(Medium.REMOTE, remote_io, kv, host, 1, kv.page_bytes, host_fences, remote_fences,
+                                  upstream={Medium.DISK: (disk_io, disk_fences)})
+    # The order the connector submits a step's demotions: the victim out first, then the write.
+    assert remote.transfer_async(1, (DiskLoadStoreSpec([0], ["old"]), RemoteLoadStoreSpec([0], ["old"])))
+    assert disk.transfer_async(2, (CPULoadStoreSpec([0]), DiskLoadStoreSpec([0], ["new"])))
+    results = _drain([disk, remote], 2)
+    assert all(r.success for r in results) and {r.direction for r in results} == {"disk_to_remote", "host_to_disk"}
+    assert remote_io.records[0] == ("old", b"\x01" * kv.page_bytes)  # not the new block's 7s
+    assert disk_io.records[0] == ("new", b"\x07" * kv.page_bytes)
+    # And the staged copy loads back to the device byte for byte, checked against its key.
+    assert remote.transfer_async(3, (RemoteLoadStoreSpec([0], ["old"]), GPULoadStoreSpec([2])))
+    (r,) = _drain([remote], 1)
+    assert r.success and b"".join(v[2].numpy().tobytes() for v in kv.views) == b"\x01" * kv.page_bytes
+    assert remote.transfer_async(4, (RemoteLoadStoreSpec([0], ["other"]), GPULoadStoreSpec([3])))
+    (r,) = _drain([remote], 1)
+    assert not r.success and r.bad_block_ids == (0,)  # a record of another block is never served
+    disk.close()
+    remote.close()

@@ -1,0 +1,128 @@
+"""A chain of three tiers, [cpu, disk, remote], built from the tier-kind plugin surface only:
+victims of tier i demote to tier i+1 (read before their slot is reused), lookups see the chain
+in one pass, loads come per tier, and generations equal those without offload."""
+
+import numpy as np
+import pytest
+
+from kvoffload.config import ConfigError, OffloadConfig
+from kvoffload.engine import LLM, EngineConfig
+from kvoffload.offload import CPUOffloadingManager
+from kvoffload.offload.abstract import LookupResult, Medium
+from kvoffload.offload.disk_format import DiskLayout
+from kvoffload.offload.disk_manager import DiskOffloadingManager
+from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.workload import ChatWorkload, run_chat_workload
+from tests.tiers.memory_tier import MemoryTier, MemoryTierManager
+
+MEMORY = "tests.tiers.memory_tier:MemoryTier"
+BLOCK_BYTES = 8192  # the tiny model at block size 16
+
+
+@pytest.fixture
+def chain(tmp_path):
+    cpu = CPUOffloadingManager(2)
+    disk = DiskOffloadingManager(tmp_path, DiskLayout("chain", 64, 16, 2))
+    remote = MemoryTierManager(4)
+    yield TieredOffloadingManager(cpu, disk, remote), cpu, disk, remote
+    disk.close()
+
+
+def _store(mgr, hashes):
+    out = mgr.prepare_store(hashes)
+    mgr.complete_store(out.block_hashes_to_store)
+    return out
+
+
+def _land(mgr, demotions):
+    for d in demotions:
+        mgr.complete_demotion(d.block_hashes, True, d.dst.medium())
+
+
+def test_victims_move_down_the_chain_each_read_before_its_slot_is_reused(chain):
+    mgr, cpu, disk, remote = chain
+    _store(mgr, [1, 2])
+    _store(mgr, [3, 4])  # evicts 1, 2 from CPU slots 0, 1 → disk slots 0, 1
+    (d,) = mgr.take_demotions()
+    assert (d.block_hashes, d.src.medium(), d.src.block_ids.tolist(), d.dst.medium(), d.dst.block_ids.tolist(),
+            d.dst.block_hashes) == ([1, 2], Medium.CPU, [0, 1], Medium.DISK, [0, 1], [1, 2])
+    _land(mgr, [d])
+    _store(mgr, [5, 6])  # evicts 3, 4 → disk, which evicts 1, 2 → remote
+    first, second = mgr.take_demotions()
+    # The disk victims' copy comes first: it reads disk slots 0, 1 before 3, 4 are written there.
+    assert (first.block_hashes, first.src.medium(), first.src.block_ids.tolist(), first.src.block_hashes,
+            first.dst.medium(), first.dst.block_ids.tolist()) == ([1, 2], Medium.DISK, [0, 1], [1, 2], Medium.REMOTE,
+                                                                  [0, 1])
+    assert (second.block_hashes, second.src.block_ids.tolist(), second.dst.medium(), second.dst.block_ids.tolist()) == (
+        [3, 4], [1, 0], Medium.DISK, [1, 0])  # freed slots are reused last-freed first
+    _land(mgr, [first, second])
+    found = mgr.lookup_prefix([5, 3, 1, 9])
+    assert (found.media, found.stop) == ([Medium.CPU, Medium.DISK, Medium.REMOTE], LookupResult.MISS)
+    segments = mgr.prepare_load_segments([5, 6, 3, 1, 2])
+    assert [(s.medium(), s.block_ids.tolist(), h) for s, h in segments] == [
+        (Medium.CPU, [0, 1], [5, 6]), (Medium.DISK, [1], [3]), (Medium.REMOTE, [0, 1], [1, 2])]
+    for spec, hashes in segments:
+        mgr.complete_load(hashes, spec.medium())
+    assert not np.any(remote.ledger.ref_cnt[:2]) and not np.any(disk.ledger.ref_cnt[:2])
+
+
+def test_a_pending_block_in_a_lower_tier_stops_the_lookup_as_pending(chain):
+    mgr, cpu, disk, remote = chain
+    _store(mgr, [1, 2])
+    _store(mgr, [3, 4])
+    assert mgr.lookup_prefix([3, 1]).stop is LookupResult.HIT_PENDING  # 1's demotion has not landed
+    _land(mgr, mgr.take_demotions())
+    assert mgr.lookup_prefix([3, 1]).stop is LookupResult.HIT
+
+
+def test_write_through_copies_each_landing_block_down(tmp_path):
+    cpu, remote = CPUOffloadingManager(4), MemoryTierManager(4)
+    mgr = TieredOffloadingManager(cpu, remote, write_through=[True])
+    _store(mgr, [1, 2])
+    (d,) = mgr.take_demotions()
+    assert (d.src.medium(), d.dst.medium(), d.block_hashes) == (Medium.CPU, Medium.REMOTE, [1, 2])
+
+
+def test_one_tier_per_medium():
+    with pytest.raises(ValueError, match="one tier per medium"):
+        TieredOffloadingManager(CPUOffloadingManager(2), MemoryTierManager(2), MemoryTierManager(2))
+    cfg = {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"name": "a", "medium": MEMORY, "capacity": "1MiB"},
+                     {"name": "b", "medium": MEMORY, "capacity": "1MiB"}]}
+    with pytest.raises(ConfigError, match=r"tiers\[2\].medium: a second .* tier; one tier per medium"):
+        OffloadConfig.from_dict(cfg)
+
+
+@pytest.mark.parametrize("medium, match", [
+    ("tape", r"tiers\[1\].medium: unknown tier medium 'tape'; known: disk"),
+    ("cpu", r"tiers\[1\].medium: cpu; only the first tier is cpu"),
+    ("kvoffload.offload:CPUOffloadingManager", r"not a TierKind subclass"),
+])
+def test_bad_tier_kinds_are_refused_naming_the_value(medium, match):
+    with pytest.raises(ConfigError, match=match):
+        OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB"},
+                                           {"name": "x", "medium": medium, "capacity": "1MiB"}]})
+
+
+WORKLOAD = ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12)
+
+
+def _run(kv_offload=None):
+    cfg = EngineConfig(num_gpu_blocks=60, max_num_seqs=3, max_num_batched_tokens=256, kv_offload=kv_offload)
+    with LLM(cfg) as llm:
+        return run_chat_workload(llm, WORKLOAD), llm.stats()
+
+
+def test_three_tier_chain_serves_identical_tokens_from_every_tier(tmp_path):
+    baseline, base_stats = _run()
+    tokens, stats = _run({"tiers": [
+        {"name": "cpu", "medium": "cpu", "capacity": 40 * BLOCK_BYTES},
+        {"name": "ssd", "medium": "disk", "path": str(tmp_path), "capacity": 24 * BLOCK_BYTES},
+        {"name": "store", "medium": MEMORY, "capacity": "64MiB"},
+    ]})
+    assert tokens == baseline
+    hits = stats["prefix_hit_tokens"]
+    assert hits["disk"] > 0 and hits["remote"] > 0, hits  # (this workload never hits the CPU tier in time)
+    io = MemoryTier.last_io
+    assert io is not None and io.writes > 0 and io.reads > 0
+    assert stats["transfer"]["disk_to_remote"]["jobs"] > 0 and stats["transfer"]["disk_to_remote"]["failed"] == 0
+    assert stats["prefill_tokens_computed"] < base_stats["prefill_tokens_computed"]
