@@ -20,8 +20,6 @@ import yaml
 from kvoffload.errors import ConfigError, UnknownPluginError
 from kvoffload.registry import POLICIES, SPECS, TIER_KINDS
 
-
-
 _UNITS = {
     "": 1, "b": 1,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -249,7 +247,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.eviction_policy: {policy!r} is abstract; name a class that implements every method")
         try:
             policy_cls(1)  # what start-up will do (with the real capacity)
-        except Exception as exc:  # a plugin's constructor may raise anything
+        except Exception as exc:  # noqa: BLE001 - a plugin's constructor may raise anything
             raise ConfigError(f"{key}.eviction_policy: {policy!r} cannot be created ({type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:120]}); fix the class or pick another policy") from None
         if getattr(policy_cls, "needs_future", False):
@@ -337,7 +335,7 @@ def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_si
     blocks = cfg.tier_blocks(block_bytes)
     lines = [
         f"offloaded block: {engine_block_size * factor} tokens ({factor} engine block(s)), {format_bytes(block_bytes)}",
-        f"reuse filter: {'store on sighting #%d' % cfg.store_threshold if cfg.store_threshold >= 2 else 'off'}"
+        f"reuse filter: {f'store on sighting #{cfg.store_threshold}' if cfg.store_threshold >= 2 else 'off'}"
         f" (tracker {cfg.max_tracker_size})",
         f"transfer: backend={cfg.transfer.backend}, streams={cfg.transfer.num_streams}",
         f"spec: {cfg.spec_module_path or cfg.spec_name}",

@@ -45,13 +45,13 @@ def configure_cli(level: str | None) -> None:
         logger.addHandler(handler)
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is now (tests and tools swap it)."""
 
-    @property  # type: ignore[override]
-    def stream(self):  # type: ignore[no-untyped-def]
+    @property
+    def stream(self):
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:  # type: ignore[no-untyped-def]
+    def stream(self, value) -> None:
         pass

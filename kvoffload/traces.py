@@ -123,7 +123,9 @@ def _flatten_weka(requests: list[dict]) -> Iterator[dict]:
             yield req
 
 
-def synthetic_scan_workload(hot_blocks: int = 50, hot_repeats: int = 20, scan_blocks: int = 400, seed: int = 0) -> list[list[int]]:
+def synthetic_scan_workload(
+    hot_blocks: int = 50, hot_repeats: int = 20, scan_blocks: int = 400, seed: int = 0
+) -> list[list[int]]:
     """Hot single-block requests reused often, then a one-off scan, then the hot set again."""
     rng = random.Random(seed)
     hot = [[i] for i in range(hot_blocks)]

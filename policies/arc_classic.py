@@ -14,8 +14,8 @@ adaptation), ``lookup``, then on a miss ``evict`` (if full) with ``x`` protected
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import chain
 from collections.abc import Collection, Hashable, Iterable
+from itertools import chain
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy

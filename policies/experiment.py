@@ -21,7 +21,8 @@ def load_trace(path: str, fmt: str, limit: int | None) -> tuple[list[list], list
 
     if fmt == "auto":
         name = os.path.basename(path)
-        fmt = "arc" if ".lis" in name else "weka" if name.endswith(".tar.gz") else "synthetic" if path == "synthetic" else "mooncake"
+        fmt = ("arc" if ".lis" in name else "weka" if name.endswith(".tar.gz")
+               else "synthetic" if path == "synthetic" else "mooncake")
     if fmt == "mooncake":
         import gzip
 
@@ -136,14 +137,16 @@ def write_outputs(results: list[dict], out: Path, title: str) -> list[Path]:
 
 
 def format_results(results: list[dict]) -> str:
-    head = f"{'policy':<12}{'filter':>7}{'capacity':>10}{'block hit':>10}{'token hit':>10}{'written':>10}{'evicted':>10}{'gap→MIN':>9}{'LRU→MIN closed':>16}"
+    head = (f"{'policy':<12}{'filter':>7}{'capacity':>10}{'block hit':>10}{'token hit':>10}{'written':>10}"
+            f"{'evicted':>10}{'gap→MIN':>9}{'LRU→MIN closed':>16}")
     lines = [head]
     for r in sorted(results, key=lambda r: (r["capacity"], r["store_threshold"], r["policy"])):
         gap = f"{100 * r['gap_to_belady']:.2f}" if "gap_to_belady" in r else "-"
         closed = f"{100 * r['lru_to_min_gap_closed']:.1f}%" if "lru_to_min_gap_closed" in r else "-"
         flag = "  BEATS MIN" if r.get("gap_to_belady", 0) < -1e-12 else ""
         lines.append(f"{r['policy']:<12}{r['store_threshold']:>7}{r['capacity']:>10}{100 * r['block_hit_ratio']:>9.2f}%"
-                     f"{100 * r['token_hit_ratio']:>9.2f}%{r['blocks_written']:>10}{r['blocks_evicted']:>10}{gap:>9}{closed:>16}{flag}")
+                     f"{100 * r['token_hit_ratio']:>9.2f}%{r['blocks_written']:>10}{r['blocks_evicted']:>10}"
+                     f"{gap:>9}{closed:>16}{flag}")
     return "\n".join(lines)
 
 

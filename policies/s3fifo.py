@@ -8,8 +8,8 @@ reinserts touched blocks (frequency decremented, capped at 3) and drops the rest
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import chain
 from collections.abc import Collection, Hashable, Iterable
+from itertools import chain
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy

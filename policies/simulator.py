@@ -117,40 +117,40 @@ class OpRecorder(ForwardingOffloadingManager):
         super().__init__(backing)
         self.ops: list[tuple[str, list[Hashable], bool]] = []
 
-    def lookup_prefix(self, block_hashes):  # type: ignore[no-untyped-def]
+    def lookup_prefix(self, block_hashes):
         # Through lookup and is_pending (the single-tier default), so the lookup is recorded.
         return OffloadingManager.lookup_prefix(self, block_hashes)
 
-    def lookup(self, block_hashes):  # type: ignore[no-untyped-def]
+    def lookup(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("lookup", hashes, True))
         return self.backing.lookup(hashes)
 
-    def touch(self, block_hashes):  # type: ignore[no-untyped-def]
+    def touch(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("touch", hashes, True))
         self.backing.touch(hashes)
 
-    def prepare_load(self, block_hashes):  # type: ignore[no-untyped-def]
+    def prepare_load(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("prepare_load", hashes, True))
         return self.backing.prepare_load(hashes)
 
-    def prepare_load_segments(self, block_hashes):  # type: ignore[no-untyped-def]
+    def prepare_load_segments(self, block_hashes):
         # One tier: the load goes through prepare_load above, so it is recorded.
         return OffloadingManager.prepare_load_segments(self, block_hashes)
 
-    def complete_load(self, block_hashes, medium=None):  # type: ignore[no-untyped-def]
+    def complete_load(self, block_hashes, medium=None):
         hashes = list(block_hashes)
         self.ops.append(("complete_load", hashes, True))
         self.backing.complete_load(hashes, medium)
 
-    def prepare_store(self, block_hashes):  # type: ignore[no-untyped-def]
+    def prepare_store(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("prepare_store", hashes, True))
         return self.backing.prepare_store(hashes)
 
-    def complete_store(self, block_hashes, success=True):  # type: ignore[no-untyped-def]
+    def complete_store(self, block_hashes, success=True):
         hashes = list(block_hashes)
         self.ops.append(("complete_store", hashes, success))
         self.backing.complete_store(hashes, success)

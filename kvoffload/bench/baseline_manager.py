@@ -13,7 +13,7 @@ from itertools import islice
 
 
 class Block:
-    __slots__ = ("ref_cnt", "block_id")
+    __slots__ = ("block_id", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.ref_cnt = -1

@@ -24,7 +24,7 @@ def tier_io(path: str, block_bytes: int, total: int) -> tuple[float, float, floa
     slots = np.random.default_rng(1).permutation(n).tolist()
     t0 = time.perf_counter()
     for i, slot in enumerate(slots):
-        mv = memoryview(data)
+        mv = data.data
         os.pwritev(fd, [record_header(i, data_checksum(mv)), mv], layout.offset(slot))
     os.fsync(fd)
     w = time.perf_counter() - t0
@@ -32,9 +32,9 @@ def tier_io(path: str, block_bytes: int, total: int) -> tuple[float, float, floa
     header = bytearray(RECORD_HEADER)
     t0 = time.perf_counter()
     for slot in slots:
-        os.preadv(fd, [header, memoryview(buf)], layout.offset(slot))
+        os.preadv(fd, [header, buf.data], layout.offset(slot))
         parsed = parse_record_header(bytes(header))
-        assert parsed is not None and parsed[1] == data_checksum(memoryview(buf))
+        assert parsed is not None and parsed[1] == data_checksum(buf.data)
     r = time.perf_counter() - t0
     mgr.close()
     plain = os.path.join(path, "plain.bin")

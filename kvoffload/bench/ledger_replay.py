@@ -6,9 +6,11 @@ from __future__ import annotations
 import gc
 import time
 import tracemalloc
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 
-def replay(mgr, requests: list[list[int]]) -> tuple[int, int, float]:
+def replay(mgr: Any, requests: Sequence[Sequence[Hashable]]) -> tuple[int, int, float]:
     """(block operations, blocks hit, seconds)."""
     ops = hits_total = 0
     t0 = time.perf_counter()

@@ -26,8 +26,8 @@ def run(name: str, requests: list[list[int]], capacity: int) -> None:
         o_ops, o_hits, o_s = replay(ours, requests)
         b_ops, b_hits, b_s = replay(base, requests)
         mem_n = min(capacity, 1_000_000)
-        o_mem = bytes_per_block(lambda: CPUOffloadingManager(mem_n, cache_policy=policy), mem_n)
-        b_mem = bytes_per_block(lambda: TextbookManager(mem_n, policy), mem_n)
+        o_mem = bytes_per_block(lambda n=mem_n, p=policy: CPUOffloadingManager(n, cache_policy=p), mem_n)
+        b_mem = bytes_per_block(lambda n=mem_n, p=policy: TextbookManager(n, p), mem_n)
         o_rate, b_rate = o_ops / o_s / 1e6, b_ops / b_s / 1e6
         print(f"{policy:<6} {'kvoffload':<10} {o_rate:8.2f} {o_hits:11,} {o_mem:12.1f}")
         print(f"{policy:<6} {'textbook':<10} {b_rate:8.2f} {b_hits:11,} {b_mem:12.1f}")

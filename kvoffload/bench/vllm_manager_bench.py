@@ -82,13 +82,17 @@ def run(name: str, requests: list[list[int]], capacity: int, mem_blocks: int) ->
           f"capacity {capacity:,} slots")
     print(f"{'policy':<6} {'impl':<22} {'Mops/s':>8} {'hit blocks':>11} {'bytes/block':>12}")
     for policy in ("lru", "arc"):
+        def ours(n: int, p: str = policy) -> KVOffloadManager:
+            return KVOffloadManager(lambda: CPUOffloadingManager(n, cache_policy=p))
+
+        def theirs(n: int, p: str = policy) -> Any:
+            return VllmCPUManager(n, cache_policy=p)
+
         vllm_ops, vllm_hits, vllm_s = replay_vllm_protocol(VllmCPUManager(capacity, cache_policy=policy), keys)
-        ad_ops, ad_hits, ad_s = replay_vllm_protocol(
-            KVOffloadManager(lambda: CPUOffloadingManager(capacity, cache_policy=policy)), keys)
+        ad_ops, ad_hits, ad_s = replay_vllm_protocol(ours(capacity), keys)
         nat_ops, nat_hits, nat_s = replay_native(CPUOffloadingManager(capacity, cache_policy=policy), keys)
-        vllm_mem = bytes_per_block(lambda: VllmCPUManager(mem_blocks, cache_policy=policy), mem_blocks)
-        ours_mem = bytes_per_block(
-            lambda: KVOffloadManager(lambda: CPUOffloadingManager(mem_blocks, cache_policy=policy)), mem_blocks)
+        vllm_mem = bytes_per_block(lambda: theirs(mem_blocks), mem_blocks)
+        ours_mem = bytes_per_block(lambda: ours(mem_blocks), mem_blocks)
         v_rate = vllm_ops / vllm_s / 1e6
         rows = [("vLLM CPUOffloadingManager", v_rate, vllm_hits, vllm_mem),
                 ("kvoffload via adapter", ad_ops / ad_s / 1e6, ad_hits, ours_mem),

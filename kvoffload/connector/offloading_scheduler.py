@@ -244,9 +244,11 @@ class OffloadingConnectorScheduler:
             elif ids:
                 self._state(rid).block_ids.extend(ids[0])
         for rid, replacements in getattr(so, "block_replacements", {}).items():
-            state = self._requests.get(rid)
-            for idx, block_id in replacements if state is not None else ():
-                state.block_ids[idx] = block_id  # copy-on-write gave this request a private block
+            replaced = self._requests.get(rid)
+            if replaced is None:
+                continue
+            for idx, block_id in replacements:
+                replaced.block_ids[idx] = block_id  # copy-on-write gave this request a private block
 
     def _plan_stores(self, so: Any) -> dict[str, list[TransferJob]]:
         reqs_to_store: dict[str, list[TransferJob]] = {}

@@ -86,7 +86,8 @@ class KVCacheManager:
 
         Returns the freshly allocated blocks, or None (and nothing changed) when the pool cannot
         supply them while keeping ``reserve_blocks`` free (the admission watermark). A write into
-        a block shared with a forked sequence first gives this request a private copy. With ``delay_cache_blocks`` the new blocks are not yet registered in the
+        a block shared with a forked sequence first gives this request a private copy. With
+        ``delay_cache_blocks`` the new blocks are not yet registered in the
         prefix cache: their contents are still arriving from an external source.
         """
         if num_new_tokens < 0 or num_external_computed_tokens < 0:

@@ -12,8 +12,8 @@ import torch
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorRole
 from kvoffload.connector.factory import KVConnectorFactory
-from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.beam_search import BeamSearchController
+from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.engine.model_runner import ModelRunner
@@ -222,9 +222,9 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        single = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
+        batch: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
+        prompts = batch
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)

@@ -39,6 +39,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -127,7 +129,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm; K/V of every token are cached."""
         h = self.model.embed_tokens(input_ids)
-        for i, layer in enumerate(self.model.layers):
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        for i, layer in enumerate(layers):
             if before_attention is not None:
                 before_attention(i, kv_caches[i])
             x = layer.input_layernorm(h)

@@ -87,10 +87,10 @@ class ModelRunner:
                 state.token_ids.extend(cached.new_token_ids[i])
             state.num_computed_tokens = cached.num_computed_tokens[i]
         for rid, replacements in so.block_replacements.items():
-            state = self.requests.get(rid)
-            if state is not None:
+            replaced = self.requests.get(rid)
+            if replaced is not None:
                 for idx, block_id in replacements:
-                    state.block_ids[0][idx] = block_id
+                    replaced.block_ids[0][idx] = block_id
 
     def _prepare_inputs(self, so: SchedulerOutput, order: list[str]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         tokens: list[int] = []

@@ -30,7 +30,9 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value[valid])
 
 
-def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_context(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``seq_len`` K and V rows of one request, in position order."""
     num_blocks = -(-seq_len // block_size)
     ids = block_table[:num_blocks]

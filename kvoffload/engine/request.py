@@ -100,9 +100,7 @@ class Request:
         """Set a FINISHED status when the last token ends the request; return whether it did."""
         params = self.sampling_params
         last = self.output_token_ids[-1] if self.output_token_ids else None
-        if last is not None and not params.ignore_eos and last == self.eos_token_id:
-            self.status = RequestStatus.FINISHED_STOPPED
-        elif last is not None and last in params.stop_token_ids:
+        if last is not None and ((not params.ignore_eos and last == self.eos_token_id) or last in params.stop_token_ids):
             self.status = RequestStatus.FINISHED_STOPPED
         elif self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
             self.status = RequestStatus.FINISHED_LENGTH_CAPPED

@@ -13,6 +13,7 @@ two engines share); the few differences (resumed requests, worker metadata) are 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -198,7 +199,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self.sched is not None
         cached = scheduler_output.scheduled_cached_reqs
-        resumed = getattr(cached, "resumed_req_ids", set()) or set()
+        resumed: set[str] = getattr(cached, "resumed_req_ids", set()) or set()
         view = _OutputView(
             scheduled_new_reqs=list(scheduler_output.scheduled_new_reqs),
             scheduled_cached_reqs=_CachedView(list(cached.req_ids), [r in resumed for r in cached.req_ids],
@@ -232,11 +233,7 @@ def register() -> None:
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory as VllmSpecFactory
 
     # Plugins load once per process, but a second call must not fail start-up.
-    try:
+    with contextlib.suppress(ValueError):
         KVConnectorFactory.register_connector(CONNECTOR_NAME, __name__, "KVOffloadConnector")
-    except ValueError:
-        pass
-    try:
+    with contextlib.suppress(ValueError):
         VllmSpecFactory.register_spec("KVOffloadSpec", "kvoffload.integrations.vllm_spec", "KVOffloadSpec")
-    except ValueError:
-        pass

@@ -53,7 +53,7 @@ class LoadStoreSpec(ABC):
         return len(self.block_ids)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and np.array_equal(self.block_ids, other.block_ids)  # type: ignore[attr-defined]
+        return type(other) is type(self) and np.array_equal(self.block_ids, other.block_ids)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.block_ids.tolist()})"
@@ -102,7 +102,7 @@ class OffloadingEvent:
 
 class OffloadingManager(ABC):
     #: The first tier's medium, and tokens per offloaded block (events carry both).
-    medium: str = Medium.CPU
+    medium: Medium = Medium.CPU
     block_size: int = 0
 
     @abstractmethod

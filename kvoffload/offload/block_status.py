@@ -22,7 +22,7 @@ FREE_TAG = 0
 
 
 class BlockStatus:
-    __slots__ = ("_refs", "_idx", "block_id")
+    __slots__ = ("_idx", "_refs", "block_id")
 
     def __init__(self, block_id: int, ref_cnt: int = -1) -> None:
         self._refs = array("i", [ref_cnt])

@@ -1,9 +1,9 @@
 """CPUOffloadingManager: the block ledger of one tier (slots, ref counts, events).
 
 Slot ids: never-used ids first in increasing order, then freed ids last-freed-first.
-Eviction decisions belong to the CachePolicy; this class owns everything else. Built-in
-policies share its BlockLedger and are driven through slot-level fast paths; any other
-CachePolicy gets the plain hash-level calls.
+Eviction decisions belong to the CachePolicy; this class owns everything else. It drives
+every policy through the slot-level calls (SlotPolicy): built-in policies share its
+BlockLedger and implement them natively, any other CachePolicy through PlainPolicySlots.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from kvoffload.offload.abstract import (
 )
 from kvoffload.offload.block_status import BlockLedger
 from kvoffload.offload.mediums import CPULoadStoreSpec
-from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
+from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy, PlainPolicySlots, SlotPolicy
 from kvoffload.offload.policy_registry import create_policy
-
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +66,12 @@ class CPUOffloadingManager(OffloadingManager):
         self.medium = self.spec_type.medium()
         self.ledger = BlockLedger(num_blocks)
         self.policy = create_policy(cache_policy, num_blocks)
-        self._fast = isinstance(self.policy, LedgerCachePolicy)
-        if self._fast:
-            self.policy.bind_ledger(self.ledger)  # type: ignore[attr-defined]
+        self._slots: SlotPolicy
+        if isinstance(self.policy, LedgerCachePolicy):
+            self.policy.bind_ledger(self.ledger)
+            self._slots = self.policy
+        else:
+            self._slots = PlainPolicySlots(self.policy, self.ledger)
         self._num_allocated = 0
         self._free_list: list[int] = []
         self._events: deque[OffloadingEvent] | None = deque() if enable_events else None
@@ -160,10 +162,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
-        if self._fast:
-            self.policy.touch_hashes(hashes)  # type: ignore[attr-defined]
-        else:
-            self.policy.touch(hashes)
+        self._slots.touch_hashes(hashes)
 
     def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
         index = self.ledger.index
@@ -174,10 +173,7 @@ class CPUOffloadingManager(OffloadingManager):
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         """Recency without reuse (see CachePolicy.refresh)."""
         hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
-        if self._fast:
-            self.policy.refresh_hashes(hashes)  # type: ignore[attr-defined]
-        else:
-            self.policy.refresh(hashes)
+        self._slots.refresh_hashes(hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
         hashes = list(block_hashes)
@@ -208,27 +204,17 @@ class CPUOffloadingManager(OffloadingManager):
         if need > 0:
             if need > self.num_blocks:
                 return None
-            protected = set(hashes)
-            if self._fast:
-                victims = self.policy.evict_slots(need, protected)  # type: ignore[attr-defined]
-                if victims is None:
-                    return None
-                slot_hashes = ledger.hashes
-                evicted = [slot_hashes[slot] for slot in victims]
-                for block_hash in evicted:
-                    del index[block_hash]
-                for slot in victims:
-                    slot_hashes[slot] = None
-                self._free_list.extend(victims)
-                evicted_slots = list(victims)
-            else:
-                pairs = self.policy.evict(need, protected)
-                if pairs is None:
-                    return None
-                for block_hash, status in pairs:
-                    evicted.append(block_hash)
-                    evicted_slots.append(status.block_id)
-                    self._forget(block_hash, status.block_id)
+            victims = self._slots.evict_slots(need, set(hashes))
+            if victims is None:
+                return None
+            slot_hashes = ledger.hashes
+            evicted = [slot_hashes[slot] for slot in victims]
+            for block_hash in evicted:
+                del index[block_hash]
+            for slot in victims:
+                slot_hashes[slot] = None
+            self._free_list.extend(victims)
+            evicted_slots = list(victims)
             self._emit(evicted, removed=True)
         slots = self._allocate(len(new))
         refs, slot_hashes = ledger.refs, ledger.hashes
@@ -236,11 +222,7 @@ class CPUOffloadingManager(OffloadingManager):
             index[block_hash] = slot
             slot_hashes[slot] = block_hash
             refs[slot] = -1
-        if self._fast:
-            self.policy.insert_slots(slots)  # type: ignore[attr-defined]
-        else:
-            for block_hash, slot in zip(new, slots):
-                self.policy.insert(block_hash, ledger.status(slot))
+        self._slots.insert_slots(slots)
         return PrepareStoreOutput(new, self.spec_type(slots), evicted, evicted_slots)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
@@ -255,10 +237,7 @@ class CPUOffloadingManager(OffloadingManager):
             if success:
                 refs[slot] = 0
             else:
-                if self._fast:
-                    self.policy.remove_slots([slot])  # type: ignore[attr-defined]
-                else:
-                    self.policy.remove(block_hash)
+                self._slots.remove_slots([slot])
                 self._forget(block_hash, slot)
         if success:
             self._emit(done, removed=False)
@@ -278,11 +257,7 @@ class CPUOffloadingManager(OffloadingManager):
             ledger.hashes[slot] = block_hash
             ledger.refs[slot] = 0
         slots = [slot for _, slot in entries]
-        if self._fast:
-            self.policy.insert_slots(slots)  # type: ignore[attr-defined]
-        else:
-            for block_hash, slot in entries:
-                self.policy.insert(block_hash, ledger.status(slot))
+        self._slots.insert_slots(slots)
 
     def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Forget ready, unpinned blocks (found corrupt); returns the hashes dropped."""
@@ -291,10 +266,7 @@ class CPUOffloadingManager(OffloadingManager):
             slot = self.ledger.index.get(block_hash)
             if slot is None or self.ledger.refs[slot] != 0:
                 continue
-            if self._fast:
-                self.policy.remove_slots([slot])  # type: ignore[attr-defined]
-            else:
-                self.policy.remove(block_hash)
+            self._slots.remove_slots([slot])
             self._forget(block_hash, slot)
             dropped.append(block_hash)
         self._emit(dropped, removed=True)

@@ -78,7 +78,8 @@ class DiskOffloadingManager(LedgerTierManager):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise DiskTierError(f"disk tier {path}: cannot open ({exc.strerror}); fix its permissions or pick another path") from None
+            raise DiskTierError(f"disk tier {path}: cannot open ({exc.strerror}); fix its permissions or "
+                                "pick another path") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

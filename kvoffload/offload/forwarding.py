@@ -23,16 +23,8 @@ from kvoffload.offload.abstract import (
 class ForwardingOffloadingManager(OffloadingManager):
     def __init__(self, backing: OffloadingManager) -> None:
         self.backing = backing
-
-    @property
-    def medium(self) -> str:
-        """The first tier's medium (events and stats name it)."""
-        return self.backing.medium
-
-    @property
-    def block_size(self) -> int:
-        """Tokens per offloaded block."""
-        return self.backing.block_size
+        self.medium = backing.medium  # fixed for a manager's life
+        self.block_size = backing.block_size
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
         return self.backing.lookup(block_hashes)

@@ -48,7 +48,32 @@ class CachePolicy(ABC):
         policies must not count it as a use; the default ignores it."""
 
 
-class LedgerCachePolicy(CachePolicy):
+class SlotPolicy(ABC):
+    """The slot-level calls a manager drives a policy through (it has updated its ledger's
+    index and hashes itself). Built-in policies implement them natively; any other CachePolicy
+    is wrapped in ``PlainPolicySlots``, so the manager has one code path."""
+
+    @abstractmethod
+    def insert_slots(self, slots: list[int]) -> None:
+        """New blocks (index and hashes already set by the caller), most recent last."""
+
+    @abstractmethod
+    def remove_slots(self, slots: list[int]) -> None:
+        """Blocks leaving (still in the caller's index while this runs)."""
+
+    @abstractmethod
+    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
+        """``touch`` without the per-call conversions; absent hashes are allowed."""
+
+    @abstractmethod
+    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
+        """Victim slots (removed from the policy, still in the caller's index), or None."""
+
+    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
+        """``refresh`` without the per-call conversions; absent hashes are allowed."""
+
+
+class LedgerCachePolicy(CachePolicy, SlotPolicy):
     """A policy whose per-block state lives in a shared BlockLedger.
 
     The ``*_slots`` methods are the fast paths a manager calls after it has updated the
@@ -71,25 +96,6 @@ class LedgerCachePolicy(CachePolicy):
 
     def _on_bind(self) -> None:
         """(Re)create list structures over ``self.ledger``."""
-
-    # ---- slot-level fast paths -----------------------------------------------------------
-    @abstractmethod
-    def insert_slots(self, slots: list[int]) -> None:
-        """New blocks (index and hashes already set by the caller), most recent last."""
-
-    @abstractmethod
-    def remove_slots(self, slots: list[int]) -> None: ...
-
-    @abstractmethod
-    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
-        """``touch`` without the per-call conversions; absent hashes are allowed."""
-
-    @abstractmethod
-    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
-        """Victim slots (removed from the policy's lists, still in the ledger index)."""
-
-    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
-        """``refresh`` without the per-call conversions; absent hashes are allowed."""
 
     def num_ghosts(self) -> int:
         return 0
@@ -131,3 +137,33 @@ class LedgerCachePolicy(CachePolicy):
             ledger.hashes[slot] = None
             out.append((block_hash, BlockStatus(slot, ledger.refs[slot])))
         return out
+
+
+class PlainPolicySlots(SlotPolicy):
+    """The slot API over a hash-level CachePolicy (research policies keep ``hash -> status``
+    maps of their own): each slot call becomes the policy's hash call on the manager's ledger."""
+
+    __slots__ = ("ledger", "policy")
+
+    def __init__(self, policy: CachePolicy, ledger: BlockLedger) -> None:
+        self.policy = policy
+        self.ledger = ledger
+
+    def insert_slots(self, slots: list[int]) -> None:
+        ledger = self.ledger
+        for slot in slots:
+            self.policy.insert(ledger.hashes[slot], ledger.status(slot))
+
+    def remove_slots(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.policy.remove(self.ledger.hashes[slot])
+
+    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
+        self.policy.touch(block_hashes)
+
+    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
+        self.policy.refresh(block_hashes)
+
+    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
+        pairs = self.policy.evict(n, protected)
+        return None if pairs is None else [status.block_id for _, status in pairs]

@@ -51,9 +51,9 @@ class TieredOffloadingManager(OffloadingManager):
         self.write_through = [False, *write_through]
         self.medium = primary.medium
         self.block_size = primary.block_size
-        self._by_medium: dict[str, CPUOffloadingManager | SecondaryTierManager] = {
-            m: t for m, t in zip(media, [primary, *secondaries])}
-        self._index_of = {m: i for i, m in enumerate(media)}
+        tiers: list[CPUOffloadingManager | SecondaryTierManager] = [primary, *secondaries]
+        self._by_medium: dict[str, CPUOffloadingManager | SecondaryTierManager] = dict(zip(media, tiers))
+        self._index_of: dict[str, int] = {m: i for i, m in enumerate(media)}
         self._demotions: list[Demotion] = []
         self.num_demoted = 0
         self.num_demotions_dropped = 0
@@ -109,7 +109,7 @@ class TieredOffloadingManager(OffloadingManager):
         secondary tier's spec names its hashes, so the reader can check each record's key. A
         tier that went out of service since the lookup still serves what it holds (a failed read
         is reported and recomputed)."""
-        tiers = [self.primary, *self.secondaries]
+        tiers: list[CPUOffloadingManager | SecondaryTierManager] = [self.primary, *self.secondaries]
         runs: list[tuple[CPUOffloadingManager | SecondaryTierManager, list[BlockHash]]] = []
         for h in block_hashes:
             tier = next((t for t in tiers if t.is_ready(h)), tiers[-1])  # a miss fails in prepare_load

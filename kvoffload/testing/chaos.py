@@ -241,7 +241,7 @@ def run_case(case: ChaosCase, reference: dict[tuple[Any, ...], Any] | None = Non
         if after[1] > before[1]:
             return CaseResult(case, False, f"leaked {after[1] - before[1]} threads", stats)
         return CaseResult(case, True, "", stats)
-    except Exception as exc:  # the harness reports every failure with its case
+    except Exception as exc:  # noqa: BLE001 - the harness reports every failure with its case
         return CaseResult(case, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}", stats)
     finally:
         llm_module._MAX_IDLE_STEPS = saved_idle

@@ -20,14 +20,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from kvoffload.offload.abstract import LoadStoreSpec
-from kvoffload.offload.abstract import Medium
+from kvoffload.offload.abstract import LoadStoreSpec, Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.transfer.secondary_handler import copy_direction
+from kvoffload.tiers.cpu_spec import CPUOffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.secondary_handler import copy_direction
 from kvoffload.transfer.streams import DEVICE_TO_HOST
-from kvoffload.tiers.cpu_spec import CPUOffloadingSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ class SecondaryTierHandler(TrackedJobsHandler):
             skip = len(slots) * self.factor - len(device_ids)
             if not 0 <= skip < self.factor or keys is None or len(keys) != len(slots):
                 return False  # every record read is checked against the key the ledger expects
-            handle = self.pool.submit(self.to_device, lambda: self._load(slots, list(keys), device_ids, skip))
+            expected = list(keys)
+            handle = self.pool.submit(self.to_device, lambda: self._load(slots, expected, device_ids, skip))
             self._track(self.to_device, job_id, handle, len(device_ids) * self.kv.page_bytes)
             return True
         if not isinstance(dst, KeyedLoadStoreSpec):
@@ -75,10 +76,11 @@ class SecondaryTierHandler(TrackedJobsHandler):
         dst_slots, keys = dst.block_ids.tolist(), dst.block_hashes
         if keys is None or len(keys) != len(dst_slots) or len(src) != len(dst_slots):
             return False  # a record must name its block hash, or it cannot be recovered
+        keys = list(keys)
         nbytes = len(dst_slots) * self.block_bytes
         if isinstance(src, CPULoadStoreSpec):
             host_blocks = src.block_ids.tolist()
-            handle = self.pool.submit(self.from_host, lambda: self._from_host(host_blocks, dst_slots, list(keys)))
+            handle = self.pool.submit(self.from_host, lambda: self._from_host(host_blocks, dst_slots, keys))
             self.host_fences.mark(host_blocks, handle)
             self._track(self.from_host, job_id, handle, nbytes)
             return True
@@ -87,7 +89,7 @@ class SecondaryTierHandler(TrackedJobsHandler):
             return False
         direction = copy_direction(src.medium(), self.medium)
         src_slots = src.block_ids.tolist()
-        handle = self.pool.submit(direction, lambda: self._from_tier(up[0], src_slots, dst_slots, list(keys)))
+        handle = self.pool.submit(direction, lambda: self._from_tier(up[0], src_slots, dst_slots, keys))
         up[1].mark(src_slots, handle)
         self._track(direction, job_id, handle, nbytes)
         return True
@@ -99,7 +101,7 @@ class SecondaryTierHandler(TrackedJobsHandler):
 
     def _from_tier(self, src_io: TierIO, src_slots: list[int], slots: list[int], keys: list) -> None:
         staging = np.empty((len(slots), self.block_bytes), dtype=np.uint8)
-        views = [memoryview(row) for row in staging]
+        views = [row.data for row in staging]
         src_io.read(src_slots, keys, views)
         self.tier_fences.wait(slots)
         self.io.write(views, slots, keys)

@@ -92,7 +92,7 @@ class CPUStreamPool(StreamPool):
 
 
 class _CudaHandle(JobHandle):
-    __slots__ = ("start", "end", "exc")
+    __slots__ = ("end", "exc", "start")
 
     def __init__(self, start: torch.cuda.Event, end: torch.cuda.Event, exc: BaseException | None) -> None:
         self.start, self.end, self.exc = start, end, exc
@@ -133,7 +133,7 @@ class CUDAStreamPool(StreamPool):
             start.record(stream)
             try:
                 fn()
-            except Exception as e:  # a failed copy is a failed job, never an engine crash
+            except Exception as e:  # noqa: BLE001 - a failed copy is a failed job, never an engine crash
                 exc = e
             end.record(stream)
         self._last[direction] = end

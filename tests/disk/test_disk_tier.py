@@ -12,7 +12,7 @@ import pytest
 
 from kvoffload.config import ConfigError
 from kvoffload.engine import LLM, EngineConfig
-from kvoffload.offload.disk_format import DiskLayout, RECORD_HEADER
+from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout
 from kvoffload.offload.disk_manager import DiskOffloadingManager, DiskTierError, tier_file
 from kvoffload.workload import ChatWorkload, run_chat_workload
 

@@ -60,9 +60,8 @@ def test_text_prompts_and_stats():
 def test_bad_requests_raise_clear_errors(prompt, kwargs, match):
     cfg = dict(block_size=16, max_num_batched_tokens=64)
     cfg.update(kwargs)
-    with LLM(EngineConfig(**cfg)) as llm:
-        with pytest.raises(ValueError, match=match):
-            llm.generate([prompt], SamplingParams(max_tokens=8))
+    with LLM(EngineConfig(**cfg)) as llm, pytest.raises(ValueError, match=match):
+        llm.generate([prompt], SamplingParams(max_tokens=8))
 
 
 @pytest.mark.parametrize(

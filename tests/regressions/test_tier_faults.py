@@ -65,7 +65,7 @@ def test_persistent_read_errors_drop_blocks_and_take_the_tier_out_of_service(tmp
     c = stats["connector"]
     # Every failed read dropped its block, and three failures in a row closed the tier: a
     # bounded number of failed loads, not one per retry forever.
-    assert 3 <= c["loads_failed"] and c["corrupt_blocks"] >= 3
+    assert c["loads_failed"] >= 3 and c["corrupt_blocks"] >= 3
     assert 3 <= stats["transfer"]["disk_to_device"]["failed"] <= 3 + 8  # + loads already in flight
     assert c["disk_outages"] == 1
     assert sum("out of service" in r.getMessage() for r in caplog.records) == 1

@@ -40,7 +40,7 @@ def _land(mgr, demotions):
 
 
 def test_victims_move_down_the_chain_each_read_before_its_slot_is_reused(chain):
-    mgr, cpu, disk, remote = chain
+    mgr, _, disk, remote = chain
     _store(mgr, [1, 2])
     _store(mgr, [3, 4])  # evicts 1, 2 from CPU slots 0, 1 → disk slots 0, 1
     (d,) = mgr.take_demotions()
@@ -67,7 +67,7 @@ def test_victims_move_down_the_chain_each_read_before_its_slot_is_reused(chain):
 
 
 def test_a_pending_block_in_a_lower_tier_stops_the_lookup_as_pending(chain):
-    mgr, cpu, disk, remote = chain
+    mgr = chain[0]
     _store(mgr, [1, 2])
     _store(mgr, [3, 4])
     assert mgr.lookup_prefix([3, 1]).stop is LookupResult.HIT_PENDING  # 1's demotion has not landed
