@@ -93,7 +93,8 @@ class TrackedJobsHandler(OffloadingHandler):
 
     def _log_failure(self, direction: str, err: BaseException) -> None:
         """Once per (direction, cause): a failed copy is recomputed, but users must see why."""
-        cause = (direction, type(err).__name__, getattr(err, "errno", None))
+        io = err.io if isinstance(err, BlockTransferError) else isinstance(err, OSError)
+        cause = (direction, type(err).__name__, io, getattr(err, "errno", None))
         if cause not in self._logged_failures:
             self._logged_failures.add(cause)
             logger.warning("kvoffload: %s copy failed (%s: %s); the block is recomputed and the engine keeps "
@@ -116,6 +117,7 @@ class OffloadingWorker:
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str], OffloadingHandler] = {}
         self._job_handler: dict[int, OffloadingHandler] = {}
+        self._refusals_logged: set[tuple[str, str]] = set()
 
     def register_handler(self, src: type[LoadStoreSpec], dst: type[LoadStoreSpec], handler: OffloadingHandler) -> None:
         key = (src.medium(), dst.medium())
@@ -137,8 +139,15 @@ class OffloadingWorker:
         if handler is None:
             known = ", ".join(f"{a}->{b}" for a, b in self._handlers)
             raise UnsupportedTransferError(f"no handler for {key[0]} -> {key[1]}; registered: {known}")
-        self._job_handler[job_id] = handler
-        return handler.transfer_async(job_id, spec)
+        if handler.transfer_async(job_id, spec):
+            self._job_handler[job_id] = handler
+            return True
+        if key not in self._refusals_logged:  # a geometry or key mismatch: a bug, not a fault
+            self._refusals_logged.add(key)
+            logger.warning("kvoffload: the %s -> %s handler refused a copy of %d -> %d blocks (counts, block size "
+                           "or keys do not match); those blocks are recomputed (logged once)", key[0], key[1],
+                           len(src), len(dst))
+        return False
 
     def get_finished(self) -> list[TransferResult]:
         results: list[TransferResult] = []

@@ -64,3 +64,39 @@ def test_a_staged_victim_is_read_before_the_write_that_reuses_its_slot():
     assert not r.success and r.bad_block_ids == (0,)  # a record of another block is never served
     disk.close()
     remote.close()
+
+
+class FailingReads(MemoryIO):
+    """Reads fail with an I/O error, then find a record of another block (two causes)."""
+
+    def read(self, slots, keys, out):
+        from kvoffload.transfer.handler import BlockTransferError
+
+        self.reads += 1
+        raise BlockTransferError("memory tier: boom", list(slots), io=self.reads <= 2)
+
+
+def test_refused_and_failed_copies_are_logged_once_per_cause(caplog):
+    from kvoffload.transfer.handler import OffloadingWorker
+
+    num_blocks = 4
+    kv = canonicalize([torch.randn(2, num_blocks, 4, 2, 8) for _ in range(2)], num_blocks)
+    host = HostBlockBuffer(2, kv.page_bytes)
+    io = FailingReads()
+    tier = SecondaryTierHandler(Medium.REMOTE, io, kv, host, 1, kv.page_bytes, SlotFences(), SlotFences())
+    worker = OffloadingWorker()
+    worker.register_handler(RemoteLoadStoreSpec, GPULoadStoreSpec, tier)
+    worker.register_handler(CPULoadStoreSpec, RemoteLoadStoreSpec, tier)
+    caplog.set_level("WARNING")
+    for job in (1, 2):  # no keys: refused (a record must name its block)
+        assert not worker.transfer_async(job, (CPULoadStoreSpec([0]), RemoteLoadStoreSpec([0])))
+    for job in (3, 4, 5, 6):  # two I/O failures, then two key mismatches
+        assert worker.transfer_async(job, (RemoteLoadStoreSpec([0], ["k"]), GPULoadStoreSpec([1])))
+        worker.wait([job])
+    results = _drain([tier], 4)
+    assert [r.io_error for r in sorted(results, key=lambda r: r.job_id)] == [True, True, False, False]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("refused a copy" in m and "CPU -> REMOTE" in m for m in lines) == 1
+    failed = [m for m in lines if "remote_to_device copy failed" in m]
+    assert len(failed) == 2 and all("boom" in m for m in failed)  # I/O and bad data: two causes, once each
+    tier.close()
