@@ -1,6 +1,7 @@
 """Chaos harness: random configurations and fault plans, checked against a no-offload run.
 
-Each case draws tiers (CPU, CPU + disk write-back, CPU + disk write-through), an eviction
+Each case draws tiers (CPU, CPU + disk write-back, CPU + disk write-through, either with a
+third in-memory tier behind the disk), an eviction
 policy, the reuse filter, the offloaded-block factor, recompute or swap preemption, greedy /
 parallel sampling / beam search, a device cache from tiny to roomy, and a fault plan: failed
 reads (EIO), writes (ENOSPC) and stores, slow copies, flipped or relocated disk records
@@ -46,6 +47,8 @@ class ChaosCase:
     faults: FaultPlan
     mutate: str  # none | flip | relocate
     restart: str  # none | clean | kill
+    #: Blocks of a third tier behind the disk (the in-memory test tier), 0 for none.
+    remote_blocks: int = 0
 
 
 def draw_case(seed: int) -> ChaosCase:
@@ -79,6 +82,8 @@ def draw_case(seed: int) -> ChaosCase:
         faults=faults,
         mutate="none" if clean or not disk else rng.choice(("none", "flip", "relocate")),
         restart="none" if not disk else rng.choice(("none", "none", "clean", "kill")),
+        # Drawn last, so every earlier draw of a seed is what it always was.
+        remote_blocks=rng.choice((0, 0, 8, 64)) if disk else 0,
     )
 
 
@@ -110,6 +115,9 @@ def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
     if case.tiers != "cpu":
         tiers.append({"medium": "disk", "path": path, "capacity": case.disk_blocks * block,
                       "eviction_policy": case.policy, "write_through": case.tiers == "writethrough"})
+    if case.remote_blocks:
+        tiers.append({"medium": "kvoffload.testing.memory_tier:MemoryTier", "capacity": case.remote_blocks * block,
+                      "eviction_policy": case.policy})
     cfg: dict[str, Any] = {"tiers": tiers, "offloaded_block_size": 16 * case.factor,
                            "spec_name": "FaultyOffloadingSpec", "spec_module_path": "kvoffload.testing.faults"}
     if case.reuse_filter:

@@ -12,7 +12,7 @@ from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
 from kvoffload.transfer.secondary_handler import SecondaryTierHandler
 from kvoffload.transfer.slot_fence import SlotFences
-from tests.tiers.memory_tier import MemoryIO
+from kvoffload.testing.memory_tier import MemoryIO
 
 
 class SlowReads(MemoryIO):

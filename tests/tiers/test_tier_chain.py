@@ -13,9 +13,9 @@ from kvoffload.offload.disk_format import DiskLayout
 from kvoffload.offload.disk_manager import DiskOffloadingManager
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.workload import ChatWorkload, run_chat_workload
-from tests.tiers.memory_tier import MemoryTier, MemoryTierManager
+from kvoffload.testing.memory_tier import MemoryTier, MemoryTierManager
 
-MEMORY = "tests.tiers.memory_tier:MemoryTier"
+MEMORY = "kvoffload.testing.memory_tier:MemoryTier"
 BLOCK_BYTES = 8192  # the tiny model at block size 16
 
 

@@ -1,11 +1,13 @@
-"""A tier kind for tests: a third tier (medium REMOTE) held in this process's memory, built
-only from the TierKind plugin surface, so a chain [cpu, disk, remote] runs end to end."""
+"""A tier kind for tests and the chaos harness: a third tier (medium REMOTE) held in this
+process's memory, built only from the TierKind plugin surface, so a chain [cpu, disk, remote]
+runs end to end. Not for serving: its bytes live in the worker and die with it."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
-from kvoffload.offload.abstract import Medium
+from kvoffload.offload.abstract import BlockHash, Medium
 from kvoffload.offload.mediums import RemoteLoadStoreSpec
 from kvoffload.offload.secondary import LedgerTierManager
 from kvoffload.tiers.base import TierKind
@@ -25,15 +27,15 @@ class MemoryIO(TierIO):
         self.lock = threading.Lock()
         self.writes = self.reads = 0
 
-    def write(self, blocks, slots, keys):
+    def write(self, blocks: Sequence[memoryview], slots: list[int], keys: list[BlockHash]) -> None:
         with self.lock:
             for data, slot, key in zip(blocks, slots, keys):
                 self.records[slot] = (key, bytes(data))
             self.writes += len(slots)
 
-    def read(self, slots, keys, out):
+    def read(self, slots: list[int], keys: list[BlockHash], out: Sequence[memoryview]) -> None:
         with self.lock:
-            bad = [s for s, k in zip(slots, keys) if self.records.get(s, (None,))[0] != k]
+            bad = [s for s, k in zip(slots, keys) if s not in self.records or self.records[s][0] != k]
             if bad:
                 raise BlockTransferError(f"memory tier: slots {bad} hold other blocks", bad)
             for slot, view in zip(slots, out):

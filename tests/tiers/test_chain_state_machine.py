@@ -1,0 +1,164 @@
+"""A three-tier chain [cpu, disk, remote] under random interleavings: stores, loads that
+overlap and complete in any order, demotions landing out of order or failing, write-through,
+corrupt drops and outages. The bytes are modelled per slot: a copy reads its source when it
+is planned (what the worker's slot fences guarantee: a slot is read before it is written
+again) and writes its destination when it lands. Every load must read slots that hold exactly
+the blocks it asked for, and every ledger must account for its slots and pins."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvoffload.offload import CPUOffloadingManager
+from kvoffload.offload.disk_format import DiskLayout
+from kvoffload.offload.disk_manager import DiskOffloadingManager
+from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.testing.memory_tier import MemoryTierManager
+
+HASHES = st.integers(min_value=0, max_value=9)
+CAP = {"CPU": 3, "DISK": 3, "REMOTE": 4}
+
+
+def make_machine(policy: str, write_through: bool):
+    class Chain(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dir = tempfile.mkdtemp(prefix="kvoffload-chain-")
+            self.cpu = CPUOffloadingManager(CAP["CPU"], policy)
+            self.disk = DiskOffloadingManager(self.dir, DiskLayout("chain", 64, 16, CAP["DISK"]), policy)
+            self.remote = MemoryTierManager(CAP["REMOTE"], policy)
+            self.tiers = {"CPU": self.cpu, "DISK": self.disk, "REMOTE": self.remote}
+            self.mgr = TieredOffloadingManager(self.cpu, self.disk, self.remote, write_through=[False, write_through])
+            self.data: dict[str, dict[int, int]] = {m: {} for m in CAP}  # medium -> slot -> block it holds
+            self.storing: dict[int, int] = {}  # CPU stores in flight: hash -> slot
+            self.demoting: list[tuple[str, list[int], list[int], list[int]]] = []  # (dst, hashes, slots, read)
+            self.loads: list[list[tuple[str, list[int]]]] = []
+
+        def teardown(self) -> None:
+            self.disk.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+        def _take_demotions(self) -> None:
+            for d in self.mgr.take_demotions():
+                src, dst = str(d.src.medium()), str(d.dst.medium())
+                assert list(CAP).index(dst) == list(CAP).index(src) + 1  # always one tier down
+                read = [self.data[src].get(s) for s in d.src.block_ids.tolist()]
+                assert read == d.block_hashes, (src, dst, read, d.block_hashes)  # the victims' own bytes
+                self.demoting.append((dst, list(d.block_hashes), d.dst.block_ids.tolist(), read))
+
+        def _pins(self, medium: str) -> dict[int, int]:
+            pins: dict[int, int] = {}
+            for load in self.loads:
+                for m, hashes in load:
+                    if m == medium:
+                        for h in hashes:
+                            pins[h] = pins.get(h, 0) + 1
+            return pins
+
+        @rule(hashes=st.lists(HASHES, min_size=1, max_size=3, unique=True))
+        def store(self, hashes):
+            out = self.mgr.prepare_store(hashes)
+            if out is None:
+                return
+            for h, s in zip(out.block_hashes_to_store, out.store_spec.block_ids.tolist()):
+                self.storing[h] = s
+            self._take_demotions()
+
+        @rule(data=st.data(), ok=st.booleans())
+        @precondition(lambda self: self.storing)
+        def complete_store(self, data, ok):
+            chosen = data.draw(st.lists(st.sampled_from(sorted(self.storing)), min_size=1, unique=True))
+            for h in chosen:
+                slot = self.storing.pop(h)
+                if ok:
+                    self.data["CPU"][slot] = h  # the device → host copy landed
+            self.mgr.complete_store(chosen, ok)
+            self._take_demotions()  # write-through
+
+        @rule(data=st.data(), ok=st.booleans())
+        @precondition(lambda self: self.demoting)
+        def complete_demotion(self, data, ok):
+            dst, hashes, slots, read = self.demoting.pop(data.draw(st.integers(0, len(self.demoting) - 1)))
+            if ok:
+                for s, h in zip(slots, read):
+                    self.data[dst][s] = h
+            self.mgr.complete_demotion(hashes, ok, dst)
+            self._take_demotions()  # write-through into the next tier
+
+        @rule(hashes=st.lists(HASHES, max_size=5))
+        def lookup(self, hashes):
+            found = self.mgr.lookup_prefix(hashes)
+            live = [t for m, t in self.tiers.items() if m == "CPU" or t.in_service]
+            for h, medium in zip(hashes, found.media):
+                first = next(t for t in live if t.is_ready(h))
+                assert first.medium == medium  # the fastest tier holding it
+            if found.hits < len(hashes):
+                assert not any(t.is_ready(hashes[found.hits]) for t in live)
+            self.mgr.touch(hashes)
+
+        @rule(data=st.data())
+        def load(self, data):
+            ready = [h for h in range(10) if self.mgr.is_ready(h)]
+            if not ready:
+                return
+            chosen = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=4, unique=True))
+            segments = self.mgr.prepare_load_segments(chosen)
+            assert [h for _, hs in segments for h in hs] == chosen
+            load = []
+            for spec, hs in segments:
+                medium = str(spec.medium())
+                held = [self.data[medium].get(s) for s in spec.block_ids.tolist()]
+                assert held == hs, (medium, held, hs)  # never another block's bytes
+                load.append((medium, hs))
+            self.loads.append(load)
+
+        @rule(data=st.data())
+        @precondition(lambda self: self.loads)
+        def complete_load(self, data):
+            for medium, hashes in self.loads.pop(data.draw(st.integers(0, len(self.loads) - 1))):
+                self.mgr.complete_load(hashes, medium)
+
+        @rule(data=st.data(), medium=st.sampled_from(["DISK", "REMOTE"]))
+        def drop_corrupt(self, data, medium):
+            tier, pinned = self.tiers[medium], self._pins(medium)
+            slots = [s for h, s in tier.ledger.index.items() if h not in pinned and tier.is_ready(h)]
+            if slots and not data.draw(st.integers(0, 3)):
+                assert self.mgr.drop_corrupt(medium, [data.draw(st.sampled_from(slots))]) == 1
+
+        @rule(medium=st.sampled_from(["DISK", "REMOTE"]), ok=st.booleans())
+        def io_outcome(self, medium, ok):
+            self.mgr.record_io(medium, ok, write=False)
+
+        @rule(medium=st.sampled_from(["DISK", "REMOTE"]))
+        def outage_ends(self, medium):
+            self.tiers[medium]._out_until = min(self.tiers[medium]._out_until, time.monotonic())
+
+        @invariant()
+        def ledgers_agree(self):
+            for medium, tier in self.tiers.items():
+                index = tier.ledger.index
+                assert len(set(index.values())) == len(index)
+                assert tier.num_free_blocks + len(index) == CAP[medium]
+                pins = self._pins(medium)
+                writing = set(self.storing) if medium == "CPU" else {
+                    h for dst, hs, _, _ in self.demoting if dst == medium for h in hs}
+                for h, s in index.items():
+                    assert tier.ledger.ref_cnt[s] == (-1 if h in writing else pins.get(h, 0)), (medium, h)
+                assert set(pins) <= set(index)  # a pinned block is never evicted or dropped
+
+    Chain.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None,
+                                       suppress_health_check=list(HealthCheck))
+    return Chain
+
+
+@pytest.mark.parametrize("write_through", [False, True], ids=["victims", "write-through"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_three_tier_chain_invariants(policy, write_through):
+    make_machine(policy, write_through).TestCase().runTest()
