@@ -27,7 +27,9 @@ def summarize(stats: dict[str, Any], wall_s: float) -> dict[str, Any]:
         "prefix hits (device)": hits.get("device", 0),
         "prefix hits (cpu)": hits.get("cpu", 0),
         "prefix hits (disk)": hits.get("disk", 0),
-        "prefix-cache hit rate": f"{sum(hits.values()) / prompt:.1%}" if prompt else "n/a",
+        # Of each prompt, the tokens found cached when it was first admitted (re-admissions
+        # after preemption hit again and would count twice).
+        "prefix-cache hit rate": f"{stats['prompt_hit_tokens'] / prompt:.1%}" if prompt else "n/a",
         "prefill tokens computed": stats["prefill_tokens_computed"],
         "prefill tokens saved": max(saved, 0),
         "preemptions": stats["preemptions"],
@@ -37,7 +39,8 @@ def summarize(stats: dict[str, Any], wall_s: float) -> dict[str, Any]:
                                  f"{stats['connector'].get('blocks_swapped_in', 0)}",
         "TTFT p50 (ms)": f"{1000 * percentile(ttft, 0.5):.1f}",
         "TTFT p95 (ms)": f"{1000 * percentile(ttft, 0.95):.1f}",
-        "tokens/s (prompt+gen)": f"{(prompt + stats['generated_tokens']) / wall_s:.0f}" if wall_s else "n/a",
+        # Every prompt token (computed or hit) and generated token, over the run's wall time.
+        "tokens/s (prompt+generated)": f"{(prompt + stats['generated_tokens']) / wall_s:.0f}" if wall_s else "n/a",
         "wall time (s)": f"{wall_s:.2f}",
     }
 

@@ -32,8 +32,12 @@ class SchedulerStats:
     preemptions: int = 0
     prefill_tokens_computed: int = 0
     decode_tokens: int = 0
+    #: Hits at every admission (a preempted request is admitted again and hits again).
     device_hit_tokens: int = 0
     external_hit_tokens: int = 0
+    #: Hits at each request's first admission only: at most its prompt, so a hit rate of it
+    #: over prompt tokens never exceeds 100%.
+    prompt_hit_tokens: int = 0
     failed_loads: int = 0
     swapped_out_tokens: int = 0
     recomputed_after_preemption: int = 0
@@ -256,8 +260,9 @@ class Scheduler:
                     scheduled_new.append(request)
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_computed
-                if request.num_cached_tokens < 0:
+                if request.num_cached_tokens < 0:  # first admission: what its prompt found cached
                     request.num_cached_tokens = num_computed
+                    self.stats.prompt_hit_tokens += num_computed
                 new_blocks_of[request.request_id] = new_blocks
                 num_scheduled[request.request_id] = num_new
                 budget -= num_new
