@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from typing import Any
@@ -40,10 +41,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from kvoffload.report import format_table
 
     columns: dict[str, dict[str, Any]] = {}
+    print(f"model={args.model}, device KV cache {args.num_gpu_blocks} blocks x {args.block_size} tokens, "
+          f"max_num_seqs={args.max_num_seqs}; workload: {args.conversations} chats x {args.turns} turns, "
+          f"system prompt {args.system_tokens} + {args.user_tokens} user tokens per turn, "
+          f"{args.max_tokens} generated; offload config: {args.config or 'none'}")
     base_summary, base_tokens, _ = _run_once(args, None)
     columns["no offload"] = base_summary
     if args.config and not args.no_offload:
-        summary, tokens, stats = _run_once(args, args.config)
+        offload: Any = args.config
+        if args.prometheus_port is not None:
+            from kvoffload.config import OffloadConfig
+
+            if not 0 < args.prometheus_port < 65536:
+                print(f"error: --prometheus-port {args.prometheus_port} is not a TCP port (1-65535)", file=sys.stderr)
+                return 2
+
+            cfg = OffloadConfig.coerce(args.config)
+            offload = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, prometheus_port=args.prometheus_port))
+        summary, tokens, stats = _run_once(args, offload)
         transfer = stats.get("transfer", {})
         for direction, d in transfer.items():
             if d.get("jobs"):
@@ -109,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--user-tokens", type=int, default=48)
     run.add_argument("--max-tokens", type=int, default=16)
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--prometheus-port", type=int, default=None,
+                     help="serve the offload run's metrics at http://HOST:PORT/metrics (overrides the config's)")
     run.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
                      help="swap: offload a preempted request's KV and restore it (needs --config)")
     run.set_defaults(func=cmd_run)

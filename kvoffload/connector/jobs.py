@@ -15,11 +15,6 @@ class JobKind(Enum):
     SWAP_OUT = "swap_out"  # device → the first tier, awaited before the step (preemption)
     DEMOTE = "demote"  # a tier → the next one (victims, write-through); belongs to no request
 
-    @property
-    def reads_device(self) -> bool:
-        """Copies out of device blocks: the engine must keep those blocks until they land."""
-        return self in (JobKind.STORE, JobKind.SWAP_OUT)
-
 
 @dataclass(frozen=True, slots=True)
 class TransferJob:

@@ -23,6 +23,7 @@ from kvoffload.offload.spec import OffloadingSpec
 
 @dataclass(slots=True)
 class SchedulerSideStats:
+    lookups: int = 0
     lookups_deferred: int = 0
     blocks_loaded: int = 0
     blocks_stored: int = 0
@@ -34,7 +35,8 @@ class SchedulerSideStats:
     corrupt_blocks: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
-    tier_hits: Counter = field(default_factory=Counter)
+    tier_hits: Counter = field(default_factory=Counter)  # tokens
+    tier_hit_blocks: Counter = field(default_factory=Counter)
 
 
 def _merge(parts: list[Any]) -> Any:
@@ -108,6 +110,7 @@ class OffloadingConnectorScheduler:
         start = num_computed_tokens // self.offloaded_block_size
         if start >= len(hashes):
             return 0, False
+        self.stats.lookups += 1
         found = self.manager.lookup_prefix(hashes[start:])
         if found.stop is LookupResult.RETRY:
             return None, False
@@ -161,6 +164,7 @@ class OffloadingConnectorScheduler:
             jobs.append(self._new_job(JobKind.LOAD, rid, seg_hashes, spec, GPULoadStoreSpec(block_ids[lo:hi])))
             tokens = (hi - lo) * self.block_size
             self.stats.tier_hits[medium.lower()] += tokens  # "cpu" / "disk", as stats() reports
+            self.stats.tier_hit_blocks[medium.lower()] += len(seg_hashes)
             if medium is not Medium.CPU:
                 promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
             offset += len(seg_hashes)
@@ -389,7 +393,12 @@ class OffloadingConnectorScheduler:
         s = self.stats
         tiers = self.manager.stats()
         return {
+            "lookups": s.lookups,
             "hit_tokens_by_tier": dict(s.tier_hits),
+            "hit_blocks_by_tier": dict(s.tier_hit_blocks),
+            "tier_usage": {tier: list(used_cap) for tier, used_cap in self.manager.usage().items()},
+            "jobs_in_flight": len(self._jobs),
+            "demotions_queued": int(self.manager.has_pending_demotions()),
             "blocks_loaded": s.blocks_loaded,
             "blocks_stored": s.blocks_stored,
             "blocks_evicted": s.evicted_blocks,

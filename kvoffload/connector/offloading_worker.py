@@ -15,10 +15,15 @@ from typing import Any
 
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
+from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingWorker, TransferResult
 from kvoffload.transfer.layout import CanonicalKVCache, canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
+
+
+def _bucket(buckets: tuple[float, ...], value: float) -> int:
+    return next((i for i, bound in enumerate(buckets) if value <= bound), len(buckets))
 
 
 @dataclass(slots=True)
@@ -27,10 +32,14 @@ class DirectionStats:
     failed: int = 0
     nbytes: int = 0
     seconds: float = 0.0
+    #: Jobs per bucket (the last one is +Inf), not cumulative.
+    seconds_hist: list[int] = field(default_factory=lambda: [0] * (len(SECONDS_BUCKETS) + 1))
+    bytes_hist: list[int] = field(default_factory=lambda: [0] * (len(BYTES_BUCKETS) + 1))
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         gbps = self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
-        return {"jobs": self.jobs, "failed": self.failed, "bytes": self.nbytes, "seconds": self.seconds, "gb_per_s": gbps}
+        return {"jobs": self.jobs, "failed": self.failed, "bytes": self.nbytes, "seconds": self.seconds, "gb_per_s": gbps,
+                "seconds_hist": list(self.seconds_hist), "bytes_hist": list(self.bytes_hist)}
 
 
 @dataclass(slots=True)
@@ -45,6 +54,8 @@ class TransferStats:
         d.failed += not r.success
         d.nbytes += r.nbytes
         d.seconds += r.seconds
+        d.seconds_hist[_bucket(SECONDS_BUCKETS, r.seconds)] += 1
+        d.bytes_hist[_bucket(BYTES_BUCKETS, r.nbytes)] += 1
 
 
 class OffloadingConnectorWorker:

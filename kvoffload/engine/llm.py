@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from kvoffload.config import OffloadConfig
 from kvoffload.connector.base import KVConnectorBase, KVConnectorRole
 from kvoffload.connector.factory import KVConnectorFactory
 from kvoffload.engine.beam_search import BeamSearchController
@@ -24,6 +25,7 @@ from kvoffload.engine.scheduler import Scheduler
 from kvoffload.engine.single_type_manager import cdiv
 from kvoffload.engine.tokenizer import ByteTokenizer
 from kvoffload.kv_info import EngineKVInfo
+from kvoffload.metrics import MetricsServer
 
 Prompt = str | Sequence[int]
 
@@ -63,8 +65,12 @@ class LLM:
         self.kv_info = engine_kv_info(config, self.model_config)
         self.scheduler_connector: KVConnectorBase | None = None
         self.worker_connector: KVConnectorBase | None = None
+        self.metrics_server: MetricsServer | None = None
         try:
             self._build(config, record_logits)
+            port = OffloadConfig.coerce(config.kv_offload).metrics.prometheus_port if config.kv_offload else None
+            if port is not None:
+                self.metrics_server = MetricsServer(self.stats, port)
         except BaseException:
             self._close_connectors()  # a failed start must not keep the disk tier's lock or threads
             raise
@@ -327,6 +333,7 @@ class LLM:
             "generated_tokens": self._generated_tokens,
             "prefill_tokens_computed": s.prefill_tokens_computed,
             "prefix_hit_tokens": hits,
+            "prompt_hit_tokens": s.prompt_hit_tokens,
             "external_hit_tokens": s.external_hit_tokens,
             "preemptions": s.preemptions,
             "swapped_out_tokens": s.swapped_out_tokens,
@@ -341,10 +348,19 @@ class LLM:
             "transfer": worker_stats,
         }
 
+    def take_kv_events(self) -> list[Any]:
+        """KV events (blocks stored into / removed from an offload tier) since the last call,
+        oldest first; needs ``metrics.events: true``. The queue is bounded: drain it regularly."""
+        if self.scheduler_connector is None:
+            return []
+        return list(self.scheduler_connector.take_events())
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         self._close_connectors()
 
     def _close_connectors(self) -> None:

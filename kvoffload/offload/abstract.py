@@ -111,14 +111,18 @@ class OffloadingManager(ABC):
 
     @abstractmethod
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
-        """Pin every (ready) block against eviction and return their slots, in order."""
+        """Pin every (ready) block against eviction and return their slots, in order. One spec
+        is one tier: a manager of several tiers refuses blocks that span tiers (nothing stays
+        pinned); ``prepare_load_segments`` is the form that always works."""
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark blocks recently used; ``block_hashes[0]`` ends up the most recent."""
 
-    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
-        """Show the policy the offered hashes that are absent, before a store inserts them
-        (ARC adapts to ghost hits here); default: nothing."""
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        """Show the policy the offered hashes that are absent (and would be admitted), before a
+        store inserts them (ARC adapts to ghost hits here); returns the hashes it was shown, so
+        a caller can show each one once per request. Default: nothing."""
+        return []
 
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         """Recency without reuse, e.g. a request's newly stored blocks (default: nothing)."""
@@ -202,6 +206,10 @@ class OffloadingManager(ABC):
 
     def stats(self) -> dict[str, int]:
         """Counters of the tiers (corrupt_blocks, disk_blocks_recovered, ...); {} by default."""
+        return {}
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """(blocks held, capacity in blocks) per tier, by lower-case medium; {} when unknown."""
         return {}
 
 

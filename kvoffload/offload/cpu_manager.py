@@ -164,11 +164,12 @@ class CPUOffloadingManager(OffloadingManager):
         hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
         self._slots.touch_hashes(hashes)
 
-    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         index = self.ledger.index
         missing = [h for h in block_hashes if h not in index]
         if missing:
             self.touch(missing)  # absent hashes: only ghost lists react
+        return missing
 
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         """Recency without reuse (see CachePolicy.refresh)."""
@@ -281,6 +282,9 @@ class CPUOffloadingManager(OffloadingManager):
         events = list(self._events)
         self._events.clear()
         return events
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        return {self.medium.lower(): (len(self.ledger.index), self.num_blocks)}
 
     def contains(self, block_hash: BlockHash) -> bool:
         """Present, ready or not."""

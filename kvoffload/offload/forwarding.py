@@ -35,8 +35,8 @@ class ForwardingOffloadingManager(OffloadingManager):
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         self.backing.touch(block_hashes)
 
-    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.backing.on_store_miss(block_hashes)
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        return self.backing.on_store_miss(block_hashes)
 
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         self.backing.refresh(block_hashes)
@@ -85,3 +85,6 @@ class ForwardingOffloadingManager(OffloadingManager):
 
     def stats(self) -> dict[str, int]:
         return self.backing.stats()
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        return self.backing.usage()

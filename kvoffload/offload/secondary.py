@@ -83,6 +83,10 @@ class SecondaryTierManager(ABC):
         """Counters, reported prefixed by the medium (``disk_io_errors``...)."""
         return {}
 
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """(blocks held, capacity in blocks) by lower-case medium; {} when unknown."""
+        return {}
+
     def close(self) -> None:
         """Release files, connections, threads."""
 

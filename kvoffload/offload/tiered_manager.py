@@ -35,6 +35,10 @@ from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.secondary import SecondaryTierManager
 
 
+class BlocksSpanTiersError(ValueError):
+    """``prepare_load`` was asked for blocks held in more than one tier."""
+
+
 class TieredOffloadingManager(OffloadingManager):
     def __init__(self, primary: CPUOffloadingManager, *secondaries: SecondaryTierManager,
                  write_through: bool | Sequence[bool] = False) -> None:
@@ -78,9 +82,13 @@ class TieredOffloadingManager(OffloadingManager):
 
     # ---- lookups and loads ---------------------------------------------------------------
     def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
+        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        # The leading run in host memory through the ledger's vectorised lookup (the common
+        # case: a prefix in DRAM, then perhaps a tail further down); then block by block.
+        cpu_hits = self.primary.lookup(hashes)
+        media: list[Medium] = [self.primary.medium] * cpu_hits
         tiers = self._tiers()
-        media: list[Medium] = []
-        for h in block_hashes:
+        for h in hashes[cpu_hits:]:
             tier = next((t for t in tiers if t.is_ready(h)), None)
             if tier is None:
                 pending = any(t.is_pending(h) for t in tiers)
@@ -120,11 +128,15 @@ class TieredOffloadingManager(OffloadingManager):
         return [(tier.prepare_load(hashes), hashes) for tier, hashes in runs]
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        """The one-tier form of ``prepare_load_segments``: blocks that span tiers cannot be one
+        spec, so they are refused (nothing stays pinned); the connector loads by segments."""
         segments = self.prepare_load_segments(list(block_hashes))
         if len(segments) != 1:
             for spec, hashes in segments:
                 self.complete_load(hashes, spec.medium())
-            raise ValueError("these blocks span tiers; use prepare_load_segments()")
+            media = ", ".join(str(spec.medium()) for spec, _ in segments)
+            raise BlocksSpanTiersError(f"these blocks lie in {len(segments)} tier segments ({media}); "
+                                       "load them with prepare_load_segments()")
         return segments[0][0]
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
@@ -218,6 +230,12 @@ class TieredOffloadingManager(OffloadingManager):
                 out[f"{t.medium.lower()}_{key}"] = value
                 if key == "corrupt_blocks":
                     out["corrupt_blocks"] += value
+        return out
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        out = dict(self.primary.usage())
+        for t in self.secondaries:
+            out.update(t.usage())
         return out
 
     def close(self) -> None:

@@ -1,0 +1,135 @@
+"""Prometheus metrics of an engine run: one vocabulary (``kvoffload_`` prefix, labels ``tier`` and
+``direction``) read from the engine's stats dict at scrape time.
+
+Pull, not push: each scrape reads ``llm.stats()`` once, so every counter equals what the
+engine reports at that instant and nothing is counted twice or held in a second place. The
+histograms come from the worker's per-direction bucket counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvoffload.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Upper bounds of the transfer histograms; the worker counts jobs into the same buckets.
+SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+BYTES_BUCKETS = (4096.0, 65536.0, 1048576.0, 16777216.0, 268435456.0)
+
+#: connector stats key -> (metric name, help); plain counters without labels.
+_CONNECTOR_COUNTERS = {
+    "lookups": ("kvoffload_lookups", "Prefix lookups in the offload tiers"),
+    "lookups_deferred": ("kvoffload_lookups_deferred", "Lookups deferred a step (a store or load still in flight)"),
+    "blocks_loaded": ("kvoffload_loaded_blocks", "Offloaded blocks loaded into the device cache"),
+    "loads_failed": ("kvoffload_failed_load_blocks", "Blocks whose load failed (recomputed)"),
+    "corrupt_blocks": ("kvoffload_corrupt_blocks", "Blocks dropped as corrupt, misplaced or unreadable"),
+    "blocks_stored": ("kvoffload_stored_blocks", "Blocks stored into the first tier"),
+    "stores_failed": ("kvoffload_failed_store_blocks", "Blocks whose store failed"),
+    "store_retries": ("kvoffload_store_retries", "Stores retried because the tier was full of pinned blocks"),
+    "stores_skipped_by_filter": ("kvoffload_filter_skipped_blocks", "Offered blocks the reuse filter did not store"),
+    "blocks_evicted": ("kvoffload_evicted_blocks", "Blocks evicted from the first tier"),
+    "blocks_demoted": ("kvoffload_demoted_blocks", "Blocks demoted into a slower tier"),
+    "blocks_swapped_out": ("kvoffload_swapped_out_blocks", "Blocks saved at swap-mode preemption"),
+    "blocks_swapped_in": ("kvoffload_swapped_in_blocks", "Blocks restored at swap-mode resume"),
+}
+
+
+def _families(stats: dict[str, Any]) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    conn: dict[str, Any] = stats.get("connector", {})
+    hits = CounterMetricFamily("kvoffload_hit_tokens", "Prompt tokens served from a cache, by tier", labels=["tier"])
+    for tier, n in stats.get("prefix_hit_tokens", {}).items():
+        hits.add_metric([tier], n)
+    yield hits
+    blocks = CounterMetricFamily("kvoffload_hit_blocks", "Offloaded blocks loaded, by tier", labels=["tier"])
+    for tier, n in conn.get("hit_blocks_by_tier", {}).items():
+        blocks.add_metric([tier], n)
+    yield blocks
+    yield CounterMetricFamily("kvoffload_prompt_tokens", "Prompt tokens of all requests", value=stats.get("prompt_tokens", 0))
+    yield CounterMetricFamily("kvoffload_prefill_computed_tokens", "Prompt tokens computed (not served from a cache)",
+                              value=stats.get("prefill_tokens_computed", 0))
+    yield CounterMetricFamily("kvoffload_preemptions", "Requests preempted", value=stats.get("preemptions", 0))
+    for key, (name, doc) in _CONNECTOR_COUNTERS.items():
+        if key in conn:
+            yield CounterMetricFamily(name, doc, value=conn[key])
+    used = GaugeMetricFamily("kvoffload_tier_used_blocks", "Blocks held by a tier", labels=["tier"])
+    cap = GaugeMetricFamily("kvoffload_tier_capacity_blocks", "Capacity of a tier in blocks", labels=["tier"])
+    for tier, (n_used, n_cap) in conn.get("tier_usage", {}).items():
+        used.add_metric([tier], n_used)
+        cap.add_metric([tier], n_cap)
+    yield used
+    yield cap
+    yield GaugeMetricFamily("kvoffload_jobs_in_flight", "Copies planned and not yet reported",
+                            value=conn.get("jobs_in_flight", 0))
+    yield GaugeMetricFamily("kvoffload_demotions_queued", "1 while demotions wait for the next step",
+                            value=conn.get("demotions_queued", 0))
+    transfer: dict[str, dict[str, Any]] = stats.get("transfer", {})
+    counters = {
+        "bytes": CounterMetricFamily("kvoffload_transfer_bytes", "Bytes copied", labels=["direction"]),
+        "jobs": CounterMetricFamily("kvoffload_transfer_jobs", "Copies finished", labels=["direction"]),
+        "failed": CounterMetricFamily("kvoffload_transfer_failed_jobs", "Copies failed", labels=["direction"]),
+    }
+    seconds = HistogramMetricFamily("kvoffload_transfer_seconds", "Time of one copy", labels=["direction"])
+    size = HistogramMetricFamily("kvoffload_transfer_size_bytes", "Bytes of one copy", labels=["direction"])
+    for direction, d in transfer.items():
+        for key, family in counters.items():
+            family.add_metric([direction], d.get(key, 0))
+        if "seconds_hist" in d:
+            seconds.add_metric([direction], _cumulative(SECONDS_BUCKETS, d["seconds_hist"]), d.get("seconds", 0.0))
+            size.add_metric([direction], _cumulative(BYTES_BUCKETS, d["bytes_hist"]), d.get("bytes", 0))
+    yield from counters.values()
+    yield seconds
+    yield size
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip([*map(str, bounds), "+Inf"], counts):
+        total += n
+        out.append((bound, total))
+    return out
+
+
+class StatsCollector:
+    """A prometheus_client collector over a stats function (``LLM.stats``)."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            stats = self._stats()
+        except Exception as exc:  # noqa: BLE001 - a failed read must not kill the scrape thread
+            logger.warning("kvoffload metrics: reading the engine's stats failed (%s: %s)", type(exc).__name__, exc)
+            return
+        yield from _families(stats)
+
+
+class MetricsServer:
+    """Serves ``/metrics`` for one engine on ``port`` (0: any free port, see ``.port``)."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], port: int, addr: str = "0.0.0.0") -> None:
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError as exc:
+            raise ConfigError(f"metrics.prometheus_port: {port} needs prometheus_client ({exc}); "
+                              "pip install prometheus_client, or remove the port") from None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(StatsCollector(stats))
+        try:
+            self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"metrics.prometheus_port: cannot listen on {addr}:{port} ({exc.strerror}); "
+                              "pick a free port") from None
+        self.port: int = self._server.server_address[1]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

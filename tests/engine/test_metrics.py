@@ -1,0 +1,78 @@
+"""Prometheus metrics of the bundled engine: a real scrape of /metrics over HTTP after a
+workload with CPU hits; every counter equals llm.stats() at that instant."""
+
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvoffload.config import ConfigError
+from kvoffload.engine import LLM, EngineConfig, SamplingParams
+from kvoffload.workload import ChatWorkload, run_chat_workload
+
+BLOCK_BYTES = 8192
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_scrape_after_a_workload_equals_the_engine_stats():
+    port = _free_port()
+    offload = {"tiers": [{"medium": "cpu", "capacity": 400 * BLOCK_BYTES}], "metrics": {"prometheus_port": port}}
+    wl = ChatWorkload(conversations=8, turns=3, system_tokens=128, user_tokens=64, max_tokens=8)
+    with LLM(EngineConfig(num_gpu_blocks=40, max_num_seqs=3, max_num_batched_tokens=256, kv_offload=offload)) as llm:
+        run_chat_workload(llm, wl)
+        stats = llm.stats()
+        m = _scrape(port)
+    conn, transfer = stats["connector"], stats["transfer"]
+    assert stats["prefix_hit_tokens"]["cpu"] > 0
+    for tier, n in stats["prefix_hit_tokens"].items():
+        assert m[("kvoffload_hit_tokens_total", (("tier", tier),))] == n
+    assert m[("kvoffload_hit_blocks_total", (("tier", "cpu"),))] == conn["hit_blocks_by_tier"]["cpu"] > 0
+    assert m[("kvoffload_stored_blocks_total", ())] == conn["blocks_stored"] > 0
+    assert m[("kvoffload_loaded_blocks_total", ())] == conn["blocks_loaded"] > 0
+    assert m[("kvoffload_lookups_total", ())] == conn["lookups"] > 0
+    assert m[("kvoffload_evicted_blocks_total", ())] == conn["blocks_evicted"]
+    for direction in ("device_to_host", "host_to_device"):
+        d = transfer[direction]
+        assert m[("kvoffload_transfer_bytes_total", (("direction", direction),))] == d["bytes"] > 0
+        assert m[("kvoffload_transfer_seconds_count", (("direction", direction),))] == d["jobs"]
+        assert m[("kvoffload_transfer_size_bytes_bucket", (("direction", direction), ("le", "+Inf")))] == d["jobs"]
+        assert m[("kvoffload_transfer_seconds_sum", (("direction", direction),))] == pytest.approx(d["seconds"])
+    used, cap = conn["tier_usage"]["cpu"]
+    assert m[("kvoffload_tier_used_blocks", (("tier", "cpu"),))] == used > 0
+    assert m[("kvoffload_tier_capacity_blocks", (("tier", "cpu"),))] == cap == 400
+    with pytest.raises(OSError):  # closed with the engine
+        _scrape(port)
+
+
+def test_a_port_in_use_is_refused_in_one_line_and_nothing_stays_open():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        offload = {"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "metrics": {"prometheus_port": port}}
+        with pytest.raises(ConfigError, match=rf"metrics.prometheus_port: cannot listen on 0.0.0.0:{port} .*pick a free port"):
+            LLM(EngineConfig(num_gpu_blocks=40, kv_offload=offload))
+
+
+def test_kv_events_through_the_public_accessor():
+    offload = {"tiers": [{"medium": "cpu", "capacity": 16 * BLOCK_BYTES}], "metrics": {"events": True}}
+    with LLM(EngineConfig(num_gpu_blocks=40, kv_offload=offload)) as llm:
+        params = SamplingParams(max_tokens=5, ignore_eos=True)  # 99 + 5 tokens: 6 full blocks
+        llm.generate([list(range(1, 100))], params)
+        llm.generate([list(range(1, 100))], params)
+        events = llm.take_kv_events()
+        assert events and events[0].medium == "CPU" and not events[0].removed and events[0].block_size == 16
+        assert sum(len(e.block_hashes) for e in events) == 6  # the request's full blocks, stored once
+        assert llm.take_kv_events() == []
