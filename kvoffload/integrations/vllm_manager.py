@@ -39,6 +39,9 @@ class _RequestAccess:
 
     generation: int
     keys: dict[OffloadKey, bool] = field(default_factory=dict)
+    #: Keys already shown to the policy as store misses: once per request, however often a
+    #: full tier makes vLLM offer them again.
+    store_misses: set[OffloadKey] = field(default_factory=set)
 
 
 class KVOffloadManager(OffloadingManager):
@@ -86,12 +89,18 @@ class KVOffloadManager(OffloadingManager):
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         offered = list(keys)
-        self.inner.on_store_miss(offered)
+        state = self._access(req_context)
+        fresh = [k for k in offered if k not in state.store_misses]
+        if fresh:
+            state.store_misses.update(self.inner.on_store_miss(fresh))
         out = self.inner.prepare_store(offered)
-        if out is None:
+        seen = state.keys
+        if out is None:  # nothing stored, but the resident chunks it offered are still reuses
+            for k in offered:
+                if k not in seen and self._is_ready(k):
+                    seen[k] = True
             return None
         new = set(out.block_hashes_to_store)
-        seen = self._access(req_context).keys
         for k in offered:
             if k in new:
                 seen.setdefault(k, False)

@@ -27,6 +27,7 @@ from kvoffload.integrations.vllm import load_extra_config
 from kvoffload.integrations.vllm_manager import KVOffloadManager
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
+from kvoffload.offload.empty_manager import EmptyOffloadingManager
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 
 SPEC_NAME = "KVOffloadSpec"
@@ -70,11 +71,14 @@ class KVOffloadSpec(OffloadingSpec):
 
     def _build_manager(self) -> KVOffloadingManager:
         cfg = self.offload_config
+        block_size = self.tokens_per_block[0] * self.blocks_per_chunk if self.tokens_per_block else 0
+        if self.num_chunks == 0:  # no KV bytes on this worker: an empty cache, as vLLM's spec builds
+            return EmptyOffloadingManager(block_size)
         manager: KVOffloadingManager = CPUOffloadingManager(
             self.num_chunks,
             cache_policy=cfg.tiers[0].eviction_policy,
             enable_events=self.kv_events_config.enable_kv_cache_events or cfg.metrics.events,
-            block_size=self.tokens_per_block[0] * self.blocks_per_chunk if self.tokens_per_block else 0,
+            block_size=block_size,
         )
         if cfg.store_threshold >= 2:
             manager = FilterReusedOffloadingManager(manager, cfg.store_threshold, cfg.max_tracker_size)

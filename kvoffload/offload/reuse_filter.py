@@ -29,10 +29,21 @@ class FilterReusedOffloadingManager(ForwardingOffloadingManager):
         self.counts: OrderedDict[BlockHash, int] = OrderedDict()
         self.num_filtered = 0
 
+    def _admits(self, block_hash: BlockHash) -> bool:
+        """This offer (counted) would reach the threshold."""
+        return self.counts.get(block_hash, 0) + 1 >= self.store_threshold
+
+    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        # The policy sees only candidates this offer admits (vLLM shows ARC nothing else).
+        return self.backing.on_store_miss([h for h in block_hashes if self._admits(h)])
+
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         hashes = list(dict.fromkeys(block_hashes))
         counts = self.counts
-        admitted = [h for h in hashes if counts.get(h, 0) + 1 >= self.store_threshold]
+        admitted = [h for h in hashes if self._admits(h)]
+        # Offers already stored (ready or being written) are not stores the filter skipped.
+        backing = self.backing
+        skipped = sum(1 for h in hashes if not self._admits(h) and not (backing.is_ready(h) or backing.is_pending(h)))
         result = self.backing.prepare_store(admitted)
         if result is None:
             return None
@@ -44,7 +55,7 @@ class FilterReusedOffloadingManager(ForwardingOffloadingManager):
                 if len(counts) >= self.max_tracker_size:
                     counts.popitem(last=False)
                 counts[h] = 1
-        self.num_filtered += len(hashes) - len(admitted)
+        self.num_filtered += skipped
         return result
 
     def stats(self) -> dict[str, int]:

@@ -8,11 +8,11 @@ import torch
 
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec, RemoteLoadStoreSpec
+from kvoffload.testing.memory_tier import MemoryIO
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
 from kvoffload.transfer.secondary_handler import SecondaryTierHandler
 from kvoffload.transfer.slot_fence import SlotFences
-from kvoffload.testing.memory_tier import MemoryIO
 
 
 class SlowReads(MemoryIO):

@@ -12,8 +12,8 @@ from kvoffload.offload.abstract import LookupResult, Medium
 from kvoffload.offload.disk_format import DiskLayout
 from kvoffload.offload.disk_manager import DiskOffloadingManager
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
-from kvoffload.workload import ChatWorkload, run_chat_workload
 from kvoffload.testing.memory_tier import MemoryTier, MemoryTierManager
+from kvoffload.workload import ChatWorkload, run_chat_workload
 
 MEMORY = "kvoffload.testing.memory_tier:MemoryTier"
 BLOCK_BYTES = 8192  # the tiny model at block size 16
@@ -126,3 +126,16 @@ def test_three_tier_chain_serves_identical_tokens_from_every_tier(tmp_path):
     assert io is not None and io.writes > 0 and io.reads > 0
     assert stats["transfer"]["disk_to_remote"]["jobs"] > 0 and stats["transfer"]["disk_to_remote"]["failed"] == 0
     assert stats["prefill_tokens_computed"] < base_stats["prefill_tokens_computed"]
+
+
+def test_prepare_load_refuses_blocks_in_two_tiers_and_pins_nothing(chain):
+    from kvoffload.offload.tiered_manager import BlocksSpanTiersError
+
+    mgr, cpu, disk, _ = chain
+    _store(mgr, [1, 2])
+    _store(mgr, [3, 4])
+    _land(mgr, mgr.take_demotions())
+    with pytest.raises(BlocksSpanTiersError, match=r"2 tier segments \(CPU, DISK\); load them with prepare_load_segments"):
+        mgr.prepare_load([3, 1])
+    assert not np.any(cpu.ledger.ref_cnt[:2]) and not np.any(disk.ledger.ref_cnt[:2])
+    assert mgr.prepare_load([3, 4]).block_ids.tolist() == [1, 0]  # one tier: one spec
