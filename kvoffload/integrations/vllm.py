@@ -14,8 +14,10 @@ two engines share); the few differences (resumed requests, worker metadata) are 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+from kvoffload.integrations.vllm_stats import (
+    DeltaTracker,
+    KVOffloadConnectorStats,
+    KVOffloadPromMetrics,
+    scheduler_totals,
+    vllm_events,
+    worker_totals,
+)
 from kvoffload.kv_info import EngineKVInfo
 from kvoffload.offload.spec import OffloadingSpecFactory
 
@@ -124,6 +134,12 @@ class KVOffloadConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.offload_config = load_extra_config(extra)
+        events = getattr(vllm_config, "kv_events_config", None)
+        if events is not None and events.enable_kv_cache_events and not self.offload_config.metrics.events:
+            # vLLM publishes KV events: the tiers must record them.
+            self.offload_config = dataclasses.replace(
+                self.offload_config, metrics=dataclasses.replace(self.offload_config.metrics, events=True))
+        self._deltas = DeltaTracker()
         policy = getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "recompute")
         if role == KVConnectorRole.SCHEDULER and policy != "recompute":
             logger.warning("kvoffload: kv_load_failure_policy=%r: a block that fails to load (checksum, I/O error) "
@@ -181,6 +197,33 @@ class KVOffloadConnector(KVConnectorBase_V1):
         results = self.worker.build_connector_worker_meta()
         return _WorkerResults(results) if results else None
 
+    # ---- stats and events --------------------------------------------------------------
+    def get_kv_connector_stats(self) -> KVOffloadConnectorStats | None:
+        """Increments since the last call: the scheduler half's lookups, hits and stores, a
+        worker half's copies (vLLM sums the halves and the workers)."""
+        if self.sched is not None:
+            totals = scheduler_totals(self.sched.stats_dict())
+        elif self.worker is not None and self.worker.worker is not None:
+            totals = worker_totals(self.worker.stats_dict())
+        else:
+            return None
+        delta = self._deltas.delta(totals)
+        return KVOffloadConnectorStats(data=delta) if delta else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVOffloadConnectorStats:
+        return KVOffloadConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict[type, type], labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVOffloadPromMetrics:
+        return KVOffloadPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def take_events(self) -> Iterable[Any]:
+        if self.sched is None:
+            return ()
+        return list(vllm_events(self.sched.take_events()))
+
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
@@ -217,9 +260,6 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         assert self.sched is not None
         return self.sched.request_finished(request, block_ids)
-
-    def take_events(self) -> list:
-        return []
 
     def has_pending_push_work(self) -> bool:
         """Keep vLLM's engine stepping until queued copies (disk demotions) have run."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
     LookupResult,
@@ -28,7 +29,7 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
 )
-from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 
@@ -52,6 +53,9 @@ class KVOffloadManager(OffloadingManager):
 
     def _use(self, inner: KVOffloadingManager) -> None:
         self.inner = inner
+        #: prepare_store sizes since the last get_stats, and the filter's skip count then.
+        self._allocation_sizes: list[int] = []
+        self._skipped_reported = inner.stats().get("stores_skipped_by_filter", 0)
         # vLLM looks keys up one at a time: bind the protocol's single-key checks once.
         self._is_ready: Callable[[OffloadKey], bool] = inner.is_ready
         self._is_pending: Callable[[OffloadKey], bool] = inner.is_pending
@@ -95,6 +99,9 @@ class KVOffloadManager(OffloadingManager):
             state.store_misses.update(self.inner.on_store_miss(fresh))
         out = self.inner.prepare_store(offered)
         seen = state.keys
+        if out is None or out.block_hashes_to_store:  # vLLM counts each allocation it attempts
+            self._allocation_sizes.append(len(out.block_hashes_to_store) if out is not None else sum(
+                1 for k in offered if not (self._is_ready(k) or self._is_pending(k))))
         if out is None:  # nothing stored, but the resident chunks it offered are still reuses
             for k in offered:
                 if k not in seen and self._is_ready(k):
@@ -131,6 +138,26 @@ class KVOffloadManager(OffloadingManager):
         state.keys.clear()
         for reused, run in reversed(runs):
             (self.inner.touch if reused else self.inner.refresh)(run)
+
+    def get_stats(self) -> OffloadingConnectorStats:
+        """vLLM's own CPU-offload metrics (``vllm:kv_offload_*``) from our ledger: pinned and
+        written shares of the tier, allocation sizes, stores the reuse filter skipped."""
+        stats = OffloadingConnectorStats()
+        capacity = sum(cap for _, cap in self.inner.usage().values())
+        reading, writing = self.inner.busy_blocks()
+        usage = (reading + writing) / capacity if capacity else 0.0
+        write = writing / capacity if capacity else 0.0
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write, 0.0))
+        for size in self._allocation_sizes:
+            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
+        self._allocation_sizes.clear()
+        skipped = self.inner.stats().get("stores_skipped_by_filter")
+        if skipped is not None:
+            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped - self._skipped_reported)
+            self._skipped_reported = skipped
+        return stats
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         for ev in self.inner.take_events():

@@ -19,6 +19,8 @@ succeeds, and a disk record that fails its checksum must be reported and recompu
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingSpec, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
 
@@ -56,6 +58,18 @@ def check_config(cfg: OffloadConfig, extra: dict) -> None:
 
 
 class KVOffloadSpec(OffloadingSpec):
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        """The same ``vllm:kv_offload_*`` metrics as vLLM's CPU spec (KVOffloadManager.get_stats
+        reports them), the skipped-store counter when our config enables the reuse filter."""
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec as VllmCPUSpec
+
+        try:
+            threshold = load_extra_config(dict(extra_config)).store_threshold
+        except ConfigError:
+            threshold = 0  # start-up reports the config error itself
+        return VllmCPUSpec.build_metric_definitions({"store_threshold": threshold})
+
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
         extra = dict(self.extra_config)

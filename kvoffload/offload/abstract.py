@@ -212,6 +212,10 @@ class OffloadingManager(ABC):
         """(blocks held, capacity in blocks) per tier, by lower-case medium; {} when unknown."""
         return {}
 
+    def busy_blocks(self) -> tuple[int, int]:
+        """Blocks of the first tier pinned by loads, and being written: what no store can evict."""
+        return 0, 0
+
 
 @dataclass(frozen=True, slots=True)
 class Demotion:

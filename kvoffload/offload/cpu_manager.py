@@ -100,6 +100,7 @@ class CPUOffloadingManager(OffloadingManager):
     def _forget(self, block_hash: BlockHash, slot: int) -> None:
         del self.ledger.index[block_hash]
         self.ledger.hashes[slot] = None
+        self.ledger.refs[slot] = 0  # a free slot counts as neither read nor written
         self._free_list.append(slot)
 
     def _emit(self, hashes: list[BlockHash], removed: bool) -> None:
@@ -285,6 +286,10 @@ class CPUOffloadingManager(OffloadingManager):
 
     def usage(self) -> dict[str, tuple[int, int]]:
         return {self.medium.lower(): (len(self.ledger.index), self.num_blocks)}
+
+    def busy_blocks(self) -> tuple[int, int]:
+        refs = self.ledger.ref_cnt[: self._num_allocated]
+        return int(np.count_nonzero(refs > 0)), int(np.count_nonzero(refs < 0))
 
     def contains(self, block_hash: BlockHash) -> bool:
         """Present, ready or not."""

@@ -88,3 +88,6 @@ class ForwardingOffloadingManager(OffloadingManager):
 
     def usage(self) -> dict[str, tuple[int, int]]:
         return self.backing.usage()
+
+    def busy_blocks(self) -> tuple[int, int]:
+        return self.backing.busy_blocks()

@@ -232,6 +232,9 @@ class TieredOffloadingManager(OffloadingManager):
                     out["corrupt_blocks"] += value
         return out
 
+    def busy_blocks(self) -> tuple[int, int]:
+        return self.primary.busy_blocks()
+
     def usage(self) -> dict[str, tuple[int, int]]:
         out = dict(self.primary.usage())
         for t in self.secondaries:

@@ -19,7 +19,8 @@ ARGS = {"is_pending": (1,), "is_ready": (1,), "drop_corrupt": ("DISK", [0]), "re
 
 
 def _call(manager, name):
-    args = ARGS.get(name, () if name in ("take_events", "close", "take_demotions", "has_pending_demotions", "stats", "usage")
+    args = ARGS.get(name, () if name in ("take_events", "close", "take_demotions", "has_pending_demotions", "stats", "usage",
+                                         "busy_blocks")
                     else ([1],))
     return getattr(manager, name)(*args)
 

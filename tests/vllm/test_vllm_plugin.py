@@ -185,3 +185,66 @@ def test_offloading_spec_route_negative_control(model, plain):
     rounds = run_job({"model": model, "kv_transfer_config": cfg})
     assert all(c >= 256 for c in rounds[1]["cached"])
     assert rounds[1]["tokens"] != plain[1]["tokens"]
+
+
+def test_kvoffload_counters_reach_vllms_metrics(model):
+    rounds = run_job({"model": model, "kv_transfer_config": ktc(CPU), "metrics": ["kvoffload_"]})
+    metrics = rounds[-1]["metrics"]
+    cached = sum(rounds[1]["cached"])  # round 2 after reset_prefix_cache: every cached token came from the tier
+    assert cached >= 3 * 256
+    assert metrics["kvoffload_hit_tokens_total{tier=cpu}"] == cached
+    assert metrics["kvoffload_stored_blocks_total{}"] >= 6 and metrics["kvoffload_loaded_blocks_total{}"] >= 6
+    assert metrics["kvoffload_transfer_bytes_total{direction=device_to_host}"] > 0
+    assert metrics["kvoffload_transfer_bytes_total{direction=host_to_device}"] == 65536 * (cached // 128)
+
+
+def test_spec_route_feeds_vllms_own_offload_metrics(model):
+    cfg = spec_route(CPU)
+    cfg["kv_connector_extra_config"]["config"]["store_threshold"] = 2  # the skipped-store counter too
+    rounds = run_job({"model": model, "kv_transfer_config": cfg, "metrics": ["vllm:kv_offload"], "rounds": 3})
+    metrics = rounds[-1]["metrics"]
+    # Round 1 offers every chunk once (the filter skips them: 3 prompts x 2 chunks), round 2 stores them.
+    assert metrics["vllm:kv_offload_stores_skipped_total{}"] == 6
+    assert metrics["vllm:kv_offload_cpu_allocation_size_count{}"] >= 3
+    assert "vllm:kv_offload_cpu_cache_usage_perc{}" in metrics
+    assert all(c >= 256 for c in rounds[2]["cached"])
+
+
+def test_kv_events_reach_a_zmq_subscriber(model):
+    import socket
+    import threading
+
+    import msgspec
+    import zmq
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    frames: list[list[bytes]] = []
+    stop = threading.Event()
+
+    def listen():
+        while not stop.is_set():
+            if sub.poll(100):
+                frames.append(sub.recv_multipart())
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        run_job({"model": model, "kv_transfer_config": ktc(CPU), "rounds": 1,
+                 "kv_events_config": {"enable_kv_cache_events": True, "publisher": "zmq",
+                                      "endpoint": f"tcp://*:{port}", "topic": ""}})
+    finally:
+        stop.set()
+        listener.join(timeout=5)
+        sub.close(linger=0)
+        ctx.term()
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    events = [e for f in frames for e in decoder.decode(f[-1]).events]
+    offloaded = [e for e in events if isinstance(e, BlockStored) and e.medium == "CPU"]
+    assert sum(len(e.block_hashes) for e in offloaded) == 6  # 3 prompts x 2 full blocks, stored once

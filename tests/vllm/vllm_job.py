@@ -25,6 +25,10 @@ if __name__ == "__main__":
         kw["tensor_parallel_size"] = spec["tp"]
     if spec.get("kv_transfer_config"):
         kw["kv_transfer_config"] = spec["kv_transfer_config"]
+    if spec.get("metrics"):
+        kw["disable_log_stats"] = False
+    if spec.get("kv_events_config"):
+        kw["kv_events_config"] = spec["kv_events_config"]
     llm = LLM(**kw)
     prompts = [{"prompt_token_ids": [(i * 37 + j) % 500 + 1 for j in range(300)]} for i in range(3)]
     params = SamplingParams(max_tokens=8, temperature=0)
@@ -35,4 +39,15 @@ if __name__ == "__main__":
         outs = llm.generate(prompts, params, use_tqdm=False)
         rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
                        "cached": [o.num_cached_tokens for o in outs]})
+    if spec.get("metrics"):  # counters whose name starts with one of the prefixes, by labels
+        from prometheus_client import REGISTRY
+
+        found = {}
+        for family in REGISTRY.collect():
+            for sample in family.samples:
+                if family.name.startswith(tuple(spec["metrics"])) and not sample.name.endswith("_created"):
+                    labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
+                                      if k not in ("engine", "model_name"))
+                    found[f"{sample.name}{{{labels}}}"] = sample.value
+        rounds.append({"metrics": found})
     print("RESULT " + json.dumps(rounds), flush=True)

@@ -1,0 +1,139 @@
+"""kvoffload's metrics and KV events through vLLM's connector interfaces.
+
+vLLM asks each connector half for its stats every step (``get_kv_connector_stats``), sums the
+workers' and the scheduler's, and hands the sum to the connector's Prometheus metrics in the
+API server process (``build_prom_metrics``). So each half reports *deltas* since its last
+report, as ``{metric: {label value: delta}}``, and the Prometheus side only adds them up: the
+counters in ``vllm serve``'s ``/metrics`` equal the engine's own running totals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+#: name -> (label, documentation); "" label: unlabelled. Names follow the bundled engine's.
+METRICS: dict[str, tuple[str, str]] = {
+    "kvoffload_hit_tokens": ("tier", "Prompt tokens loaded from an offload tier"),
+    "kvoffload_hit_blocks": ("tier", "Offloaded blocks loaded, by tier"),
+    "kvoffload_lookups": ("", "Prefix lookups in the offload tiers"),
+    "kvoffload_stored_blocks": ("", "Blocks stored into the first tier"),
+    "kvoffload_loaded_blocks": ("", "Offloaded blocks loaded into the KV cache"),
+    "kvoffload_evicted_blocks": ("", "Blocks evicted from the first tier"),
+    "kvoffload_demoted_blocks": ("", "Blocks demoted into a slower tier"),
+    "kvoffload_failed_load_blocks": ("", "Blocks whose load failed (recomputed)"),
+    "kvoffload_corrupt_blocks": ("", "Blocks dropped as corrupt, misplaced or unreadable"),
+    "kvoffload_filter_skipped_blocks": ("", "Offered blocks the reuse filter did not store"),
+    "kvoffload_transfer_bytes": ("direction", "Bytes copied"),
+    "kvoffload_transfer_jobs": ("direction", "Copies finished"),
+    "kvoffload_transfer_failed_jobs": ("direction", "Copies failed"),
+    "kvoffload_transfer_seconds": ("direction", "Seconds spent copying"),
+}
+
+_SCHEDULER_COUNTERS = {
+    "lookups": "kvoffload_lookups", "blocks_stored": "kvoffload_stored_blocks",
+    "blocks_loaded": "kvoffload_loaded_blocks", "blocks_evicted": "kvoffload_evicted_blocks",
+    "blocks_demoted": "kvoffload_demoted_blocks", "loads_failed": "kvoffload_failed_load_blocks",
+    "corrupt_blocks": "kvoffload_corrupt_blocks", "stores_skipped_by_filter": "kvoffload_filter_skipped_blocks",
+}
+_TRANSFER_COUNTERS = {"bytes": "kvoffload_transfer_bytes", "jobs": "kvoffload_transfer_jobs",
+                      "failed": "kvoffload_transfer_failed_jobs", "seconds": "kvoffload_transfer_seconds"}
+
+
+def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Running totals of the scheduler half, in the metrics' shape."""
+    out: dict[str, dict[str, float]] = {
+        "kvoffload_hit_tokens": dict(stats.get("hit_tokens_by_tier", {})),
+        "kvoffload_hit_blocks": dict(stats.get("hit_blocks_by_tier", {})),
+    }
+    for key, name in _SCHEDULER_COUNTERS.items():
+        out[name] = {"": stats.get(key, 0)}
+    return out
+
+
+def worker_totals(transfer: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Running totals of a worker half's copies, in the metrics' shape."""
+    return {name: {direction: d.get(key, 0) for direction, d in transfer.items()}
+            for key, name in _TRANSFER_COUNTERS.items()}
+
+
+class DeltaTracker:
+    """Turns running totals into the increments since the previous call."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[str, float]] = {}
+
+    def delta(self, totals: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for name, values in totals.items():
+            last = self._last.setdefault(name, {})
+            for label, value in values.items():
+                step = value - last.get(label, 0)
+                if step:
+                    out.setdefault(name, {})[label] = step
+                last[label] = value
+        return out
+
+
+@dataclass
+class KVOffloadConnectorStats(KVConnectorStats):
+    """``data``: ``{metric name: {label value: increment}}`` (plain dicts: it crosses processes)."""
+
+    def reset(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, values in other.data.items():
+            mine = self.data.setdefault(name, {})
+            for label, value in values.items():
+                mine[label] = mine.get(label, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {f"{name}{'[' + label + ']' if label else ''}": value
+                for name, values in self.data.items() for label, value in values.items()}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class KVOffloadPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per kvoffload metric, per engine; ``observe`` adds increments."""
+
+    def __init__(self, vllm_config: Any, metric_types: dict[type, type], labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters: dict[str, Any] = {}
+        for name, (label, doc) in METRICS.items():
+            extra = [label] if label else []
+            self._counters[name] = self._counter_cls(name=name, documentation=doc, labelnames=[*labelnames, *extra])
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        engine_labels = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
+        for name, values in transfer_stats_data.items():
+            counter = self._counters.get(name)
+            if counter is None:
+                continue
+            for label, value in values.items():
+                if value > 0:
+                    counter.labels(*engine_labels, *([label] if label else [])).inc(value)
+
+
+def vllm_events(events: Iterable[Any]) -> Iterator[KVCacheEvent]:
+    """kvoffload's OffloadingEvents as vLLM's BlockStored / BlockRemoved, with the medium, so
+    ``--kv-events-config`` publishers carry them."""
+    for ev in events:
+        medium = str(ev.medium)
+        if ev.removed:
+            yield BlockRemoved(block_hashes=list(ev.block_hashes), medium=medium)
+        else:
+            yield BlockStored(block_hashes=list(ev.block_hashes), parent_block_hash=None, token_ids=[],
+                              block_size=ev.block_size, lora_id=None, medium=medium, lora_name=None)
+
+
+__all__ = ["DeltaTracker", "KVOffloadConnectorStats", "KVOffloadPromMetrics", "scheduler_totals",
+           "vllm_events", "worker_totals"]

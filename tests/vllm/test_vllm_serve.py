@@ -1,0 +1,136 @@
+"""kvoffload inside a real `vllm serve` (CPU build, tiny local Llama), over HTTP: the same
+prompts twice with the prefix cache reset between, then a Prometheus scrape of /metrics."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from tests.vllm.test_vllm_plugin import JOB  # noqa: E402
+
+PROMPTS = [[(i * 37 + j) % 500 + 1 for j in range(300)] for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama-serve")
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(JOB.parent)!r}); "
+                    f"import vllm_job; vllm_job.make_model({str(path)!r})"], check=True)
+    return str(path)
+
+
+def _post(url: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        text = resp.read().decode()
+    return json.loads(text) if text.strip() else {}
+
+
+def _metrics(base: str) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=30).read().decode()
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name")))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.fixture
+def serve(model, tmp_path):
+    procs, logs = [], []
+
+    def start(kv_transfer_config: dict) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - the server writes it until teardown
+        logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+             "--host", "127.0.0.1", "--skip-tokenizer-init", "--max-model-len", "1024", "--dtype", "bfloat16",
+             "--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details", "--gpu-memory-utilization", "0.1",
+             "--kv-transfer-config", json.dumps(kv_transfer_config)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
+        procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 400
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited: {(tmp_path / 'serve.log').read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=5)
+                return base
+            except OSError:
+                time.sleep(2)
+        raise AssertionError("vllm serve did not come up")
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for log in logs:
+        log.close()
+
+
+def _round(base: str, model: str) -> list[int]:
+    cached = []
+    for prompt in PROMPTS:
+        out = _post(f"{base}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0})
+        details = out["usage"].get("prompt_tokens_details") or {}
+        cached.append(details.get("cached_tokens") or 0)
+    return cached
+
+
+def test_vllm_serve_reports_kvoffload_hits_in_its_metrics(model, serve):
+    base = serve({"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"config": {"tiers": [{"medium": "cpu", "capacity": "64MiB"}]}}})
+    assert _round(base, model) == [0, 0, 0]
+    time.sleep(1)  # stores of the last request land
+    _post(f"{base}/reset_prefix_cache")
+    cached = _round(base, model)
+    assert all(c >= 256 for c in cached)  # the device cache was reset: these came from kvoffload
+    deadline = time.time() + 30
+    while time.time() < deadline:  # stats reach the API server with the engine's next report
+        m = _metrics(base)
+        if m.get(("kvoffload_hit_tokens_total", (("tier", "cpu"),))) == sum(cached):
+            break
+        time.sleep(1)
+    assert m[("kvoffload_hit_tokens_total", (("tier", "cpu"),))] == sum(cached)
+    assert m[("kvoffload_loaded_blocks_total", ())] == sum(cached) // 128
+    assert m[("kvoffload_stored_blocks_total", ())] >= 6
+    assert m[("kvoffload_transfer_bytes_total", (("direction", "host_to_device"),))] == 65536 * sum(cached) // 128
+
+
+def test_vllm_serve_spec_route_feeds_vllms_offload_metrics(model, serve):
+    base = serve({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"spec_name": "KVOffloadSpec",
+                                                "spec_module_path": "kvoffload.integrations.vllm_spec",
+                                                "config": {"tiers": [{"medium": "cpu", "capacity": "64MiB"}],
+                                                           "store_threshold": 2}}})
+    for _ in range(2):  # the reuse filter stores on the second sighting
+        assert _round(base, model) == [0, 0, 0]
+        time.sleep(1)
+        _post(f"{base}/reset_prefix_cache")
+    cached = _round(base, model)
+    assert all(c >= 256 for c in cached)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = _metrics(base)
+        if m.get(("vllm:kv_offload_load_bytes_total", ())):
+            break
+        time.sleep(1)
+    assert m[("vllm:kv_offload_stores_skipped_total", ())] == 6  # first sightings: 3 prompts x 2 chunks
+    assert m[("vllm:kv_offload_load_bytes_total", ())] == 65536 * sum(cached) // 128
+    assert ("vllm:kv_offload_cpu_cache_usage_perc", ()) in m
+    assert m[("vllm:kv_offload_cpu_allocation_size_count", ())] >= 3
