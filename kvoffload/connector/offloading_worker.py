@@ -9,7 +9,7 @@ of its copies is outstanding; no other request is ever reported.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,9 @@ class TransferStats:
     by_direction: dict[str, DirectionStats] = field(
         default_factory=lambda: {DEVICE_TO_HOST: DirectionStats(), HOST_TO_DEVICE: DirectionStats()}
     )
+    #: (direction, seconds, bytes) of recent copies, for exporters that observe each one
+    #: (vLLM's histograms); bounded, so nobody draining it costs nothing but the newest 10k.
+    recent: deque[tuple[str, float, int]] = field(default_factory=lambda: deque(maxlen=10_000))
 
     def record(self, r: TransferResult) -> None:
         d = self.by_direction.setdefault(r.direction, DirectionStats())
@@ -56,6 +59,12 @@ class TransferStats:
         d.seconds += r.seconds
         d.seconds_hist[_bucket(SECONDS_BUCKETS, r.seconds)] += 1
         d.bytes_hist[_bucket(BYTES_BUCKETS, r.nbytes)] += 1
+        self.recent.append((r.direction, r.seconds, r.nbytes))
+
+    def take_recent(self) -> list[tuple[str, float, int]]:
+        out = list(self.recent)
+        self.recent.clear()
+        return out
 
 
 class OffloadingConnectorWorker:

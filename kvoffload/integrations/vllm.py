@@ -37,6 +37,7 @@ from kvoffload.integrations.vllm_stats import (
     DeltaTracker,
     KVOffloadConnectorStats,
     KVOffloadPromMetrics,
+    scheduler_gauges,
     scheduler_totals,
     vllm_events,
     worker_totals,
@@ -201,14 +202,19 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def get_kv_connector_stats(self) -> KVOffloadConnectorStats | None:
         """Increments since the last call: the scheduler half's lookups, hits and stores, a
         worker half's copies (vLLM sums the halves and the workers)."""
+        data: dict[str, Any]
         if self.sched is not None:
-            totals = scheduler_totals(self.sched.stats_dict())
+            stats = self.sched.stats_dict()
+            data = {"c": self._deltas.delta(scheduler_totals(stats)), "g": scheduler_gauges(stats), "s": {}}
         elif self.worker is not None and self.worker.worker is not None:
-            totals = worker_totals(self.worker.stats_dict())
+            samples: dict[str, list[list[float]]] = {}
+            for direction, seconds, nbytes in self.worker.stats.take_recent():
+                samples.setdefault(direction, []).append([seconds, nbytes])
+            data = {"c": self._deltas.delta(worker_totals(self.worker.stats_dict())), "g": {}, "s": samples}
         else:
             return None
-        delta = self._deltas.delta(totals)
-        return KVOffloadConnectorStats(data=delta) if delta else None
+        stats_out = KVOffloadConnectorStats(data=data)
+        return None if stats_out.is_empty() else stats_out
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVOffloadConnectorStats:

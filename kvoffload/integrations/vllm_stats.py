@@ -16,6 +16,8 @@ from typing import Any
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
+from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
+
 #: name -> (label, documentation); "" label: unlabelled. Names follow the bundled engine's.
 METRICS: dict[str, tuple[str, str]] = {
     "kvoffload_hit_tokens": ("tier", "Prompt tokens loaded from an offload tier"),
@@ -31,7 +33,6 @@ METRICS: dict[str, tuple[str, str]] = {
     "kvoffload_transfer_bytes": ("direction", "Bytes copied"),
     "kvoffload_transfer_jobs": ("direction", "Copies finished"),
     "kvoffload_transfer_failed_jobs": ("direction", "Copies failed"),
-    "kvoffload_transfer_seconds": ("direction", "Seconds spent copying"),
 }
 
 _SCHEDULER_COUNTERS = {
@@ -41,7 +42,7 @@ _SCHEDULER_COUNTERS = {
     "corrupt_blocks": "kvoffload_corrupt_blocks", "stores_skipped_by_filter": "kvoffload_filter_skipped_blocks",
 }
 _TRANSFER_COUNTERS = {"bytes": "kvoffload_transfer_bytes", "jobs": "kvoffload_transfer_jobs",
-                      "failed": "kvoffload_transfer_failed_jobs", "seconds": "kvoffload_transfer_seconds"}
+                      "failed": "kvoffload_transfer_failed_jobs"}
 
 
 def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -81,46 +82,95 @@ class DeltaTracker:
 
 @dataclass
 class KVOffloadConnectorStats(KVConnectorStats):
-    """``data``: ``{metric name: {label value: increment}}`` (plain dicts: it crosses processes)."""
+    """``data`` (plain dicts and lists: it crosses processes):
+    ``"c"``: {counter: {label: increment}}, summed; ``"g"``: {gauge: {label: value}}, the latest
+    wins; ``"s"``: {direction: [[seconds, bytes], ...]}, copies to observe one by one."""
+
+    def __post_init__(self) -> None:
+        for key in ("c", "g", "s"):
+            self.data.setdefault(key, {})
 
     def reset(self) -> None:
-        self.data: dict[str, Any] = {}
+        self.data: dict[str, Any] = {"c": {}, "g": {}, "s": {}}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name, values in other.data.items():
-            mine = self.data.setdefault(name, {})
+        for name, values in other.data.get("c", {}).items():
+            mine = self.data["c"].setdefault(name, {})
             for label, value in values.items():
                 mine[label] = mine.get(label, 0) + value
+        for name, values in other.data.get("g", {}).items():
+            self.data["g"].setdefault(name, {}).update(values)
+        for direction, samples in other.data.get("s", {}).items():
+            self.data["s"].setdefault(direction, []).extend(samples)
         return self
 
     def reduce(self) -> dict[str, int | float]:
         return {f"{name}{'[' + label + ']' if label else ''}": value
-                for name, values in self.data.items() for label, value in values.items()}
+                for name, values in self.data["c"].items() for label, value in values.items()}
 
     def is_empty(self) -> bool:
-        return not any(self.data.values())
+        return not (any(self.data["c"].values()) or any(self.data["g"].values()) or any(self.data["s"].values()))
+
+
+#: Gauges: name -> (label, documentation).
+GAUGES: dict[str, tuple[str, str]] = {
+    "kvoffload_tier_used_blocks": ("tier", "Blocks held by a tier"),
+    "kvoffload_tier_capacity_blocks": ("tier", "Capacity of a tier in blocks"),
+    "kvoffload_jobs_in_flight": ("", "Copies planned and not yet reported"),
+    "kvoffload_demotions_queued": ("", "1 while demotions wait for the next step"),
+}
+
+
+def scheduler_gauges(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
+    usage = stats.get("tier_usage", {})
+    return {"kvoffload_tier_used_blocks": {tier: u[0] for tier, u in usage.items()},
+            "kvoffload_tier_capacity_blocks": {tier: u[1] for tier, u in usage.items()},
+            "kvoffload_jobs_in_flight": {"": stats.get("jobs_in_flight", 0)},
+            "kvoffload_demotions_queued": {"": stats.get("demotions_queued", 0)}}
 
 
 class KVOffloadPromMetrics(KVConnectorPromMetrics):
-    """One Prometheus counter per kvoffload metric, per engine; ``observe`` adds increments."""
+    """Prometheus metrics per engine: counters add increments, gauges take the latest value,
+    histograms observe each copy's time and size."""
 
     def __init__(self, vllm_config: Any, metric_types: dict[type, type], labelnames: list[str],
                  per_engine_labelvalues: dict[int, list[object]]) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._counters: dict[str, Any] = {}
-        for name, (label, doc) in METRICS.items():
-            extra = [label] if label else []
-            self._counters[name] = self._counter_cls(name=name, documentation=doc, labelnames=[*labelnames, *extra])
+
+        def extra(label: str) -> list[str]:
+            return [*labelnames, *([label] if label else [])]
+
+        self._counters = {name: self._counter_cls(name=name, documentation=doc, labelnames=extra(label))
+                          for name, (label, doc) in METRICS.items()}
+        self._gauges = {name: self._gauge_cls(name=name, documentation=doc, labelnames=extra(label),
+                                              multiprocess_mode="mostrecent")
+                        for name, (label, doc) in GAUGES.items()}
+        self._seconds = self._histogram_cls(name="kvoffload_transfer_seconds",
+                                            documentation="Time of one copy", labelnames=extra("direction"),
+                                            buckets=list(SECONDS_BUCKETS))
+        self._sizes = self._histogram_cls(name="kvoffload_transfer_size_bytes", documentation="Bytes of one copy",
+                                          labelnames=extra("direction"), buckets=list(BYTES_BUCKETS))
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        engine_labels = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
-        for name, values in transfer_stats_data.items():
+        engine = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
+        for name, values in transfer_stats_data.get("c", {}).items():
             counter = self._counters.get(name)
             if counter is None:
-                continue
+                continue  # from a newer kvoffload: ignored, not fatal
             for label, value in values.items():
                 if value > 0:
-                    counter.labels(*engine_labels, *([label] if label else [])).inc(value)
+                    counter.labels(*engine, *([label] if label else [])).inc(value)
+        for name, values in transfer_stats_data.get("g", {}).items():
+            gauge = self._gauges.get(name)
+            if gauge is None:
+                continue
+            for label, value in values.items():
+                gauge.labels(*engine, *([label] if label else [])).set(value)
+        for direction, samples in transfer_stats_data.get("s", {}).items():
+            seconds, sizes = self._seconds.labels(*engine, direction), self._sizes.labels(*engine, direction)
+            for s, n in samples:
+                seconds.observe(s)
+                sizes.observe(n)
 
 
 def vllm_events(events: Iterable[Any]) -> Iterator[KVCacheEvent]:
@@ -135,5 +185,5 @@ def vllm_events(events: Iterable[Any]) -> Iterator[KVCacheEvent]:
                               block_size=ev.block_size, lora_id=None, medium=medium, lora_name=None)
 
 
-__all__ = ["DeltaTracker", "KVOffloadConnectorStats", "KVOffloadPromMetrics", "scheduler_totals",
-           "vllm_events", "worker_totals"]
+__all__ = ["DeltaTracker", "KVOffloadConnectorStats", "KVOffloadPromMetrics", "scheduler_gauges",
+           "scheduler_totals", "vllm_events", "worker_totals"]

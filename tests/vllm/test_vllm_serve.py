@@ -110,6 +110,12 @@ def test_vllm_serve_reports_kvoffload_hits_in_its_metrics(model, serve):
     assert m[("kvoffload_loaded_blocks_total", ())] == sum(cached) // 128
     assert m[("kvoffload_stored_blocks_total", ())] >= 6
     assert m[("kvoffload_transfer_bytes_total", (("direction", "host_to_device"),))] == 65536 * sum(cached) // 128
+    # The same vocabulary as the bundled engine: per-copy histograms and tier gauges.
+    loads = m[("kvoffload_transfer_jobs_total", (("direction", "host_to_device"),))]
+    assert m[("kvoffload_transfer_seconds_count", (("direction", "host_to_device"),))] == loads > 0
+    assert m[("kvoffload_transfer_size_bytes_sum", (("direction", "host_to_device"),))] == 65536 * sum(cached) // 128
+    assert m[("kvoffload_tier_capacity_blocks", (("tier", "cpu"),))] == 64 * 2**20 // 65536
+    assert m[("kvoffload_tier_used_blocks", (("tier", "cpu"),))] >= 6
 
 
 def test_vllm_serve_spec_route_feeds_vllms_offload_metrics(model, serve):
