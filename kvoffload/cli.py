@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from typing import Any
@@ -38,13 +39,27 @@ def _run_once(args: argparse.Namespace, kv_offload: Any) -> tuple[dict[str, Any]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from kvoffload.examples import resolve_config
     from kvoffload.report import format_table
 
+    if args.threads < 1:
+        print(f"error: --threads {args.threads}: give at least 1", file=sys.stderr)
+        return 2
+    if args.preemption_mode == "swap" and args.no_offload:
+        print("error: --preemption-mode swap saves preempted requests' KV to an offload tier; drop --no-offload "
+              "or use --preemption-mode recompute", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    args.config = resolve_config(args.config)
     columns: dict[str, dict[str, Any]] = {}
     print(f"model={args.model}, device KV cache {args.num_gpu_blocks} blocks x {args.block_size} tokens, "
           f"max_num_seqs={args.max_num_seqs}; workload: {args.conversations} chats x {args.turns} turns, "
           f"system prompt {args.system_tokens} + {args.user_tokens} user tokens per turn, "
-          f"{args.max_tokens} generated; offload config: {args.config or 'none'}")
+          f"{args.max_tokens} generated; offload config: {'none' if args.no_offload else args.config}; "
+          f"{args.threads} torch thread(s)"
+          + ("; preemption: swap (the run without offload recomputes)" if args.preemption_mode == "swap" else ""))
     base_summary, base_tokens, _ = _run_once(args, None)
     columns["no offload"] = base_summary
     if args.config and not args.no_offload:
@@ -82,9 +97,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     from kvoffload.config import ConfigError, OffloadConfig, check_environment, describe
+    from kvoffload.examples import resolve_config
 
     try:
-        cfg = OffloadConfig.from_yaml(args.file)
+        cfg = OffloadConfig.from_yaml(resolve_config(args.file))
         warnings = check_environment(cfg)
         text = describe(cfg, block_bytes=args.block_bytes)
     except ConfigError as exc:
@@ -111,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the bundled engine on a multi-turn chat workload and report")
     run.add_argument("--model", default="tiny", help="tiny | small | path to a Llama checkpoint directory")
-    run.add_argument("--config", help="offload YAML; compared side by side with a run without offload")
+    run.add_argument("--config", default="cpu",
+                     help="offload YAML, or a packaged example by name (cpu, cpu_disk, research_arc; default: cpu);"
+                          " compared side by side with a run without offload")
     run.add_argument("--no-offload", action="store_true", help="ignore --config and run without offload")
     run.add_argument("--num-gpu-blocks", type=int, default=64, help="device KV cache size in blocks")
     run.add_argument("--block-size", type=int, default=16)
@@ -124,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--user-tokens", type=int, default=48)
     run.add_argument("--max-tokens", type=int, default=16)
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--threads", type=int, default=1,
+                     help="torch CPU threads (default 1: the bundled models are small, and with more threads "
+                          "they run several times slower whenever anything else uses the machine)")
     run.add_argument("--prometheus-port", type=int, default=None,
                      help="serve the offload run's metrics at http://HOST:PORT/metrics (overrides the config's)")
     run.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
@@ -151,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # `module:Class` plugins (policies, specs, tier kinds) next to the user resolve as they
+        # would under `python -m kvoffload`; appended, so nothing installed is shadowed.
+        sys.path.append(os.getcwd())
     if argv[:1] == ["sim"]:  # its own parser: options start right after the subcommand
         from policies.experiment import main as sim_main
 

@@ -267,7 +267,8 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
                               "through to; remove it from the cpu tier")
         tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
-                                path=str(path) if path is not None else None, write_through=write_through))
+                                path=os.path.expanduser(path) if path is not None else None,
+                                write_through=write_through))
     return tuple(tiers)
 
 
