@@ -29,10 +29,18 @@ def load_trace(path: str, fmt: str, limit: int | None) -> tuple[list[list], list
         opener = gzip.open if path.endswith(".gz") else open
         reqs, lengths = [], []
         with opener(path, "rt") as f:
-            for line in f:
+            for n, line in enumerate(f, 1):
                 if line.strip():
-                    rec = json.loads(line)
-                    reqs.append(rec["hash_ids"])
+                    try:
+                        rec = json.loads(line)
+                        hashes = rec["hash_ids"]
+                    except (ValueError, KeyError, TypeError):
+                        raise ValueError(
+                            f"{path}: line {n} is not a Mooncake record with block hashes (\"hash_ids\"); a trace of "
+                            "request sizes only (e.g. Azure's CSV) has nothing to replay: use a Mooncake .jsonl, "
+                            "WEKA .tar.gz or ARC .lis trace, or --format"
+                        ) from None
+                    reqs.append(hashes)
                     lengths.append(int(rec.get("input_length", 512 * len(rec["hash_ids"]))))
                     if limit and len(reqs) >= limit:
                         break
@@ -137,14 +145,15 @@ def write_outputs(results: list[dict], out: Path, title: str) -> list[Path]:
 
 
 def format_results(results: list[dict]) -> str:
-    head = (f"{'policy':<12}{'filter':>7}{'capacity':>10}{'block hit':>10}{'token hit':>10}{'written':>10}"
+    w = max([12, *(len(str(r["policy"])) + 2 for r in results)])  # module:Class names can be long
+    head = (f"{'policy':<{w}}{'filter':>7}{'capacity':>10}{'block hit':>10}{'token hit':>10}{'written':>10}"
             f"{'evicted':>10}{'gap→MIN':>9}{'LRU→MIN closed':>16}")
     lines = [head]
     for r in sorted(results, key=lambda r: (r["capacity"], r["store_threshold"], r["policy"])):
         gap = f"{100 * r['gap_to_belady']:.2f}" if "gap_to_belady" in r else "-"
         closed = f"{100 * r['lru_to_min_gap_closed']:.1f}%" if "lru_to_min_gap_closed" in r else "-"
         flag = "  BEATS MIN" if r.get("gap_to_belady", 0) < -1e-12 else ""
-        lines.append(f"{r['policy']:<12}{r['store_threshold']:>7}{r['capacity']:>10}{100 * r['block_hit_ratio']:>9.2f}%"
+        lines.append(f"{r['policy']:<{w}}{r['store_threshold']:>7}{r['capacity']:>10}{100 * r['block_hit_ratio']:>9.2f}%"
                      f"{100 * r['token_hit_ratio']:>9.2f}%{r['blocks_written']:>10}{r['blocks_evicted']:>10}"
                      f"{gap:>9}{closed:>16}{flag}")
     return "\n".join(lines)

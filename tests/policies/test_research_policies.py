@@ -172,3 +172,23 @@ def test_sim_cli_rejects_unknown_policy(capsys):
 
     assert main(["sim", "--trace", "synthetic", "--policies", "nope"]) == 2
     assert "unknown eviction policy 'nope'" in capsys.readouterr().err
+
+
+def test_sim_on_a_trace_without_block_hashes_says_so(tmp_path, capsys):
+    from kvoffload.cli import main
+
+    csv = tmp_path / "AzureLLMInferenceTrace_conv.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    assert main(["sim", "--trace", str(csv), "--policies", "lru", "--capacities", "10", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "line 1 is not a Mooncake record with block hashes" in err and "AzureLLMInferenceTrace_conv.csv" in err
+
+
+def test_sim_table_columns_align_with_long_policy_names():
+    from policies.experiment import format_results
+
+    row = {"policy": "mypolicies.research:VeryLongPolicyName", "store_threshold": 0, "capacity": 100,
+           "block_hit_ratio": 0.5, "token_hit_ratio": 0.25, "blocks_written": 7, "blocks_evicted": 3}
+    head, *rows = format_results([row, {**row, "policy": "lru"}]).splitlines()
+    # Every row's block-hit percentage ends where the header's "block hit" ends.
+    assert {r.index("%") + 1 for r in rows} == {head.index("block hit") + len("block hit")}
