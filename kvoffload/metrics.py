@@ -20,8 +20,24 @@ logger = logging.getLogger(__name__)
 SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 BYTES_BUCKETS = (4096.0, 65536.0, 1048576.0, 16777216.0, 268435456.0)
 
+# The vocabulary, shared with the vLLM route (kvoffload.integrations.vllm_stats).
+HIT_TOKENS = ("kvoffload_hit_tokens", "Prompt tokens served from a cache, by tier")
+HIT_BLOCKS = ("kvoffload_hit_blocks", "Offloaded blocks loaded, by tier")
+#: transfer stats key -> (metric name, help); counters labelled by direction.
+TRANSFER_COUNTERS = {
+    "bytes": ("kvoffload_transfer_bytes", "Bytes copied"),
+    "jobs": ("kvoffload_transfer_jobs", "Copies finished"),
+    "failed": ("kvoffload_transfer_failed_jobs", "Copies failed"),
+}
+#: gauge name -> (label, help); "" label: unlabelled.
+GAUGES = {
+    "kvoffload_tier_used_blocks": ("tier", "Blocks held by a tier"),
+    "kvoffload_tier_capacity_blocks": ("tier", "Capacity of a tier in blocks"),
+    "kvoffload_jobs_in_flight": ("", "Copies planned and not yet reported"),
+    "kvoffload_demotions_queued": ("", "1 while demotions wait for the next step"),
+}
 #: connector stats key -> (metric name, help); plain counters without labels.
-_CONNECTOR_COUNTERS = {
+CONNECTOR_COUNTERS = {
     "lookups": ("kvoffload_lookups", "Prefix lookups in the offload tiers"),
     "lookups_deferred": ("kvoffload_lookups_deferred", "Lookups deferred a step (a store or load still in flight)"),
     "blocks_loaded": ("kvoffload_loaded_blocks", "Offloaded blocks loaded into the device cache"),
@@ -42,11 +58,11 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
     conn: dict[str, Any] = stats.get("connector", {})
-    hits = CounterMetricFamily("kvoffload_hit_tokens", "Prompt tokens served from a cache, by tier", labels=["tier"])
+    hits = CounterMetricFamily(*HIT_TOKENS, labels=["tier"])
     for tier, n in stats.get("prefix_hit_tokens", {}).items():
         hits.add_metric([tier], n)
     yield hits
-    blocks = CounterMetricFamily("kvoffload_hit_blocks", "Offloaded blocks loaded, by tier", labels=["tier"])
+    blocks = CounterMetricFamily(*HIT_BLOCKS, labels=["tier"])
     for tier, n in conn.get("hit_blocks_by_tier", {}).items():
         blocks.add_metric([tier], n)
     yield blocks
@@ -54,26 +70,18 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
     yield CounterMetricFamily("kvoffload_prefill_computed_tokens", "Prompt tokens computed (not served from a cache)",
                               value=stats.get("prefill_tokens_computed", 0))
     yield CounterMetricFamily("kvoffload_preemptions", "Requests preempted", value=stats.get("preemptions", 0))
-    for key, (name, doc) in _CONNECTOR_COUNTERS.items():
+    for key, (name, doc) in CONNECTOR_COUNTERS.items():
         if key in conn:
             yield CounterMetricFamily(name, doc, value=conn[key])
-    used = GaugeMetricFamily("kvoffload_tier_used_blocks", "Blocks held by a tier", labels=["tier"])
-    cap = GaugeMetricFamily("kvoffload_tier_capacity_blocks", "Capacity of a tier in blocks", labels=["tier"])
-    for tier, (n_used, n_cap) in conn.get("tier_usage", {}).items():
-        used.add_metric([tier], n_used)
-        cap.add_metric([tier], n_cap)
-    yield used
-    yield cap
-    yield GaugeMetricFamily("kvoffload_jobs_in_flight", "Copies planned and not yet reported",
-                            value=conn.get("jobs_in_flight", 0))
-    yield GaugeMetricFamily("kvoffload_demotions_queued", "1 while demotions wait for the next step",
-                            value=conn.get("demotions_queued", 0))
+    for name, values in gauge_values(conn).items():
+        label, doc = GAUGES[name]
+        gauge = GaugeMetricFamily(name, doc, labels=[label] if label else [])
+        for value_label, value in values.items():
+            gauge.add_metric([value_label] if label else [], value)
+        yield gauge
     transfer: dict[str, dict[str, Any]] = stats.get("transfer", {})
-    counters = {
-        "bytes": CounterMetricFamily("kvoffload_transfer_bytes", "Bytes copied", labels=["direction"]),
-        "jobs": CounterMetricFamily("kvoffload_transfer_jobs", "Copies finished", labels=["direction"]),
-        "failed": CounterMetricFamily("kvoffload_transfer_failed_jobs", "Copies failed", labels=["direction"]),
-    }
+    counters = {key: CounterMetricFamily(name, doc, labels=["direction"])
+                for key, (name, doc) in TRANSFER_COUNTERS.items()}
     seconds = HistogramMetricFamily("kvoffload_transfer_seconds", "Time of one copy", labels=["direction"])
     size = HistogramMetricFamily("kvoffload_transfer_size_bytes", "Bytes of one copy", labels=["direction"])
     for direction, d in transfer.items():
@@ -85,6 +93,15 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
     yield from counters.values()
     yield seconds
     yield size
+
+
+def gauge_values(conn: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The gauges' values from a connector's stats: {name: {label value ("" if none): value}}."""
+    usage = conn.get("tier_usage", {})
+    return {"kvoffload_tier_used_blocks": {tier: u[0] for tier, u in usage.items()},
+            "kvoffload_tier_capacity_blocks": {tier: u[1] for tier, u in usage.items()},
+            "kvoffload_jobs_in_flight": {"": conn.get("jobs_in_flight", 0)},
+            "kvoffload_demotions_queued": {"": conn.get("demotions_queued", 0)}}
 
 
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:

@@ -37,12 +37,12 @@ from kvoffload.integrations.vllm_stats import (
     DeltaTracker,
     KVOffloadConnectorStats,
     KVOffloadPromMetrics,
-    scheduler_gauges,
     scheduler_totals,
     vllm_events,
     worker_totals,
 )
 from kvoffload.kv_info import EngineKVInfo
+from kvoffload.metrics import gauge_values
 from kvoffload.offload.spec import OffloadingSpecFactory
 
 CONNECTOR_NAME = "KVOffloadConnector"
@@ -205,7 +205,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
         data: dict[str, Any]
         if self.sched is not None:
             stats = self.sched.stats_dict()
-            data = {"c": self._deltas.delta(scheduler_totals(stats)), "g": scheduler_gauges(stats), "s": {}}
+            data = {"c": self._deltas.delta(scheduler_totals(stats)), "g": gauge_values(stats), "s": {}}
         elif self.worker is not None and self.worker.worker is not None:
             samples: dict[str, list[list[float]]] = {}
             for direction, seconds, nbytes in self.worker.stats.take_recent():

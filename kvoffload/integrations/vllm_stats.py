@@ -16,42 +16,32 @@ from typing import Any
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
+from kvoffload.metrics import (
+    BYTES_BUCKETS,
+    CONNECTOR_COUNTERS,
+    GAUGES,
+    HIT_BLOCKS,
+    HIT_TOKENS,
+    SECONDS_BUCKETS,
+    TRANSFER_COUNTERS,
+)
 
-#: name -> (label, documentation); "" label: unlabelled. Names follow the bundled engine's.
+#: Counter name -> (label, documentation); "" label: unlabelled. The bundled engine's names.
 METRICS: dict[str, tuple[str, str]] = {
-    "kvoffload_hit_tokens": ("tier", "Prompt tokens loaded from an offload tier"),
-    "kvoffload_hit_blocks": ("tier", "Offloaded blocks loaded, by tier"),
-    "kvoffload_lookups": ("", "Prefix lookups in the offload tiers"),
-    "kvoffload_stored_blocks": ("", "Blocks stored into the first tier"),
-    "kvoffload_loaded_blocks": ("", "Offloaded blocks loaded into the KV cache"),
-    "kvoffload_evicted_blocks": ("", "Blocks evicted from the first tier"),
-    "kvoffload_demoted_blocks": ("", "Blocks demoted into a slower tier"),
-    "kvoffload_failed_load_blocks": ("", "Blocks whose load failed (recomputed)"),
-    "kvoffload_corrupt_blocks": ("", "Blocks dropped as corrupt, misplaced or unreadable"),
-    "kvoffload_filter_skipped_blocks": ("", "Offered blocks the reuse filter did not store"),
-    "kvoffload_transfer_bytes": ("direction", "Bytes copied"),
-    "kvoffload_transfer_jobs": ("direction", "Copies finished"),
-    "kvoffload_transfer_failed_jobs": ("direction", "Copies failed"),
+    HIT_TOKENS[0]: ("tier", HIT_TOKENS[1]),
+    HIT_BLOCKS[0]: ("tier", HIT_BLOCKS[1]),
+    **{name: ("", doc) for name, doc in CONNECTOR_COUNTERS.values()},
+    **{name: ("direction", doc) for name, doc in TRANSFER_COUNTERS.values()},
 }
-
-_SCHEDULER_COUNTERS = {
-    "lookups": "kvoffload_lookups", "blocks_stored": "kvoffload_stored_blocks",
-    "blocks_loaded": "kvoffload_loaded_blocks", "blocks_evicted": "kvoffload_evicted_blocks",
-    "blocks_demoted": "kvoffload_demoted_blocks", "loads_failed": "kvoffload_failed_load_blocks",
-    "corrupt_blocks": "kvoffload_corrupt_blocks", "stores_skipped_by_filter": "kvoffload_filter_skipped_blocks",
-}
-_TRANSFER_COUNTERS = {"bytes": "kvoffload_transfer_bytes", "jobs": "kvoffload_transfer_jobs",
-                      "failed": "kvoffload_transfer_failed_jobs"}
 
 
 def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Running totals of the scheduler half, in the metrics' shape."""
     out: dict[str, dict[str, float]] = {
-        "kvoffload_hit_tokens": dict(stats.get("hit_tokens_by_tier", {})),
-        "kvoffload_hit_blocks": dict(stats.get("hit_blocks_by_tier", {})),
+        HIT_TOKENS[0]: dict(stats.get("hit_tokens_by_tier", {})),
+        HIT_BLOCKS[0]: dict(stats.get("hit_blocks_by_tier", {})),
     }
-    for key, name in _SCHEDULER_COUNTERS.items():
+    for key, (name, _) in CONNECTOR_COUNTERS.items():
         out[name] = {"": stats.get(key, 0)}
     return out
 
@@ -59,7 +49,7 @@ def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
 def worker_totals(transfer: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Running totals of a worker half's copies, in the metrics' shape."""
     return {name: {direction: d.get(key, 0) for direction, d in transfer.items()}
-            for key, name in _TRANSFER_COUNTERS.items()}
+            for key, (name, _) in TRANSFER_COUNTERS.items()}
 
 
 class DeltaTracker:
@@ -110,23 +100,6 @@ class KVOffloadConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not (any(self.data["c"].values()) or any(self.data["g"].values()) or any(self.data["s"].values()))
-
-
-#: Gauges: name -> (label, documentation).
-GAUGES: dict[str, tuple[str, str]] = {
-    "kvoffload_tier_used_blocks": ("tier", "Blocks held by a tier"),
-    "kvoffload_tier_capacity_blocks": ("tier", "Capacity of a tier in blocks"),
-    "kvoffload_jobs_in_flight": ("", "Copies planned and not yet reported"),
-    "kvoffload_demotions_queued": ("", "1 while demotions wait for the next step"),
-}
-
-
-def scheduler_gauges(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
-    usage = stats.get("tier_usage", {})
-    return {"kvoffload_tier_used_blocks": {tier: u[0] for tier, u in usage.items()},
-            "kvoffload_tier_capacity_blocks": {tier: u[1] for tier, u in usage.items()},
-            "kvoffload_jobs_in_flight": {"": stats.get("jobs_in_flight", 0)},
-            "kvoffload_demotions_queued": {"": stats.get("demotions_queued", 0)}}
 
 
 class KVOffloadPromMetrics(KVConnectorPromMetrics):
@@ -185,5 +158,5 @@ def vllm_events(events: Iterable[Any]) -> Iterator[KVCacheEvent]:
                               block_size=ev.block_size, lora_id=None, medium=medium, lora_name=None)
 
 
-__all__ = ["DeltaTracker", "KVOffloadConnectorStats", "KVOffloadPromMetrics", "scheduler_gauges",
-           "scheduler_totals", "vllm_events", "worker_totals"]
+__all__ = ["DeltaTracker", "KVOffloadConnectorStats", "KVOffloadPromMetrics", "scheduler_totals", "vllm_events",
+           "worker_totals"]

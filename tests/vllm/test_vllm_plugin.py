@@ -21,14 +21,6 @@ pytest.importorskip("vllm")
 JOB = Path(__file__).with_name("vllm_job.py")
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(JOB.parent)!r}); "
-                    f"import vllm_job; vllm_job.make_model({str(path)!r})"], check=True)
-    return str(path)
-
-
 def run_job(spec: dict, log: list | None = None) -> list[dict]:
     env = {**os.environ, **spec.pop("env", {})}
     if spec.get("tp", 1) > 1:  # one OpenMP thread set per rank on vLLM's CPU backend

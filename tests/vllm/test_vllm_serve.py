@@ -16,17 +16,7 @@ pytest.importorskip("vllm")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.vllm.test_vllm_plugin import JOB  # noqa: E402
-
 PROMPTS = [[(i * 37 + j) % 500 + 1 for j in range(300)] for i in range(3)]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama-serve")
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(JOB.parent)!r}); "
-                    f"import vllm_job; vllm_job.make_model({str(path)!r})"], check=True)
-    return str(path)
 
 
 def _post(url: str, body: dict | None = None) -> dict:
