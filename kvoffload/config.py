@@ -84,6 +84,8 @@ class TierConfig:
     #: Disk tiers: copy every block stored in the CPU tier to disk too, not only CPU victims,
     #: so a restarted engine finds the whole cache (costs disk bandwidth on every store).
     write_through: bool = False
+    #: The tier kind's own keys, as its ``parse_options`` validated them (None for cpu and disk).
+    options: Any = None
 
     def num_blocks(self, block_bytes: int, key: str = "") -> int:
         n = self.capacity_bytes // block_bytes
@@ -223,9 +225,17 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
     tiers: list[TierConfig] = []
     for i, raw in enumerate(raw_tiers):
         key = f"tiers[{i}]"
-        _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path", "write_through"}, key)
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {type(raw).__name__}")
         medium = raw.get("medium")
-        _check_medium(medium, i, key)
+        kind = _check_medium(medium, i, key)
+        option_keys = kind.option_keys if kind is not None else frozenset()
+        _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path", "write_through", *option_keys}, key)
+        above: Any = TIER_KINDS.load(tiers[-1].medium) if tiers and tiers[-1].medium != "cpu" else None
+        if above is not None and above.last_in_chain:
+            raise ConfigError(f"{key}: a tier after the {tiers[-1].medium} tier; {tiers[-1].medium} must be the last tier "
+                              "(list it after cpu and disk)")
+        options = kind.parse_options({k: raw[k] for k in option_keys if k in raw}, key) if kind is not None else None
         if any(t.medium == medium for t in tiers):
             raise ConfigError(f"{key}.medium: a second {medium} tier; one tier per medium (copies are routed by it)")
         name = raw.get("name", medium)
@@ -233,9 +243,11 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.name: {name!r} must be a non-empty string")
         if any(t.name == name for t in tiers):
             raise ConfigError(f"{key}.name: duplicate tier name {name!r}; give each tier its own name")
-        if "capacity" not in raw:
+        default_capacity = kind.default_capacity(options) if kind is not None else None
+        if "capacity" not in raw and default_capacity is None:
             raise ConfigError(f"{key}.capacity: required, e.g. 8GiB")
-        capacity = parse_size(raw["capacity"], f"{key}.capacity")
+        capacity = parse_size(raw["capacity"], f"{key}.capacity") if "capacity" in raw else default_capacity
+        assert capacity is not None and isinstance(medium, str)
         policy = raw.get("eviction_policy", "lru")
         if not isinstance(policy, str):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} must be a string")
@@ -260,7 +272,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.path: {str(path)[:60]!r} is not a usable directory path; give a string path")
         if medium == "cpu" and path is not None:
             raise ConfigError(f"{key}.path: only disk tiers take a path; remove it")
-        write_through = raw.get("write_through", False)
+        write_through = raw.get("write_through", kind.default_write_through if kind is not None else False)
         if not isinstance(write_through, bool):
             raise ConfigError(f"{key}.write_through: {write_through!r}; use true or false")
         if medium == "cpu" and write_through:
@@ -268,23 +280,23 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
                               "through to; remove it from the cpu tier")
         tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
                                 path=os.path.expanduser(path) if path is not None else None,
-                                write_through=write_through))
+                                write_through=write_through, options=options))
     return tuple(tiers)
 
 
-def _check_medium(medium: Any, i: int, key: str) -> None:
-    """tiers[0] is the host (cpu) tier; every later tier is a registered tier kind."""
+def _check_medium(medium: Any, i: int, key: str) -> Any:
+    """tiers[0] is the host (cpu) tier; every later tier is a registered tier kind (returned)."""
     if i == 0:
         if medium != "cpu":
             raise ConfigError(f"{key}.medium: {medium!r}; the first (fastest) tier must be cpu: every other tier's "
                               "loads pass through host memory")
-        return
+        return None
     if medium == "cpu":
         raise ConfigError(f"{key}.medium: cpu; only the first tier is cpu, list it first and once")
     if not isinstance(medium, str) or not medium:
         raise ConfigError(f"{key}.medium: {medium!r}; use cpu, or a tier kind: {', '.join(TIER_KINDS.known())}")
     try:
-        TIER_KINDS.load(medium)
+        return TIER_KINDS.load(medium)
     except UnknownPluginError as exc:
         raise ConfigError(f"{key}.medium: {exc}") from None
 
@@ -312,11 +324,15 @@ def check_environment(cfg: OffloadConfig) -> list[str]:
             if tier.capacity_bytes > free:
                 raise ConfigError(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} exceeds the free space at "
                                   f"{tier.path} ({format_bytes(free)}); lower the capacity or free space")
-        elif hasattr(os, "sysconf"):
-            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            if tier.capacity_bytes > ram:
-                warnings.append(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} is more than this machine's "
-                                f"memory ({format_bytes(ram)}); start-up will fail to allocate it here")
+        elif tier.medium == "cpu":
+            if hasattr(os, "sysconf"):
+                ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                if tier.capacity_bytes > ram:
+                    warnings.append(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} is more than this machine's "
+                                    f"memory ({format_bytes(ram)}); start-up will fail to allocate it here")
+        else:
+            kind: Any = TIER_KINDS.load(tier.medium)
+            warnings += kind.check_environment(tier, key)
     return warnings
 
 

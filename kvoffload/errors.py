@@ -10,3 +10,8 @@ class ConfigError(ValueError):
 class UnknownPluginError(ConfigError):
     """A registry name (policy, spec, connector, tier kind) that resolves to nothing usable;
     the message lists the known names."""
+
+
+class StoreUnavailableError(ConfigError):
+    """A shared store's service does not answer at start-up; the message names the config key,
+    the address and how to start or reach it."""

@@ -84,4 +84,5 @@ POLICIES = Registry("eviction policy", "kvoffload.policies", "kvoffload.offload.
 #: Kinds of secondary tier (the host tier, ``cpu``, is always first and is not a plugin).
 TIER_KINDS = Registry("tier medium", "kvoffload.tiers", "kvoffload.tiers.base:TierKind", {
     "disk": "kvoffload.tiers.disk:DiskTier",
+    "mooncake": "kvoffload.tiers.mooncake:MooncakeTier",
 })

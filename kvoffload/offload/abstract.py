@@ -31,6 +31,7 @@ class Medium(str, Enum):
     CPU = "CPU"
     DISK = "DISK"
     REMOTE = "REMOTE"
+    MOONCAKE = "MOONCAKE"
 
     def __str__(self) -> str:
         return self.value

@@ -56,3 +56,14 @@ class RemoteLoadStoreSpec(KeyedLoadStoreSpec):
     @staticmethod
     def medium() -> Medium:
         return Medium.REMOTE
+
+
+class MooncakeLoadStoreSpec(KeyedLoadStoreSpec):
+    """Blocks of the shared Mooncake Store tier: the hashes address them (as store keys); the
+    slot ids only pair each block with its hash in the scheduler's ledger."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def medium() -> Medium:
+        return Medium.MOONCAKE

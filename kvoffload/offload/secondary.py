@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, OffloadingEvent, PrepareStoreOutput
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
@@ -23,6 +24,9 @@ logger = logging.getLogger(__name__)
 class SecondaryTierManager(ABC):
     #: The medium of this tier's slots; one tier per medium in a chain (copies are routed by it).
     medium: Medium
+    #: True for a tier whose ledger is elsewhere (a shared store): a lookup asks it once, with
+    #: ``lookup_run``, for the run of blocks the tiers above it miss, never block by block.
+    batched_lookup: ClassVar[bool] = False
 
     @property
     def in_service(self) -> bool:
@@ -32,6 +36,16 @@ class SecondaryTierManager(ABC):
     @abstractmethod
     def is_ready(self, block_hash: BlockHash) -> bool:
         """Stored and its write completed."""
+
+    def lookup_run(self, block_hashes: Sequence[BlockHash]) -> int | None:
+        """How many leading blocks of ``block_hashes`` the tier holds ready, asked in one go;
+        None when it cannot answer yet (the caller asks again next step, never waits)."""
+        n = 0
+        for h in block_hashes:
+            if not self.is_ready(h):
+                break
+            n += 1
+        return n
 
     @abstractmethod
     def is_pending(self, block_hash: BlockHash) -> bool:
@@ -91,17 +105,14 @@ class SecondaryTierManager(ABC):
         """Release files, connections, threads."""
 
 
-class LedgerTierManager(CPUOffloadingManager, SecondaryTierManager):
-    """A secondary tier over a slot ledger, with the health every such tier needs:
-    MAX_IO_ERRORS failed copies in a row (reads and writes counted apart: a tier that takes
-    writes but fails every read is of no use) take it out of service for ``retry_after_s``."""
+class TierHealth:
+    """The I/O health every fallible tier needs: MAX_IO_ERRORS failed copies in a row (reads and
+    writes counted apart: a tier that takes writes but fails every read is of no use) take it
+    out of service for ``retry_after_s``; then it is tried again."""
 
     MAX_IO_ERRORS = 3
 
-    def __init__(self, num_blocks: int, cache_policy: object = "lru", enable_events: bool = False,
-                 block_size: int = 0, retry_after_s: float = 60.0) -> None:
-        super().__init__(num_blocks, cache_policy, enable_events, block_size=block_size)  # type: ignore[arg-type]
-        self.num_corrupt = 0
+    def _init_health(self, retry_after_s: float) -> None:
         self.num_io_errors = 0
         self.num_outages = 0
         self.retry_after_s = retry_after_s
@@ -110,15 +121,7 @@ class LedgerTierManager(CPUOffloadingManager, SecondaryTierManager):
 
     def describe(self) -> str:
         """How log lines name this tier."""
-        return f"{self.medium.lower()} tier"
-
-    def slot_spec(self, slots: list[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
-        return self.spec_type(slots, list(block_hashes))  # type: ignore[call-arg]
-
-    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
-        hashes = list(block_hashes)
-        spec = super().prepare_load(hashes)
-        return self.spec_type(spec.block_ids, hashes)  # type: ignore[call-arg]
+        return f"{self.medium.lower()} tier"  # type: ignore[attr-defined]
 
     @property
     def in_service(self) -> bool:
@@ -140,6 +143,24 @@ class LedgerTierManager(CPUOffloadingManager, SecondaryTierManager):
             logger.warning("%s: %d %s errors in a row; out of service for %.0f s, serving from the "
                            "other tiers and recompute", self.describe(), self._errors_in_a_row[write],
                            "write" if write else "read", self.retry_after_s)
+
+
+class LedgerTierManager(TierHealth, CPUOffloadingManager, SecondaryTierManager):
+    """A secondary tier over a slot ledger (this process owns every slot), with TierHealth."""
+
+    def __init__(self, num_blocks: int, cache_policy: object = "lru", enable_events: bool = False,
+                 block_size: int = 0, retry_after_s: float = 60.0) -> None:
+        super().__init__(num_blocks, cache_policy, enable_events, block_size=block_size)  # type: ignore[arg-type]
+        self.num_corrupt = 0
+        self._init_health(retry_after_s)
+
+    def slot_spec(self, slots: list[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
+        return self.spec_type(slots, list(block_hashes))  # type: ignore[call-arg]
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        hashes = list(block_hashes)
+        spec = super().prepare_load(hashes)
+        return self.spec_type(spec.block_ids, hashes)  # type: ignore[call-arg]
 
     def drop_slots(self, slots: list[int]) -> int:
         hashes = [h for h in (self.hash_at(s) for s in slots) if h is not None]

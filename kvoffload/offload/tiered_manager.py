@@ -84,16 +84,35 @@ class TieredOffloadingManager(OffloadingManager):
     def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
         hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
         # The leading run in host memory through the ledger's vectorised lookup (the common
-        # case: a prefix in DRAM, then perhaps a tail further down); then block by block.
+        # case: a prefix in DRAM, then perhaps a tail further down); then block by block
+        # through the local tiers; a tier whose ledger is a shared store is asked once, in one
+        # batch, for the run the local tiers miss.
         cpu_hits = self.primary.lookup(hashes)
         media: list[Medium] = [self.primary.medium] * cpu_hits
         tiers = self._tiers()
-        for h in hashes[cpu_hits:]:
-            tier = next((t for t in tiers if t.is_ready(h)), None)
+        local: list[CPUOffloadingManager | SecondaryTierManager] = [self.primary]
+        local += [t for t in self.secondaries if t.in_service and not t.batched_lookup]
+        remote = [t for t in self.secondaries if t.in_service and t.batched_lookup]
+        i = cpu_hits
+        while i < len(hashes):
+            h = hashes[i]
+            tier = next((t for t in local if t.is_ready(h)), None)
+            if tier is None and remote:
+                batched, remote = remote, []  # one round trip per lookup, whatever follows
+                for t in batched:
+                    run = t.lookup_run(hashes[i:])
+                    if run is None:
+                        return PrefixLookup(media, LookupResult.RETRY)
+                    if run:
+                        media.extend([t.medium] * run)
+                        i += run
+                        break
+                continue  # past the run (or, with none, back to a miss at the same block)
             if tier is None:
                 pending = any(t.is_pending(h) for t in tiers)
                 return PrefixLookup(media, LookupResult.HIT_PENDING if pending else LookupResult.MISS)
             media.append(tier.medium)
+            i += 1
         return PrefixLookup(media, LookupResult.HIT)
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:

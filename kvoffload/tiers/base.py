@@ -11,8 +11,9 @@ through ``kvoffload.registry.TIER_KINDS``: built-ins, the ``kvoffload.tiers`` en
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from kvoffload.config import TierConfig
 from kvoffload.offload.abstract import Medium
@@ -39,6 +40,29 @@ class TierContext:
 class TierKind(ABC):
     medium: ClassVar[Medium]
     spec_type: ClassVar[type[KeyedLoadStoreSpec]]
+    #: Config keys of this kind beyond name, medium, capacity, eviction_policy, path, write_through.
+    option_keys: ClassVar[frozenset[str]] = frozenset()
+    #: The tier must be the last of the chain (its victims leave the chain; nothing reads its slots).
+    last_in_chain: ClassVar[bool] = False
+    #: ``write_through`` when the config does not say.
+    default_write_through: ClassVar[bool] = False
+
+    @classmethod
+    def parse_options(cls, raw: Mapping[str, Any], key: str) -> Any:
+        """Validate this kind's own keys (``raw`` holds only ``option_keys``); the result is
+        ``TierConfig.options``. Raise ConfigError naming ``{key}.<option>``."""
+        return None
+
+    @classmethod
+    def default_capacity(cls, options: Any) -> int | None:
+        """``capacity`` when the config leaves it out; None: it is required."""
+        return None
+
+    @classmethod
+    def check_environment(cls, tier: TierConfig, key: str) -> list[str]:
+        """What would fail at start-up on this machine (raise ConfigError) or looks risky
+        (returned as warnings), for ``kvoffload config check``."""
+        return []
 
     def __init__(self, ctx: TierContext) -> None:
         self.ctx = ctx

@@ -1,0 +1,164 @@
+"""RemoteTierManager: the scheduler half of a tier in a shared key-value store.
+
+The store is the ledger: other replicas write into it and its own eviction (a master's high
+watermark) removes blocks without telling anyone. So this manager keeps no slots, only what it
+has learnt recently: blocks a lookup found (asked in one batch per lookup, through
+StoreLookups) and its own writes in flight. A block believed present that the store has since
+evicted costs a failed load, which the connector recomputes; it never costs a wrong token,
+because the worker checks every value's key and checksum.
+
+Slot ids exist only to pair blocks with their hashes in specs (the worker addresses the store by
+key), so there is no eviction here and no fence to wait on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, PrepareStoreOutput
+from kvoffload.offload.mediums import KeyedLoadStoreSpec
+from kvoffload.offload.secondary import SecondaryTierManager, TierHealth
+from kvoffload.offload.store_lookups import STORE_ERROR, StoreLookups
+
+
+class RemoteTierManager(TierHealth, SecondaryTierManager):
+    batched_lookup = True
+
+    def __init__(self, spec_type: type[KeyedLoadStoreSpec], lookups: StoreLookups, capacity_blocks: int,
+                 retry_after_s: float = 10.0, name: str = "") -> None:
+        self.spec_type = spec_type
+        self.medium: Medium = spec_type.medium()
+        self.lookups = lookups
+        self.capacity_blocks = max(1, capacity_blocks)
+        self.name = name
+        self._init_health(retry_after_s)
+        #: Blocks the store held when last asked (or when our write landed), oldest first.
+        self._ready: OrderedDict[BlockHash, int] = OrderedDict()
+        self._pending: dict[BlockHash, int] = {}
+        self._hash_at: dict[int, BlockHash] = {}
+        self._next_slot = 0
+        self.num_dropped = 0
+        self.num_lookup_hits = 0
+
+    def describe(self) -> str:
+        return self.name or super().describe()
+
+    # ---- what the store holds ------------------------------------------------------------
+    def lookup_run(self, block_hashes: Sequence[BlockHash]) -> int | None:
+        if not self.in_service:
+            return 0
+        n = self.lookups.leading_run(block_hashes)
+        if n is None:
+            return None
+        if n == STORE_ERROR:
+            self.note_io(False)
+            return 0
+        self.note_io(True)
+        for h in block_hashes[:n]:
+            self._mark_ready(h)
+        if n < len(block_hashes):
+            self._forget(block_hashes[n])  # gone from the store (evicted, or the store restarted)
+        self.num_lookup_hits += n
+        return n
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._ready
+
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._pending
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._ready or block_hash in self._pending
+
+    def slot_of(self, block_hash: BlockHash) -> int | None:
+        slot = self._ready.get(block_hash)
+        return slot if slot is not None else self._pending.get(block_hash)
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        for h in block_hashes:
+            if h in self._ready:
+                self._ready.move_to_end(h)
+
+    # ---- loads and stores ----------------------------------------------------------------
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        hashes = list(block_hashes)
+        return self.spec_type([self._slot(h) for h in hashes], hashes)
+
+    def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
+        self.touch(block_hashes)
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        new = [h for h in dict.fromkeys(block_hashes) if not self.contains(h)]
+        slots = []
+        for h in new:
+            slot = self._new_slot(h)
+            self._pending[h] = slot
+            slots.append(slot)
+        return PrepareStoreOutput(new, self.spec_type(slots, new), [], [])
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        for h in block_hashes:
+            slot = self._pending.pop(h, None)
+            if slot is None:
+                continue
+            if success:
+                self._ready[h] = slot
+                self._trim()
+            else:
+                self._hash_at.pop(slot, None)
+
+    def slot_spec(self, slots: list[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
+        return self.spec_type(slots, list(block_hashes))
+
+    def drop_slots(self, slots: list[int]) -> int:
+        """Blocks a read found missing, torn or of another key: forget them, so lookups miss."""
+        n = 0
+        for slot in slots:
+            h = self._hash_at.get(slot)
+            if h is not None and h in self._ready:
+                self._forget(h)
+                n += 1
+        self.num_dropped += n
+        return n
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+    def _new_slot(self, block_hash: BlockHash) -> int:
+        slot = self._next_slot
+        self._next_slot = (self._next_slot + 1) % (1 << 62)
+        self._hash_at[slot] = block_hash
+        return slot
+
+    def _slot(self, block_hash: BlockHash) -> int:
+        slot = self.slot_of(block_hash)
+        return slot if slot is not None else self._new_slot(block_hash)
+
+    def _mark_ready(self, block_hash: BlockHash) -> None:
+        if block_hash in self._ready:
+            self._ready.move_to_end(block_hash)
+            return
+        self._ready[block_hash] = self._slot(block_hash)
+        self._trim()
+
+    def _forget(self, block_hash: BlockHash) -> None:
+        slot = self._ready.pop(block_hash, None)
+        if slot is not None and block_hash not in self._pending:
+            self._hash_at.pop(slot, None)
+
+    def _trim(self) -> None:
+        while len(self._ready) > self.capacity_blocks:
+            h, slot = self._ready.popitem(last=False)
+            if h not in self._pending:
+                self._hash_at.pop(slot, None)
+
+    # ---- reports -------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return {"corrupt_blocks": self.num_dropped, "io_errors": self.num_io_errors, "outages": self.num_outages,
+                "lookup_hit_blocks": self.num_lookup_hits, "lookup_queries": self.lookups.num_queries,
+                "lookups_deferred": self.lookups.num_deferred, "lookups_given_up": self.lookups.num_given_up}
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        return {self.medium.lower(): (len(self._ready) + len(self._pending), self.capacity_blocks)}
+
+    def close(self) -> None:
+        self.lookups.close()

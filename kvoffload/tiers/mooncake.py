@@ -1,0 +1,77 @@
+"""The ``medium: mooncake`` tier kind: a Mooncake Store shared by every replica pointed at one
+master, behind the CPU tier (and disk). Blocks are values under namespaced keys (StoreKeys);
+the scheduler asks the store what it holds (StoreLookups, its own client lending no memory);
+each worker stores and loads its shard through registered staging memory (StoreIO, a client
+that lends ``segment`` bytes of DRAM to the store).
+
+The tier is written through by default: a replica shares every block it computes, not only
+its CPU victims, which is what makes the store useful to the other replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvoffload.config import TierConfig, format_bytes
+from kvoffload.errors import ConfigError
+from kvoffload.offload.abstract import Medium
+from kvoffload.offload.mediums import MooncakeLoadStoreSpec
+from kvoffload.offload.remote_manager import RemoteTierManager
+from kvoffload.offload.store_keys import StoreKeys
+from kvoffload.offload.store_lookups import StoreLookups
+from kvoffload.tiers.base import TierKind
+from kvoffload.tiers.mooncake_options import OPTION_KEYS, MooncakeOptions, parse_options
+from kvoffload.tiers.mooncake_store import MooncakeStore
+from kvoffload.transfer.store_io import StoreIO
+from kvoffload.transfer.store_record import HEADER_BYTES
+
+
+class MooncakeTier(TierKind):
+    medium = Medium.MOONCAKE
+    spec_type = MooncakeLoadStoreSpec
+    option_keys = OPTION_KEYS
+    last_in_chain = True
+    default_write_through = True
+
+    @classmethod
+    def parse_options(cls, raw: Mapping[str, Any], key: str) -> MooncakeOptions:
+        return parse_options(raw, key)
+
+    @classmethod
+    def default_capacity(cls, options: Any) -> int | None:
+        """What this process tracks as being in the store: by default, the memory it lends."""
+        return options.segment or options.local_buffer
+
+    @classmethod
+    def check_environment(cls, tier: TierConfig, key: str) -> list[str]:
+        MooncakeStore.connect(tier.options, key, lend_segment=False).close()
+        return []
+
+    @property
+    def options(self) -> MooncakeOptions:
+        options: MooncakeOptions = self.ctx.tier.options
+        return options
+
+    def keys(self) -> StoreKeys:
+        c = self.ctx
+        return StoreKeys.of(c.layout_digest, c.block_tokens, c.block_bytes, c.world_size)
+
+    def build_manager(self) -> RemoteTierManager:
+        store = MooncakeStore.connect(self.options, self.ctx.key, lend_segment=False)
+        lookups = StoreLookups(store, self.keys())
+        return RemoteTierManager(self.spec_type, lookups, self.ctx.num_slots, self.options.retry_after_s,
+                                 name=f"mooncake tier ({store.name})")
+
+    def build_io(self) -> StoreIO:
+        opts = self.options
+        record = HEADER_BYTES + self.ctx.block_bytes
+        if opts.local_buffer < record:
+            raise ConfigError(f"{self.ctx.key}.local_buffer: {format_bytes(opts.local_buffer)} holds no {record}-byte "
+                              f"block record; raise it to at least {format_bytes(64 * record)}")
+        store = MooncakeStore.connect(opts, self.ctx.key, lend_segment=True)
+        try:
+            return StoreIO(store, self.keys(), self.ctx.rank, self.ctx.block_bytes, opts.local_buffer)
+        except BaseException:
+            store.close()
+            raise
