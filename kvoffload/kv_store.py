@@ -28,6 +28,9 @@ class KeyValueStore(ABC):
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         """Read each value into ``ptrs[i]`` (room for ``sizes[i]`` bytes); per key bytes read or negative."""
 
+    def remove(self, keys: list[str]) -> None:
+        """Delete values found unusable, so a good copy can be written again (best effort)."""
+
     def unreachable(self, status: int) -> bool:
         """The status means the store could not be reached (an outage), not "no such value"."""
         return False

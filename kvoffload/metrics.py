@@ -53,6 +53,12 @@ CONNECTOR_COUNTERS = {
     "blocks_swapped_in": ("kvoffload_swapped_in_blocks", "Blocks restored at swap-mode resume"),
 }
 
+#: Counters of each secondary tier's health, labelled by tier.
+TIER_COUNTERS = {
+    "tier_io_errors": ("kvoffload_tier_io_errors", "Copies into or out of a tier that failed with an I/O or store error"),
+    "tier_outages": ("kvoffload_tier_outages", "Times a tier was taken out of service after errors in a row"),
+}
+
 
 def _families(stats: dict[str, Any]) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -73,6 +79,11 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
     for key, (name, doc) in CONNECTOR_COUNTERS.items():
         if key in conn:
             yield CounterMetricFamily(name, doc, value=conn[key])
+    for key, (name, doc) in TIER_COUNTERS.items():
+        family = CounterMetricFamily(name, doc, labels=["tier"])
+        for tier, n in conn.get(key, {}).items():
+            family.add_metric([tier], n)
+        yield family
     for name, values in gauge_values(conn).items():
         label, doc = GAUGES[name]
         gauge = GaugeMetricFamily(name, doc, labels=[label] if label else [])

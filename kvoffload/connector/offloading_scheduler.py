@@ -412,6 +412,9 @@ class OffloadingConnectorScheduler:
             "disk_blocks_recovered": tiers.get("disk_blocks_recovered", 0),
             "disk_io_errors": tiers.get("disk_io_errors", 0),
             "disk_outages": tiers.get("disk_outages", 0),
+            # Every secondary tier's health, by tier: {"disk": 0, "mooncake": 2}.
+            "tier_io_errors": {k[: -len("_io_errors")]: v for k, v in tiers.items() if k.endswith("_io_errors")},
+            "tier_outages": {k[: -len("_outages")]: v for k, v in tiers.items() if k.endswith("_outages")},
             "blocks_swapped_out": s.blocks_swapped_out,
             "blocks_swapped_in": s.blocks_swapped_in,
         }

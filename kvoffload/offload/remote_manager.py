@@ -13,6 +13,7 @@ key), so there is no eviction here and no fence to wait on.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -20,6 +21,9 @@ from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, Prepare
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.offload.secondary import SecondaryTierManager, TierHealth
 from kvoffload.offload.store_lookups import STORE_ERROR, StoreLookups
+
+#: How long a block that failed to load is not looked up again.
+BAD_BLOCK_S = 60.0
 
 
 class RemoteTierManager(TierHealth, SecondaryTierManager):
@@ -37,6 +41,10 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
         self._ready: OrderedDict[BlockHash, int] = OrderedDict()
         self._pending: dict[BlockHash, int] = {}
         self._hash_at: dict[int, BlockHash] = {}
+        #: Blocks a read found missing or unusable, and until when lookups stop at them: the
+        #: store may still answer "present" (a damaged value another replica wrote, a value
+        #: our remove could not delete), and asking again would load and fail forever.
+        self._bad: OrderedDict[BlockHash, float] = OrderedDict()
         self._next_slot = 0
         self.num_dropped = 0
         self.num_lookup_hits = 0
@@ -48,6 +56,7 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
     def lookup_run(self, block_hashes: Sequence[BlockHash]) -> int | None:
         if not self.in_service:
             return 0
+        block_hashes = block_hashes[: self._first_bad(block_hashes)]
         n = self.lookups.leading_run(block_hashes)
         if n is None:
             return None
@@ -104,6 +113,7 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
                 continue
             if success:
                 self._ready[h] = slot
+                self._bad.pop(h, None)  # our own fresh copy
                 self._trim()
             else:
                 self._hash_at.pop(slot, None)
@@ -114,13 +124,29 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
     def drop_slots(self, slots: list[int]) -> int:
         """Blocks a read found missing, torn or of another key: forget them, so lookups miss."""
         n = 0
+        until = time.monotonic() + BAD_BLOCK_S
         for slot in slots:
             h = self._hash_at.get(slot)
             if h is not None and h in self._ready:
                 self._forget(h)
+                self._bad[h] = until
+                self._bad.move_to_end(h)
                 n += 1
+        while len(self._bad) > self.capacity_blocks:
+            self._bad.popitem(last=False)
         self.num_dropped += n
         return n
+
+    def _first_bad(self, block_hashes: Sequence[BlockHash]) -> int:
+        if self._bad:
+            now = time.monotonic()
+            for i, h in enumerate(block_hashes):
+                until = self._bad.get(h)
+                if until is not None:
+                    if until > now:
+                        return i
+                    del self._bad[h]
+        return len(block_hashes)
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def _new_slot(self, block_hash: BlockHash) -> int:

@@ -140,7 +140,7 @@ class TierHealth:
         if self._errors_in_a_row[write] >= self.MAX_IO_ERRORS and not self._out_until:
             self._out_until = time.monotonic() + self.retry_after_s
             self.num_outages += 1
-            logger.warning("%s: %d %s errors in a row; out of service for %.0f s, serving from the "
+            logger.warning("%s: %d %s errors in a row; out of service for %g s, serving from the "
                            "other tiers and recompute", self.describe(), self._errors_in_a_row[write],
                            "write" if write else "read", self.retry_after_s)
 

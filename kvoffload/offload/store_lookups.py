@@ -63,10 +63,13 @@ class StoreLookups:
             else:
                 future = pending[0]
         try:
-            return future.result(timeout=self.wait_s)
+            n = future.result(timeout=self.wait_s)
         except FutureTimeout:
             self.num_deferred += 1
-            return None
+            return None  # kept in _answers when it arrives, for the next step's call
+        with self._lock:
+            self._answers.pop(query, None)  # delivered now: the next call asks afresh
+        return n
 
     def _ask(self, query: tuple[BlockHash, ...]) -> int:
         try:

@@ -108,6 +108,9 @@ class MooncakeStore(KeyValueStore):
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         return list(self.client.batch_get_into(keys, ptrs, sizes))
 
+    def remove(self, keys: list[str]) -> None:
+        self.client.batch_remove(keys, True)  # force: a lease held by a reader does not keep bad bytes
+
     def unreachable(self, status: int) -> bool:
         return status in _UNREACHABLE or -1099 <= status <= -1000  # ..., etcd / HA errors
 

@@ -70,6 +70,7 @@ class StoreIO(TierIO):
         names = self.keys.rank_keys(keys, self.rank)
         rows_view = self.arena.rows
         bad: list[int] = []
+        damaged: list[str] = []
         io = False
         why = ""
         for start, rows in self._chunks(len(slots)):
@@ -86,10 +87,13 @@ class StoreIO(TierIO):
                 problem = check_record(record, names[i])
                 if problem is not None:
                     bad.append(slots[i])
+                    damaged.append(names[i])
                     self.num_rejected += 1
                     why = why or problem
                     continue
                 np.copyto(np.frombuffer(out[i], dtype=np.uint8), record[HEADER_BYTES:])
+        if damaged:
+            self.store.remove(damaged)  # else every replica would keep finding and failing on them
         if bad:
             raise BlockTransferError(f"{self.name}: {len(bad)} of {len(slots)} values unusable ({why})", bad, io=io)
 

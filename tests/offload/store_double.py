@@ -1,0 +1,64 @@
+"""An in-memory KeyValueStore for tests, with the faults a real store shows: slow or failed
+answers, lost values. Fault injection lives here, not in production code."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from kvoffload.kv_store import KeyValueStore
+
+UNREACHABLE = -900
+NOT_FOUND = -704
+
+
+class DictStore(KeyValueStore):
+    name = "dict store"
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.calls: list[tuple[str, int]] = []  # (method, number of keys)
+        self.down = False  # every call fails as unreachable
+        self.gate: threading.Event | None = None  # exists() waits for it (a slow store)
+        self.registered: list[tuple[int, int]] = []
+
+    def exists(self, keys: list[str]) -> list[int]:
+        self.calls.append(("exists", len(keys)))
+        if self.gate is not None:
+            self.gate.wait()
+        if self.down:
+            return [UNREACHABLE] * len(keys)
+        return [int(k in self.values) for k in keys]
+
+    def put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        self.calls.append(("put", len(keys)))
+        if self.down:
+            return [UNREACHABLE] * len(keys)
+        for k, p, n in zip(keys, ptrs, sizes):
+            self.values.setdefault(k, ctypes.string_at(p, n))
+        return [0] * len(keys)
+
+    def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        self.calls.append(("get", len(keys)))
+        out = []
+        for k, p, n in zip(keys, ptrs, sizes):
+            if self.down:
+                out.append(UNREACHABLE)
+            elif k not in self.values:
+                out.append(NOT_FOUND)
+            else:
+                value = self.values[k][:n]
+                ctypes.memmove(p, value, len(value))
+                out.append(len(value))
+        return out
+
+    def remove(self, keys: list[str]) -> None:
+        self.calls.append(("remove", len(keys)))
+        for k in keys:
+            self.values.pop(k, None)
+
+    def unreachable(self, status: int) -> bool:
+        return status == UNREACHABLE
+
+    def register(self, ptr: int, size: int) -> None:
+        self.registered.append((ptr, size))

@@ -1,0 +1,201 @@
+"""The shared-store tier's halves over an in-memory store double: keys, records, batched and
+bounded lookups, health, and the chain's lookup asking the store once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvoffload.offload import CPUOffloadingManager
+from kvoffload.offload.abstract import LookupResult, Medium
+from kvoffload.offload.mediums import MooncakeLoadStoreSpec
+from kvoffload.offload.remote_manager import RemoteTierManager
+from kvoffload.offload.store_keys import StoreKeys, UnkeyableHashError, hash_text
+from kvoffload.offload.store_lookups import StoreLookups
+from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.transfer.handler import BlockTransferError
+from kvoffload.transfer.store_io import StoreIO
+from kvoffload.transfer.store_record import HEADER_BYTES, check_record, write_header
+from tests.offload.store_double import UNREACHABLE, DictStore
+
+KEYS = StoreKeys.of("digestA", 16, 256, 1)
+
+
+def _manager(store: DictStore, keys: StoreKeys = KEYS, wait_s: float = 1.0, **kw) -> RemoteTierManager:
+    return RemoteTierManager(MooncakeLoadStoreSpec, StoreLookups(store, keys, wait_s=wait_s, **kw), 1000, retry_after_s=0.2)
+
+
+def _put(store: DictStore, keys: StoreKeys, hashes, rank=0):
+    for h in hashes:
+        store.values[keys.key(h, rank)] = b"x"
+
+
+# ---- keys and records --------------------------------------------------------------------
+def test_keys_separate_models_layouts_block_sizes_and_ranks():
+    h = bytes(range(16))
+    variants = {
+        StoreKeys.of("digestA", 16, 256, 1).key(h, 0),
+        StoreKeys.of("digestB", 16, 256, 1).key(h, 0),
+        StoreKeys.of("digestA", 32, 256, 1).key(h, 0),
+        StoreKeys.of("digestA", 16, 512, 1).key(h, 0),
+        StoreKeys.of("digestA", 16, 256, 2).key(h, 0),
+        StoreKeys.of("digestA", 16, 256, 2).key(h, 1),
+    }
+    assert len(variants) == 6
+    assert KEYS.key(h, 0) == "kvoffload/digestA/16t256b/w1r0/000102030405060708090a0b0c0d0e0f"
+    assert hash_text(255) == "iff" and hash_text(-255) == "nff"
+    with pytest.raises(UnkeyableHashError, match="'abc'"):
+        hash_text("abc")
+
+
+def test_record_detects_flipped_bytes_other_keys_and_garbage():
+    record = np.zeros(HEADER_BYTES + 128, dtype=np.uint8)
+    record[HEADER_BYTES:] = np.arange(128, dtype=np.uint8)
+    write_header(record, "k1")
+    assert check_record(record, "k1") is None
+    assert check_record(record, "k2") == "written under another key"
+    flipped = record.copy()
+    flipped[HEADER_BYTES + 5] ^= 1
+    assert check_record(flipped, "k1") == "payload checksum mismatch"
+    assert check_record(np.full_like(record, 7), "k1") == "not a kvoffload block record"
+
+
+# ---- lookups -----------------------------------------------------------------------------
+def test_lookup_asks_the_store_once_for_the_run_the_local_tiers_miss():
+    store = DictStore()
+    hashes = [bytes([i]) * 16 for i in range(64)]
+    _put(store, KEYS, hashes[:40])
+    cpu = CPUOffloadingManager(16)
+    out = cpu.prepare_store(hashes[:8])
+    cpu.complete_store(out.block_hashes_to_store)
+    chain = TieredOffloadingManager(cpu, _manager(store))
+    found = chain.lookup_prefix(hashes)
+    assert found.media == [Medium.CPU] * 8 + [Medium.MOONCAKE] * 32
+    assert found.stop is LookupResult.MISS
+    assert store.calls == [("exists", 56)]  # one batch: blocks 8..63, every rank's key
+    segments = chain.prepare_load_segments(hashes[:40])
+    assert [(spec.medium(), len(h)) for spec, h in segments] == [(Medium.CPU, 8), (Medium.MOONCAKE, 32)]
+    assert segments[1][0].block_hashes == hashes[8:40]
+
+
+def test_a_block_is_found_only_when_every_rank_holds_its_shard():
+    store, keys = DictStore(), StoreKeys.of("d", 16, 128, 2)
+    hashes = [bytes([i]) * 16 for i in range(4)]
+    _put(store, keys, hashes, rank=0)
+    _put(store, keys, hashes[:2], rank=1)
+    assert _manager(store, keys).lookup_run(hashes) == 2
+    assert store.calls == [("exists", 8)]
+
+
+def test_a_slow_store_defers_the_lookup_instead_of_stalling_the_step():
+    store = DictStore()
+    hashes = [bytes([i]) * 16 for i in range(8)]
+    _put(store, KEYS, hashes)
+    store.gate = threading.Event()
+    tier = _manager(store, wait_s=0.01, give_up_s=5.0)
+    chain = TieredOffloadingManager(CPUOffloadingManager(4), tier)
+    t0 = time.monotonic()
+    assert chain.lookup_prefix(hashes).stop is LookupResult.RETRY
+    assert time.monotonic() - t0 < 0.5
+    store.gate.set()
+    deadline = time.monotonic() + 5
+    while tier.lookups._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    found = chain.lookup_prefix(hashes)  # next step: the answer that arrived meanwhile
+    assert found.hits == 8 and found.stop is LookupResult.HIT
+    assert store.calls == [("exists", 8)]
+
+
+def test_a_store_that_stops_answering_turns_lookups_into_misses():
+    store = DictStore()
+    store.gate = threading.Event()
+    tier = _manager(store, wait_s=0.01, give_up_s=0.05)
+    a, b = [b"a" * 16], [b"b" * 16]
+    assert tier.lookup_run(a) is None
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    assert tier.lookup_run(b) == 0  # not queued behind the hung query
+    assert time.monotonic() - t0 < 0.05
+    assert tier.stats()["lookups_given_up"] == 1
+    store.gate.set()
+
+
+def test_store_errors_take_the_tier_out_then_back_in_service():
+    store = DictStore()
+    hashes = [b"h" * 16]
+    _put(store, KEYS, hashes)
+    store.down = True
+    tier = _manager(store)
+    chain = TieredOffloadingManager(CPUOffloadingManager(4), tier)
+    for _ in range(3):
+        assert chain.lookup_prefix(hashes).hits == 0
+    assert not tier.in_service and tier.stats()["outages"] == 1
+    calls = len(store.calls)
+    assert chain.lookup_prefix(hashes).hits == 0 and len(store.calls) == calls  # not asked while out
+    store.down = False
+    time.sleep(0.25)
+    assert chain.lookup_prefix(hashes).media == [Medium.MOONCAKE]
+
+
+def test_stores_are_not_repeated_and_failed_ones_are_forgotten():
+    tier = _manager(DictStore())
+    out = tier.prepare_store([b"a" * 16, b"b" * 16])
+    assert out.block_hashes_to_store == [b"a" * 16, b"b" * 16] and out.block_hashes_evicted == []
+    assert tier.is_pending(b"a" * 16)
+    assert tier.prepare_store([b"a" * 16]).block_hashes_to_store == []
+    tier.complete_store([b"a" * 16], success=True)
+    tier.complete_store([b"b" * 16], success=False)
+    assert tier.is_ready(b"a" * 16) and not tier.contains(b"b" * 16)
+    spec = tier.prepare_load([b"a" * 16])
+    assert tier.drop_slots(spec.block_ids.tolist()) == 1 and not tier.contains(b"a" * 16)
+
+
+# ---- worker I/O --------------------------------------------------------------------------
+def _blocks(n, nbytes=256, seed=0):
+    return np.random.default_rng(seed).integers(0, 255, (n, nbytes), dtype=np.uint8)
+
+
+def test_store_io_round_trips_bytes_in_chunks_of_the_staging_memory():
+    store = DictStore()
+    io = StoreIO(store, KEYS, 0, 256, staging_bytes=3 * (HEADER_BYTES + 256))
+    assert store.registered == [(io.arena.base, 3 * (HEADER_BYTES + 256))]
+    data = _blocks(7)
+    hashes = [bytes([i]) * 16 for i in range(7)]
+    io.write([row.data for row in data], list(range(7)), hashes)
+    assert [c for c in store.calls] == [("put", 3), ("put", 3), ("put", 1)]
+    out = np.zeros_like(data)
+    io.read(list(range(7)), hashes, [row.data for row in out])
+    assert np.array_equal(out, data)
+
+
+def test_store_io_refuses_overwritten_misplaced_and_missing_values():
+    store = DictStore()
+    io = StoreIO(store, KEYS, 0, 256, staging_bytes=1 << 16)
+    data, hashes = _blocks(4), [bytes([i]) * 16 for i in range(4)]
+    io.write([row.data for row in data], [10, 11, 12, 13], hashes)
+    k0, k1, k2 = (KEYS.key(h, 0) for h in hashes[:3])
+    raw = bytearray(store.values[k0])
+    raw[HEADER_BYTES + 3] ^= 0xFF
+    store.values[k0] = bytes(raw)  # other bytes
+    store.values[k1] = store.values[k2]  # a valid record of another key
+    del store.values[KEYS.key(hashes[3], 0)]  # evicted
+    out = np.zeros_like(data)
+    with pytest.raises(BlockTransferError) as err:
+        io.read([10, 11, 12, 13], hashes, [row.data for row in out])
+    assert err.value.slots == [10, 11, 13] and not err.value.io
+    assert np.array_equal(out[2], data[2]) and not out[[0, 1, 3]].any()
+
+
+def test_an_unreachable_store_is_an_io_error():
+    store = DictStore()
+    io = StoreIO(store, KEYS, 0, 256, staging_bytes=1 << 16)
+    store.down = True
+    with pytest.raises(BlockTransferError) as err:
+        io.write([_blocks(1)[0].data], [5], [b"h" * 16])
+    assert err.value.io and err.value.slots == [5]
+    with pytest.raises(BlockTransferError) as err:
+        io.read([5], [b"h" * 16], [np.zeros(256, np.uint8).data])
+    assert err.value.io and str(UNREACHABLE) in str(err.value)
