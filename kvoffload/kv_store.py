@@ -28,6 +28,20 @@ class KeyValueStore(ABC):
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         """Read each value into ``ptrs[i]`` (room for ``sizes[i]`` bytes); per key bytes read or negative."""
 
+    @abstractmethod
+    def put_from_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        """``put_from`` of values gathered from several pieces each (a header, then the block)."""
+
+    @abstractmethod
+    def get_into_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        """``get_into`` scattering each value over several pieces, in order."""
+
+    @property
+    def needs_registration(self) -> bool:
+        """Memory must be ``register``-ed before the store reads or writes it (RDMA); when
+        False, any host memory serves, and callers skip their staging copies."""
+        return True
+
     def remove(self, keys: list[str]) -> None:
         """Delete values found unusable, so a good copy can be written again (best effort)."""
 

@@ -67,6 +67,7 @@ class MooncakeStore(KeyValueStore):
     def __init__(self, client: Any, opts: MooncakeOptions) -> None:
         self.client = client
         self.name = f"mooncake store at {opts.master}"
+        self.protocol = opts.protocol
         self._closed = False
 
     @classmethod
@@ -107,6 +108,17 @@ class MooncakeStore(KeyValueStore):
 
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         return list(self.client.batch_get_into(keys, ptrs, sizes))
+
+    def put_from_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        status = self.client.batch_put_from_multi_buffers(keys, ptrs, sizes)
+        return [0 if s == _OBJECT_ALREADY_EXISTS else s for s in status]
+
+    def get_into_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        return list(self.client.batch_get_into_multi_buffers(keys, ptrs, sizes))
+
+    @property
+    def needs_registration(self) -> bool:
+        return self.protocol != "tcp"  # the TCP transport copies from any host address
 
     def remove(self, keys: list[str]) -> None:
         self.client.batch_remove(keys, True)  # force: a lease held by a reader does not keep bad bytes

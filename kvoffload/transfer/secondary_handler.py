@@ -53,6 +53,8 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.tier_fences = tier_fences
         #: The secondary tier(s) whose victims this tier takes: their I/O and slot fences.
         self.upstream = dict(upstream or {})
+        for chunk in host.chunks:  # victims leave from here: let the tier copy them in place
+            io.register_memory(chunk.data_ptr(), chunk.numel() * chunk.element_size())
         self.pool = CPUStreamPool(num_threads)
         self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
         self.from_host = copy_direction(Medium.CPU, medium)

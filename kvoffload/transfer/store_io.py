@@ -1,8 +1,10 @@
 """StoreIO: a TierIO over a shared key-value store, for this rank's shard of each block.
 
-Writes copy each block once into a registered staging record (header + bytes) and put the
-whole batch in one call; reads get the batch into staging records in one call, check each
-record's key and checksum, and copy the payload out. The slot ids the handler passes only
+Each value is a 64-byte header (key, checksum) and the block. Where the store can reach the
+block's memory (TCP: any host memory; RDMA: memory registered once, like the host tier's
+buffer), a batch goes in one call straight from and into the blocks, the headers alone in
+registered staging memory; elsewhere each block is staged next to its header. Reads check
+every value's key and checksum before it is used. The slot ids the handler passes only
 pair blocks with keys; the store is addressed by key.
 
 Errors split the way the scheduler needs them: a store that cannot be reached (RPC or
@@ -12,6 +14,7 @@ transfer failure) is an I/O error and counts against the tier's health; a value 
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -21,8 +24,15 @@ from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.transfer.handler import BlockTransferError
 from kvoffload.transfer.staging_arena import StagingArena
-from kvoffload.transfer.store_record import HEADER_BYTES, check_record, write_header
+from kvoffload.transfer.store_record import HEADER_BYTES, check_header, make_header, write_header
 from kvoffload.transfer.tier_io import TierIO
+
+
+def _address(view: memoryview) -> int:
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))  # a writable buffer: cheap
+    except TypeError:
+        return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
 class StoreIO(TierIO):
@@ -33,70 +43,105 @@ class StoreIO(TierIO):
         self.rank = rank
         self.block_bytes = block_bytes
         self.arena = StagingArena(store, HEADER_BYTES + block_bytes, staging_bytes)
+        self._regions: list[tuple[int, int]] = []  # registered memory the store copies directly
         self.num_rejected = 0
+        self.num_direct = self.num_staged = 0
 
-    def _chunks(self, n: int) -> Iterator[tuple[int, list[int]]]:
-        """(start, rows) pairs covering n blocks, as many at a time as the arena lends."""
+    def register_memory(self, ptr: int, nbytes: int) -> None:
+        self.store.register(ptr, nbytes)
+        self._regions.append((ptr, ptr + nbytes))
+
+    def _direct(self, views: Sequence[memoryview]) -> list[int] | None:
+        """The blocks' addresses when the store can copy them in place (else None: stage them)."""
+        addrs = [_address(v) for v in views]
+        if self.store.needs_registration and not all(
+                any(lo <= a and a + self.block_bytes <= hi for lo, hi in self._regions) for a in addrs):
+            return None
+        return addrs
+
+    def _chunks(self, n: int) -> Iterator[tuple[range, list[int]]]:
+        """(blocks, arena rows) pairs covering n blocks, as many at a time as the arena lends."""
         start = 0
         while start < n:
             rows = self.arena.take(n - start)
             try:
-                yield start, rows
+                yield range(start, start + len(rows)), rows
             finally:
                 self.arena.give_back(rows)
             start += len(rows)
 
+    # ---- writes --------------------------------------------------------------------------
     def write(self, blocks: Sequence[memoryview], slots: list[int], keys: list[BlockHash]) -> None:
         names = self.keys.rank_keys(keys, self.rank)
-        rows_view = self.arena.rows
+        addrs = self._direct(blocks)
+        records = self.arena.rows
         failed: list[int] = []
         io = False
-        for start, rows in self._chunks(len(blocks)):
-            batch = range(start, start + len(rows))
-            for row, i in zip(rows, batch):
-                record = rows_view[row]
-                record[HEADER_BYTES:] = np.frombuffer(blocks[i], dtype=np.uint8)
-                write_header(record, names[i])
-            status = self.store.put_from([names[i] for i in batch], [self.arena.address(r) for r in rows],
-                                         [self.arena.record_bytes] * len(rows))
+        for batch, rows in self._chunks(len(blocks)):
+            batch_names = [names[i] for i in batch]
+            if addrs is not None:  # header from the arena, the block from where it lies
+                headers = b"".join([make_header(names[i], blocks[i]) for i in batch])
+                records[rows, :HEADER_BYTES] = np.frombuffer(headers, dtype=np.uint8).reshape(len(rows), HEADER_BYTES)
+                status = self.store.put_from_parts(
+                    batch_names, [[self.arena.address(r), addrs[i]] for r, i in zip(rows, batch)],
+                    [[HEADER_BYTES, self.block_bytes]] * len(rows))
+            else:  # the block copied next to its header, in registered memory
+                for row, i in zip(rows, batch):
+                    records[row, HEADER_BYTES:] = np.frombuffer(blocks[i], dtype=np.uint8)
+                    write_header(records[row], names[i])
+                status = self.store.put_from(batch_names, [self.arena.address(r) for r in rows],
+                                             [self.arena.record_bytes] * len(rows))
             for i, code in zip(batch, status):
                 if code < 0:
                     failed.append(slots[i])
                     io = io or self.store.unreachable(code)
+        if addrs is not None:
+            self.num_direct += len(blocks)
+        else:
+            self.num_staged += len(blocks)
         if failed:
             raise BlockTransferError(f"{self.name}: {len(failed)} of {len(blocks)} values not stored", failed, io=io)
 
+    # ---- reads ---------------------------------------------------------------------------
     def read(self, slots: list[int], keys: list[BlockHash], out: Sequence[memoryview]) -> None:
         names = self.keys.rank_keys(keys, self.rank)
-        rows_view = self.arena.rows
+        addrs = self._direct(out)
+        records = self.arena.rows
         bad: list[int] = []
         damaged: list[str] = []
         io = False
         why = ""
-        for start, rows in self._chunks(len(slots)):
-            batch = range(start, start + len(rows))
-            status = self.store.get_into([names[i] for i in batch], [self.arena.address(r) for r in rows],
-                                         [self.arena.record_bytes] * len(rows))
+        for batch, rows in self._chunks(len(slots)):
+            batch_names = [names[i] for i in batch]
+            if addrs is not None:  # header into the arena, the block straight into ``out``
+                status = self.store.get_into_parts(
+                    batch_names, [[self.arena.address(r), addrs[i]] for r, i in zip(rows, batch)],
+                    [[HEADER_BYTES, self.block_bytes]] * len(rows))
+            else:
+                status = self.store.get_into(batch_names, [self.arena.address(r) for r in rows],
+                                             [self.arena.record_bytes] * len(rows))
             for row, i, code in zip(rows, batch, status):
-                record = rows_view[row]
                 if code != self.arena.record_bytes:
                     bad.append(slots[i])
                     io = io or self.store.unreachable(code)
                     why = why or (f"status {code}" if code < 0 else f"{code}-byte value")
                     continue
-                problem = check_record(record, names[i])
+                payload = out[i] if addrs is not None else records[row, HEADER_BYTES:].data
+                problem = check_header(records[row, :HEADER_BYTES].tobytes(), payload, names[i])
                 if problem is not None:
                     bad.append(slots[i])
                     damaged.append(names[i])
                     self.num_rejected += 1
                     why = why or problem
-                    continue
-                np.copyto(np.frombuffer(out[i], dtype=np.uint8), record[HEADER_BYTES:])
+                elif addrs is None:
+                    np.copyto(np.frombuffer(out[i], dtype=np.uint8), records[row, HEADER_BYTES:])
         if damaged:
             self.store.remove(damaged)  # else every replica would keep finding and failing on them
         if bad:
             raise BlockTransferError(f"{self.name}: {len(bad)} of {len(slots)} values unusable ({why})", bad, io=io)
 
     def close(self) -> None:
+        for ptr, _ in self._regions:
+            self.store.unregister(ptr)
         self.arena.close()
         self.store.close()

@@ -28,5 +28,9 @@ class TierIO(ABC):
         by ``keys[i]``. Raise BlockTransferError naming the bad slots (io=True for a failed
         read, False for a record torn, flipped or of another block)."""
 
+    def register_memory(self, ptr: int, nbytes: int) -> None:
+        """Host memory the handler will pass to ``write`` often (the host tier's buffer): a tier
+        that can copy from registered memory directly registers it once (default: nothing)."""
+
     def close(self) -> None:
         """Release files and connections."""

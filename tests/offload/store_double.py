@@ -15,7 +15,8 @@ NOT_FOUND = -704
 class DictStore(KeyValueStore):
     name = "dict store"
 
-    def __init__(self) -> None:
+    def __init__(self, needs_registration: bool = True) -> None:
+        self._needs_registration = needs_registration
         self.values: dict[str, bytes] = {}
         self.calls: list[tuple[str, int]] = []  # (method, number of keys)
         self.down = False  # every call fails as unreachable
@@ -52,6 +53,31 @@ class DictStore(KeyValueStore):
                 out.append(len(value))
         return out
 
+    def put_from_parts(self, keys, ptrs, sizes):
+        self.calls.append(("put_parts", len(keys)))
+        if self.down:
+            return [UNREACHABLE] * len(keys)
+        for k, ps, ns in zip(keys, ptrs, sizes):
+            self.values.setdefault(k, b"".join(ctypes.string_at(p, n) for p, n in zip(ps, ns)))
+        return [0] * len(keys)
+
+    def get_into_parts(self, keys, ptrs, sizes):
+        self.calls.append(("get_parts", len(keys)))
+        out = []
+        for k, ps, ns in zip(keys, ptrs, sizes):
+            if self.down:
+                out.append(UNREACHABLE)
+            elif k not in self.values:
+                out.append(NOT_FOUND)
+            else:
+                value, at = self.values[k], 0
+                for p, n in zip(ps, ns):
+                    piece = value[at : at + n]
+                    ctypes.memmove(p, piece, len(piece))
+                    at += n
+                out.append(min(len(value), sum(ns)))
+        return out
+
     def remove(self, keys: list[str]) -> None:
         self.calls.append(("remove", len(keys)))
         for k in keys:
@@ -59,6 +85,10 @@ class DictStore(KeyValueStore):
 
     def unreachable(self, status: int) -> bool:
         return status == UNREACHABLE
+
+    @property
+    def needs_registration(self) -> bool:
+        return self._needs_registration
 
     def register(self, ptr: int, size: int) -> None:
         self.registered.append((ptr, size))

@@ -1,0 +1,144 @@
+"""Mooncake tier speed: the tier's store and load paths (StoreIO: staging copy, header,
+checksum, one batched call per chunk) vs raw ``batch_put_from`` / ``batch_get_into`` of the
+same bytes from registered memory, and the scheduler's lookup of a 64-block request vs a raw
+``batch_is_exist``. Starts its own master on loopback unless one is given."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from kvoffload.offload.remote_manager import RemoteTierManager
+from kvoffload.offload.mediums import MooncakeLoadStoreSpec
+from kvoffload.offload.store_keys import StoreKeys
+from kvoffload.offload.store_lookups import StoreLookups
+from kvoffload.testing.mooncake_master import MooncakeMaster
+from kvoffload.tiers.mooncake_options import parse_options
+from kvoffload.tiers.mooncake_store import MooncakeStore
+from kvoffload.transfer.store_io import StoreIO
+
+
+def _median_spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):8.3f} ±{(max(xs) - min(xs)) / 2:6.3f}"
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_paths(store: MooncakeStore, block_bytes: int, total_bytes: int, batch: int, reps: int) -> list[str]:
+    n = max(batch, total_bytes // block_bytes // batch * batch)
+    keys = StoreKeys.of("bench", 16, block_bytes, 1)
+    io = StoreIO(store, keys, 0, block_bytes, staging_bytes=2 * batch * (block_bytes + 64))
+    data = np.random.default_rng(0).integers(0, 255, (n, block_bytes), dtype=np.uint8)
+    out = np.empty_like(data)
+    store.register(data.ctypes.data, data.nbytes)
+    store.register(out.ctypes.data, out.nbytes)
+    results: dict[str, list[float]] = {k: [] for k in ("store", "raw put", "load", "raw get")}
+    gb = n * block_bytes / 1e9
+    try:
+        for rep in range(-1, reps):  # a warm-up round first, not counted
+            hashes = [(rep + 1) * n + i for i in range(n)]
+            names = keys.rank_keys(hashes, 0)
+            raw_names = [f"raw/{block_bytes}/{k}" for k in names]
+            ptrs = [data.ctypes.data + i * block_bytes for i in range(n)]
+            out_ptrs = [out.ctypes.data + i * block_bytes for i in range(n)]
+            chunks = [range(i, i + batch) for i in range(0, n, batch)]
+
+            def ours_store() -> None:
+                for c in chunks:
+                    io.write([data[i].data for i in c], list(c), [hashes[i] for i in c])
+
+            def raw_put() -> None:
+                for c in chunks:
+                    assert all(s == 0 for s in store.put_from([raw_names[i] for i in c], [ptrs[i] for i in c],
+                                                              [block_bytes] * len(c)))
+
+            def ours_load() -> None:
+                for c in chunks:
+                    io.read(list(c), [hashes[i] for i in c], [out[i].data for i in c])
+
+            def raw_get() -> None:
+                for c in chunks:
+                    assert all(s == block_bytes for s in store.get_into([raw_names[i] for i in c],
+                                                                        [out_ptrs[i] for i in c], [block_bytes] * len(c)))
+
+            order = [("store", ours_store), ("raw put", raw_put)] if rep % 2 else [("raw put", raw_put), ("store", ours_store)]
+            order += [("load", ours_load), ("raw get", raw_get)] if rep % 2 else [("raw get", raw_get), ("load", ours_load)]
+            for name, fn in order:
+                speed = gb / _timed(fn)
+                if rep >= 0:
+                    results[name].append(speed)
+            assert np.array_equal(out, data)
+            store.remove(names + raw_names)
+    finally:
+        io.arena.close()
+        store.unregister(data.ctypes.data)
+        store.unregister(out.ctypes.data)
+    size = f"{block_bytes >> 10} KiB"
+    rows = []
+    for ours, raw in (("store", "raw put"), ("load", "raw get")):
+        ratio = [a / b for a, b in zip(results[ours], results[raw])]
+        rows.append(f"{size:>8}  {ours:<6} {_median_spread(results[ours])} GB/s  {raw:<8} {_median_spread(results[raw])} GB/s"
+                    f"  ratio {_median_spread(ratio)}")
+    return rows
+
+
+def bench_lookup(store: MooncakeStore, blocks: int, reps: int) -> str:
+    keys = StoreKeys.of("bench-lookup", 16, 64, 1)
+    hashes = list(range(blocks))
+    buf = np.zeros(64, dtype=np.uint8)
+    store.register(buf.ctypes.data, buf.nbytes)
+    names = keys.rank_keys(hashes, 0)
+    store.put_from(names, [buf.ctypes.data] * blocks, [64] * blocks)
+    tier = RemoteTierManager(MooncakeLoadStoreSpec, StoreLookups(store, keys, wait_s=1.0), 1 << 16)
+    ours, raw = [], []
+    for _ in range(reps):
+        ours.append(_timed(lambda: tier.lookup_run(hashes)) * 1e6)
+        raw.append(_timed(lambda: store.exists(names)) * 1e6)
+    tier.lookups._pool.shutdown()
+    store.remove(names)
+    store.unregister(buf.ctypes.data)
+    ratio = [a / b for a, b in zip(ours, raw)]
+    return (f"lookup of a {blocks}-block request: ours {_median_spread(ours)} us   raw batch_is_exist "
+            f"{_median_spread(raw)} us   ratio {_median_spread(ratio)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="kvoffload bench remote")
+    parser.add_argument("--master", default=None, help="host:port of a running mooncake_master (default: start one)")
+    parser.add_argument("--metadata-server", default=None, help="its metadata URL (with --master)")
+    parser.add_argument("--total-mib", type=int, default=32, help="bytes per path per repetition")
+    parser.add_argument("--batch", type=int, default=64, help="blocks per call (one transfer job)")
+    parser.add_argument("--reps", type=int, default=9)
+    args = parser.parse_args(argv)
+    master = None
+    if args.master is None:
+        master = MooncakeMaster().start()
+        tier = master.tier()
+    else:
+        tier = {"master": args.master, "metadata_server": args.metadata_server or "http://127.0.0.1:8080/metadata"}
+    opts = parse_options({**{k: v for k, v in tier.items() if k not in ("name", "medium")},
+                          "segment": f"{4 * args.total_mib + 64}MiB"}, "bench")
+    store = MooncakeStore.connect(opts, "bench", lend_segment=True)
+    try:
+        print(f"kvoffload bench remote: Mooncake Store at {opts.master} over {opts.protocol}, {args.total_mib} MiB per path, "
+              f"{args.batch} blocks per call, median ± half-range of {args.reps} runs")
+        for block_bytes in (64 << 10, 1 << 20):
+            for row in bench_paths(store, block_bytes, args.total_mib << 20, args.batch, args.reps):
+                print(row)
+        print(bench_lookup(store, 64, max(50, args.reps * 20)))
+    finally:
+        store.close()
+        if master is not None:
+            master.stop()
+
+
+if __name__ == "__main__":
+    main()
