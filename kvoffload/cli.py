@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -23,19 +24,37 @@ def _engine_config(args: argparse.Namespace, kv_offload: Any):
                         preemption_mode="swap" if swap else "recompute")
 
 
-def _run_once(args: argparse.Namespace, kv_offload: Any) -> tuple[dict[str, Any], list[list[int]], dict[str, Any]]:
+def _run_once(args: argparse.Namespace, kv_offload: Any,
+              keep_open: contextlib.ExitStack | None = None) -> tuple[dict[str, Any], list[list[int]], dict[str, Any]]:
+    """One engine over the workload; with ``keep_open`` the engine is closed only when that
+    stack is (a replica whose lent store memory must outlive its run)."""
     from kvoffload.engine import LLM
     from kvoffload.report import summarize
     from kvoffload.workload import ChatWorkload, run_chat_workload
 
     wl = ChatWorkload(conversations=args.conversations, turns=args.turns, system_tokens=args.system_tokens,
                       user_tokens=args.user_tokens, max_tokens=args.max_tokens, seed=args.seed)
-    with LLM(_engine_config(args, kv_offload)) as llm:
+    with contextlib.ExitStack() as own:
+        llm = (keep_open or own).enter_context(LLM(_engine_config(args, kv_offload)))
         t0 = time.perf_counter()
         generated = run_chat_workload(llm, wl)
         wall = time.perf_counter() - t0
         stats = llm.stats()
     return summarize(stats, wall), generated, stats
+
+
+def _offload_column(summary: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    for direction, d in stats.get("transfer", {}).items():
+        if d.get("jobs"):
+            summary[f"{direction} MiB / GB/s"] = f"{d['bytes'] / 2**20:.1f} / {d['gb_per_s']:.2f}"
+    summary["stores skipped (reuse filter)"] = stats["connector"].get("stores_skipped_by_filter", 0)
+    return summary
+
+
+def _media(config: str) -> list[str]:
+    from kvoffload.config import OffloadConfig
+
+    return [t.medium for t in OffloadConfig.coerce(config).tiers]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -47,12 +66,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         print(f"error: --threads {args.threads}: give at least 1", file=sys.stderr)
         return 2
+    args.config = resolve_config(args.config)
+    if args.replicas < 1:
+        print(f"error: --replicas {args.replicas}: give at least 1", file=sys.stderr)
+        return 2
+    if args.replicas > 1 and not args.no_offload and "disk" in _media(args.config):
+        print(f"error: --replicas {args.replicas} runs the replicas side by side in this process, and a disk tier "
+              "has one owner; use a config without one (e.g. --config mooncake)", file=sys.stderr)
+        return 2
     if args.preemption_mode == "swap" and args.no_offload:
         print("error: --preemption-mode swap saves preempted requests' KV to an offload tier; drop --no-offload "
               "or use --preemption-mode recompute", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    args.config = resolve_config(args.config)
     columns: dict[str, dict[str, Any]] = {}
     print(f"model={args.model}, device KV cache {args.num_gpu_blocks} blocks x {args.block_size} tokens, "
           f"max_num_seqs={args.max_num_seqs}; workload: {args.conversations} chats x {args.turns} turns, "
@@ -73,14 +99,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             cfg = OffloadConfig.coerce(args.config)
             offload = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, prometheus_port=args.prometheus_port))
-        summary, tokens, stats = _run_once(args, offload)
-        transfer = stats.get("transfer", {})
-        for direction, d in transfer.items():
-            if d.get("jobs"):
-                summary[f"{direction} MiB / GB/s"] = f"{d['bytes'] / 2**20:.1f} / {d['gb_per_s']:.2f}"
-        summary["stores skipped (reuse filter)"] = stats["connector"].get("stores_skipped_by_filter", 0)
-        columns["offload"] = summary
-        same = tokens == base_tokens
+        same = True
+        with contextlib.ExitStack() as replicas:  # every replica stays up until the last has run
+            for r in range(args.replicas):
+                summary, tokens, stats = _run_once(args, offload, replicas)
+                columns["offload" if args.replicas == 1 else f"replica {r + 1}"] = _offload_column(summary, stats)
+                same = same and tokens == base_tokens
         print(format_table(columns))
         print(f"outputs identical to the run without offload: {'yes' if same else 'NO'}")
         return 0 if same else 1
@@ -128,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the bundled engine on a multi-turn chat workload and report")
     run.add_argument("--model", default="tiny", help="tiny | small | path to a Llama checkpoint directory")
     run.add_argument("--config", default="cpu",
-                     help="offload YAML, or a packaged example by name (cpu, cpu_disk, research_arc; default: cpu);"
+                     help="offload YAML, or a packaged example by name (cpu, cpu_disk, mooncake, research_arc; default: cpu);"
                           " compared side by side with a run without offload")
     run.add_argument("--no-offload", action="store_true", help="ignore --config and run without offload")
     run.add_argument("--num-gpu-blocks", type=int, default=64, help="device KV cache size in blocks")
@@ -147,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "they run several times slower whenever anything else uses the machine)")
     run.add_argument("--prometheus-port", type=int, default=None,
                      help="serve the offload run's metrics at http://HOST:PORT/metrics (overrides the config's)")
+    run.add_argument("--replicas", type=int, default=1,
+                     help="run N offload replicas one after another, each a fresh engine with its own CPU tier "
+                          "(a shared tier such as mooncake lets the later ones hit what the first computed)")
     run.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
                      help="swap: offload a preempted request's KV and restore it (needs --config)")
     run.set_defaults(func=cmd_run)

@@ -27,6 +27,7 @@ def summarize(stats: dict[str, Any], wall_s: float) -> dict[str, Any]:
         "prefix hits (device)": hits.get("device", 0),
         "prefix hits (cpu)": hits.get("cpu", 0),
         "prefix hits (disk)": hits.get("disk", 0),
+        **{f"prefix hits ({tier})": n for tier, n in hits.items() if tier not in ("device", "cpu", "disk")},
         # Of each prompt, the tokens found cached when it was first admitted (re-admissions
         # after preemption hit again and would count twice).
         "prefix-cache hit rate": f"{stats['prompt_hit_tokens'] / prompt:.1%}" if prompt else "n/a",
@@ -49,8 +50,12 @@ def format_table(columns: dict[str, dict[str, Any]]) -> str:
     """Rows = metric names, one column per run."""
     names = list(columns)
     keys: list[str] = []
-    for col in columns.values():
-        keys.extend(k for k in col if k not in keys)
+    for col in columns.values():  # a row only some runs have goes after its predecessor there
+        previous = None
+        for k in col:
+            if k not in keys:
+                keys.insert(keys.index(previous) + 1 if previous is not None else len(keys), k)
+            previous = k
     width = max(len(k) for k in keys) + 2
     colw = [max(len(n), *(len(str(columns[n].get(k, ""))) for k in keys)) + 2 for n in names]
     lines = [" " * width + "".join(n.rjust(w) for n, w in zip(names, colw))]

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.mediums import MooncakeLoadStoreSpec
+from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.testing.mooncake_master import MooncakeMaster
@@ -26,10 +26,38 @@ def _median_spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):8.3f} ±{(max(xs) - min(xs)) / 2:6.3f}"
 
 
-def _timed(fn: Callable[[], None]) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def _paths(store: MooncakeStore, io: StoreIO, data: np.ndarray, out: np.ndarray, hashes: list[int], names: list[str],
+           batch: int) -> dict[str, Callable[[], object]]:
+    """The four timed paths of one repetition, over the same blocks in calls of ``batch``."""
+    n, block_bytes = data.shape
+    raw_names = [f"raw/{k}" for k in names]
+    chunks = [range(i, min(n, i + batch)) for i in range(0, n, batch)]
+
+    def ours_store() -> None:
+        for c in chunks:
+            io.write([data[i].data for i in c], list(c), [hashes[i] for i in c])
+
+    def raw_put() -> None:
+        for c in chunks:
+            status = store.put_from([raw_names[i] for i in c], [data[i].ctypes.data for i in c], [block_bytes] * len(c))
+            assert all(s == 0 for s in status), status
+
+    def ours_load() -> None:
+        for c in chunks:
+            io.read(list(c), [hashes[i] for i in c], [out[i].data for i in c])
+
+    def raw_get() -> None:
+        for c in chunks:
+            status = store.get_into([raw_names[i] for i in c], [out[i].ctypes.data for i in c], [block_bytes] * len(c))
+            assert all(s == block_bytes for s in status), status
+
+    return {"store": ours_store, "raw put": raw_put, "load": ours_load, "raw get": raw_get}
 
 
 def bench_paths(store: MooncakeStore, block_bytes: int, total_bytes: int, batch: int, reps: int) -> list[str]:
@@ -38,49 +66,25 @@ def bench_paths(store: MooncakeStore, block_bytes: int, total_bytes: int, batch:
     io = StoreIO(store, keys, 0, block_bytes, staging_bytes=2 * batch * (block_bytes + 64))
     data = np.random.default_rng(0).integers(0, 255, (n, block_bytes), dtype=np.uint8)
     out = np.empty_like(data)
-    store.register(data.ctypes.data, data.nbytes)
-    store.register(out.ctypes.data, out.nbytes)
+    io.register_memory(data.ctypes.data, data.nbytes)  # as the handler registers the host tier's buffer
+    io.register_memory(out.ctypes.data, out.nbytes)
     results: dict[str, list[float]] = {k: [] for k in ("store", "raw put", "load", "raw get")}
     gb = n * block_bytes / 1e9
     try:
         for rep in range(-1, reps):  # a warm-up round first, not counted
             hashes = [(rep + 1) * n + i for i in range(n)]
             names = keys.rank_keys(hashes, 0)
-            raw_names = [f"raw/{block_bytes}/{k}" for k in names]
-            ptrs = [data.ctypes.data + i * block_bytes for i in range(n)]
-            out_ptrs = [out.ctypes.data + i * block_bytes for i in range(n)]
-            chunks = [range(i, i + batch) for i in range(0, n, batch)]
-
-            def ours_store() -> None:
-                for c in chunks:
-                    io.write([data[i].data for i in c], list(c), [hashes[i] for i in c])
-
-            def raw_put() -> None:
-                for c in chunks:
-                    assert all(s == 0 for s in store.put_from([raw_names[i] for i in c], [ptrs[i] for i in c],
-                                                              [block_bytes] * len(c)))
-
-            def ours_load() -> None:
-                for c in chunks:
-                    io.read(list(c), [hashes[i] for i in c], [out[i].data for i in c])
-
-            def raw_get() -> None:
-                for c in chunks:
-                    assert all(s == block_bytes for s in store.get_into([raw_names[i] for i in c],
-                                                                        [out_ptrs[i] for i in c], [block_bytes] * len(c)))
-
-            order = [("store", ours_store), ("raw put", raw_put)] if rep % 2 else [("raw put", raw_put), ("store", ours_store)]
-            order += [("load", ours_load), ("raw get", raw_get)] if rep % 2 else [("raw get", raw_get), ("load", ours_load)]
-            for name, fn in order:
-                speed = gb / _timed(fn)
+            paths = _paths(store, io, data, out, hashes, names, batch)
+            order = ["raw put", "store", "raw get", "load"] if rep % 2 else ["store", "raw put", "load", "raw get"]
+            for name in order:
+                out[:] = 0
+                speed = gb / _timed(paths[name])
+                assert np.array_equal(out, data) or name in ("store", "raw put")
                 if rep >= 0:
                     results[name].append(speed)
-            assert np.array_equal(out, data)
-            store.remove(names + raw_names)
+            store.remove(names + [f"raw/{k}" for k in names])
     finally:
-        io.arena.close()
-        store.unregister(data.ctypes.data)
-        store.unregister(out.ctypes.data)
+        io.close_memory()
     size = f"{block_bytes >> 10} KiB"
     rows = []
     for ours, raw in (("store", "raw put"), ("load", "raw get")):
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         tier = {"master": args.master, "metadata_server": args.metadata_server or "http://127.0.0.1:8080/metadata"}
     opts = parse_options({**{k: v for k, v in tier.items() if k not in ("name", "medium")},
-                          "segment": f"{4 * args.total_mib + 64}MiB"}, "bench")
+                          "segment": f"{3 * max(args.total_mib, args.batch) + 64}MiB"}, "bench")  # ours + raw, 1 MiB blocks
     store = MooncakeStore.connect(opts, "bench", lend_segment=True)
     try:
         print(f"kvoffload bench remote: Mooncake Store at {opts.master} over {opts.protocol}, {args.total_mib} MiB per path, "

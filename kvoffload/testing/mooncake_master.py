@@ -41,6 +41,7 @@ class MooncakeMaster:
         self.binary = binary
         self.rpc_port = free_port()
         self.http_port = free_port()
+        self.metrics_port = free_port()  # its admin/metrics server (default 9003 would clash)
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kvoffload-mooncake-"))
         self.proc: subprocess.Popen[bytes] | None = None
         self.holders: list[subprocess.Popen[bytes]] = []
@@ -64,7 +65,8 @@ class MooncakeMaster:
         log = open(self.log_dir / f"master.{self.starts}.log", "wb")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(
             [self.binary, "--rpc_port", str(self.rpc_port), "--enable_http_metadata_server=true",
-             "--http_metadata_server_host", "127.0.0.1", "--http_metadata_server_port", str(self.http_port)],
+             "--http_metadata_server_host", "127.0.0.1", "--http_metadata_server_port", str(self.http_port),
+             "--metrics_host", "127.0.0.1", "--metrics_port", str(self.metrics_port)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s

@@ -140,8 +140,13 @@ class StoreIO(TierIO):
         if bad:
             raise BlockTransferError(f"{self.name}: {len(bad)} of {len(slots)} values unusable ({why})", bad, io=io)
 
-    def close(self) -> None:
+    def close_memory(self) -> None:
+        """Unregister the staging memory and every registered region (the store stays open)."""
         for ptr, _ in self._regions:
             self.store.unregister(ptr)
+        self._regions.clear()
         self.arena.close()
+
+    def close(self) -> None:
+        self.close_memory()
         self.store.close()
