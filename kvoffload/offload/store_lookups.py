@@ -8,16 +8,19 @@ query into a miss until it answers again, so a dead or hung store costs hits, ne
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from kvoffload.kv_store import KeyValueStore
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.store_keys import StoreKeys
+
+logger = logging.getLogger(__name__)
 
 #: Longest run one query asks for (a 64k-token prompt in 16-token blocks).
 MAX_QUERY_BLOCKS = 4096
@@ -98,7 +101,15 @@ class StoreLookups:
         with self._lock:
             self._answers.clear()
 
-    def close(self) -> None:
-        """Stop asking and leave the store (this client is the lookups' own)."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop asking and leave the store (this client is the lookups' own). A query still
+        running keeps the client: closing it under the query would crash the process."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            running = [f for f, _ in self._pending.values() if not f.cancelled()]
+        _, stuck = wait(running, timeout=timeout_s)
+        if stuck:
+            logger.warning("%s: a lookup did not return within %.0f s; leaving its client open", self.store.name,
+                           timeout_s)
+            return
         self.store.close()

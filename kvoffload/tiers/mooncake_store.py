@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 #: Mooncake's status codes (mooncake-store ErrorCode) that mean the store is unreachable.
 _UNREACHABLE = {-1, -800, -900}
 _OBJECT_ALREADY_EXISTS = -705
+_CLOSED = -1  # what calls on a closed client answer (INTERNAL_ERROR: counted as unreachable)
 INSTALL_HINT = ("pip install 'kvoffload[mooncake]' (CUDA hosts: pip install mooncake-transfer-engine) "
                 "and apt-get install -y libibverbs1 librdmacm1")
 
@@ -100,20 +101,27 @@ class MooncakeStore(KeyValueStore):
                                         "(rdma needs device_name) and the master's log")
         return cls(client, opts)
 
+    # A closed client must not be called (it crashes the process): calls after close fail.
     def exists(self, keys: list[str]) -> list[int]:
-        return list(self.client.batch_is_exist(keys))
+        return [_CLOSED] * len(keys) if self._closed else list(self.client.batch_is_exist(keys))
 
     def put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        if self._closed:
+            return [_CLOSED] * len(keys)
         return [0 if s == _OBJECT_ALREADY_EXISTS else s for s in self.client.batch_put_from(keys, ptrs, sizes)]
 
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
-        return list(self.client.batch_get_into(keys, ptrs, sizes))
+        return [_CLOSED] * len(keys) if self._closed else list(self.client.batch_get_into(keys, ptrs, sizes))
 
     def put_from_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        if self._closed:
+            return [_CLOSED] * len(keys)
         status = self.client.batch_put_from_multi_buffers(keys, ptrs, sizes)
         return [0 if s == _OBJECT_ALREADY_EXISTS else s for s in status]
 
     def get_into_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        if self._closed:
+            return [_CLOSED] * len(keys)
         return list(self.client.batch_get_into_multi_buffers(keys, ptrs, sizes))
 
     @property
@@ -127,6 +135,8 @@ class MooncakeStore(KeyValueStore):
         return status in _UNREACHABLE or -1099 <= status <= -1000  # ..., etcd / HA errors
 
     def register(self, ptr: int, size: int) -> None:
+        if self._closed:
+            return
         status = self.client.register_buffer(ptr, size)
         if status != 0:
             raise StoreUnavailableError(f"local_buffer: Mooncake could not register {size} bytes of staging memory "
