@@ -23,6 +23,7 @@ from kvoffload.metrics import (
     HIT_BLOCKS,
     HIT_TOKENS,
     SECONDS_BUCKETS,
+    TIER_COUNTERS,
     TRANSFER_COUNTERS,
 )
 
@@ -32,6 +33,7 @@ METRICS: dict[str, tuple[str, str]] = {
     HIT_BLOCKS[0]: ("tier", HIT_BLOCKS[1]),
     **{name: ("", doc) for name, doc in CONNECTOR_COUNTERS.values()},
     **{name: ("direction", doc) for name, doc in TRANSFER_COUNTERS.values()},
+    **{name: ("tier", doc) for name, doc in TIER_COUNTERS.values()},
 }
 
 
@@ -43,6 +45,8 @@ def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
     }
     for key, (name, _) in CONNECTOR_COUNTERS.items():
         out[name] = {"": stats.get(key, 0)}
+    for key, (name, _) in TIER_COUNTERS.items():
+        out[name] = dict(stats.get(key, {}))
     return out
 
 

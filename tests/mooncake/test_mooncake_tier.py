@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kvoffload.engine import LLM
 from kvoffload.errors import ConfigError, StoreUnavailableError
+from kvoffload.metrics import StatsCollector
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.workload import run_chat_workload
 from tests.mooncake.conftest import needs_mooncake
@@ -77,6 +79,10 @@ def test_master_killed_between_and_during_rounds_then_restarted(master, baseline
         stats = live.stats()
         assert stats["prefix_hit_tokens"].get("mooncake", 0) == 0
         assert stats["connector"]["tier_outages"]["mooncake"] == 1
+        registry = CollectorRegistry()
+        registry.register(StatsCollector(live.stats))
+        assert registry.get_sample_value("kvoffload_tier_outages_total", {"tier": "mooncake"}) == 1
+        assert registry.get_sample_value("kvoffload_tier_io_errors_total", {"tier": "mooncake"}) >= 3
         assert sum("mooncake tier" in r.message and "out of service" in r.message for r in caplog.records) == 1
 
         master.start()
