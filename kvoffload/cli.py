@@ -137,7 +137,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from policies.experiment import main as sim_main
+    from kvoffload_policies.experiment import main as sim_main
 
     return sim_main(args.rest)
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         # would under `python -m kvoffload`; appended, so nothing installed is shadowed.
         sys.path.append(os.getcwd())
     if argv[:1] == ["sim"]:  # its own parser: options start right after the subcommand
-        from policies.experiment import main as sim_main
+        from kvoffload_policies.experiment import main as sim_main
 
         try:
             return sim_main(argv[1:])

@@ -19,7 +19,7 @@ from itertools import chain
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy
-from policies.base import evictable, has_n_evictable
+from .base import evictable, has_n_evictable
 
 
 class ClassicARCCachePolicy(CachePolicy):

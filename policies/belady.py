@@ -15,7 +15,7 @@ from collections.abc import Collection, Hashable, Iterable, Sequence
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy
-from policies.base import evictable, has_n_evictable
+from .base import evictable, has_n_evictable
 
 NEVER = math.inf
 

@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from policies.simulator import SimResult, group_blocks, replay
+from .simulator import SimResult, group_blocks, replay
 
 _TRACE: dict[str, Any] = {}
 

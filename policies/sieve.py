@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy
-from policies.base import evictable, has_n_evictable
+from .base import evictable, has_n_evictable
 
 
 @dataclass(slots=True, eq=False)

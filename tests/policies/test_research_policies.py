@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvoffload.offload import CPUOffloadingManager, known_policies
 from kvoffload.traces import load_arc_lis, synthetic_scan_workload
-from policies.simulator import replay
+from kvoffload_policies.simulator import replay
 
 ALL_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "belady"]
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -134,7 +134,7 @@ def test_simulator_agrees_with_live_connector(monkeypatch):
     from kvoffload.engine import LLM, EngineConfig
     from kvoffload.tiers import cpu_spec
     from kvoffload.workload import ChatWorkload, run_chat_workload
-    from policies.simulator import OpRecorder, replay_ops
+    from kvoffload_policies.simulator import OpRecorder, replay_ops
 
     recorders = []
     original = cpu_spec.CPUOffloadingSpec.get_manager
@@ -185,7 +185,7 @@ def test_sim_on_a_trace_without_block_hashes_says_so(tmp_path, capsys):
 
 
 def test_sim_table_columns_align_with_long_policy_names():
-    from policies.experiment import format_results
+    from kvoffload_policies.experiment import format_results
 
     row = {"policy": "mypolicies.research:VeryLongPolicyName", "store_threshold": 0, "capacity": 100,
            "block_hit_ratio": 0.5, "token_hit_ratio": 0.25, "blocks_written": 7, "blocks_evicted": 3}
