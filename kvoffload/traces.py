@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def _open_text(path: Path):
@@ -85,6 +87,14 @@ def load_arc_lis(path: str | Path, limit: int | None = None) -> list[list[int]]:
     return out
 
 
+def progress_bar(path: str | Path) -> Any:
+    """A bytes-read progress bar for loading a large trace (shown on a terminal only)."""
+    from tqdm import tqdm
+
+    return tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, desc=f"loading {os.path.basename(path)}",
+                disable=None, leave=False)
+
+
 def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -> list[list[int]]:
     """WEKA kv-cache-tester traces (tar.gz of per-conversation JSON, 64-token blocks).
 
@@ -97,8 +107,9 @@ def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -
 
     timed: list[tuple[float, int, list[int]]] = []
     ids: dict[tuple[str, int], int] = {}  # (trace id, local hash) -> dense global id
-    with tarfile.open(path, "r:gz") as tar:
+    with open(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r:gz") as tar, progress_bar(path) as bar:
         for k, member in enumerate(m for m in tar if m.isfile() and m.name.endswith(".json")):
+            bar.update(raw.tell() - bar.n)  # compressed bytes read so far
             f = tar.extractfile(member)
             if f is None:
                 continue

@@ -19,6 +19,7 @@ from itertools import chain
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy
+
 from .base import evictable, has_n_evictable
 
 

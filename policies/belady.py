@@ -15,6 +15,7 @@ from collections.abc import Collection, Hashable, Iterable, Sequence
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy
+
 from .base import evictable, has_n_evictable
 
 NEVER = math.inf

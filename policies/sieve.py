@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.policy import CachePolicy
+
 from .base import evictable, has_n_evictable
 
 

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from kvoffload.bench.measure import Sample, add_reps, preamble, sample
 from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout, data_checksum, parse_record_header, record_header
 from kvoffload.offload.disk_manager import DiskOffloadingManager
 
@@ -77,12 +78,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--total-mib", type=int, default=256)
     parser.add_argument("--recovery-blocks", type=int, default=100_000)
     parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
+    add_reps(parser, default=3)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        print(f"disk tier vs sequential I/O, {args.total_mib} MiB, in {tmp}; GB/s")
-        print(f"{'block':>8}{'tier write':>12}{'dd write':>10}{'ratio':>7}{'tier read':>11}{'dd read':>9}{'ratio':>7}")
+        print(f"disk tier vs sequential I/O, {args.total_mib} MiB, in {tmp}; GB/s; {preamble(args.reps)}")
+        print(f"{'block':>8}{'tier write':>16}{'dd write':>16}{'ratio':>14}{'tier read':>16}{'dd read':>16}{'ratio':>14}")
         for block in (64 << 10, 1 << 20):
-            tw, tr, dw, dr = tier_io(tmp, block, args.total_mib << 20)
-            print(f"{block >> 10:>6}Ki{tw:>12.2f}{dw:>10.2f}{tw / dw:>7.2f}{tr:>11.2f}{dr:>9.2f}{tr / dr:>7.2f}")
-        dt = recovery(tmp, args.recovery_blocks)
-        print(f"recovery of {args.recovery_blocks:,} blocks: {dt:.2f} s ({dt / args.recovery_blocks * 1e6:.1f} us/block)")
+            runs = [tier_io(tmp, block, args.total_mib << 20) for _ in range(args.reps)]
+            tw, tr, dw, dr = (Sample(tuple(r[i] for r in runs)) for i in range(4))
+            print(f"{block >> 10:>6}Ki{tw.fmt():>16}{dw.fmt():>16}{tw.ratio(dw).fmt():>14}{tr.fmt():>16}{dr.fmt():>16}"
+                  f"{tr.ratio(dr).fmt():>14}")
+        dt = sample(lambda: recovery(tmp, args.recovery_blocks), args.reps)
+        print(f"recovery of {args.recovery_blocks:,} blocks: {dt.fmt()} s "
+              f"({dt.median / args.recovery_blocks * 1e6:.1f} us/block)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from kvoffload.bench.measure import Sample, add_reps, preamble
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.report import percentile
 from kvoffload.workload import ChatWorkload, run_chat_workload
@@ -24,20 +25,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-gpu-blocks", type=int, default=96)
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
+    add_reps(parser, default=3)
     args = parser.parse_args(argv)
     wl = ChatWorkload(conversations=args.conversations, turns=args.turns, system_tokens=256, user_tokens=64, max_tokens=16)
     offload = {"tiers": [{"name": "cpu", "medium": "cpu", "capacity": "256MiB"}]}
-    base_tokens, base, base_s = run(wl, args.num_gpu_blocks, None, args.model)
-    off_tokens, off, off_s = run(wl, args.num_gpu_blocks, offload, args.model)
     print(f"model={args.model} device blocks={args.num_gpu_blocks} x 16 tokens, "
-          f"{args.conversations} chats x {args.turns} turns")
-    print(f"{'':<26}{'no offload':>12}{'cpu offload':>12}{'ratio':>8}")
-    rows = [
-        ("prefill tokens computed", base["prefill_tokens_computed"], off["prefill_tokens_computed"]),
-        ("TTFT p50 (ms)", 1000 * percentile(base["ttft_s"], 0.5), 1000 * percentile(off["ttft_s"], 0.5)),
-        ("TTFT p95 (ms)", 1000 * percentile(base["ttft_s"], 0.95), 1000 * percentile(off["ttft_s"], 0.95)),
-        ("wall time (s)", base_s, off_s),
-    ]
-    for name, a, b in rows:
-        print(f"{name:<26}{a:>12.1f}{b:>12.1f}{b / a if a else 0:>8.2f}")
-    print(f"cpu-tier hit tokens: {off['prefix_hit_tokens']['cpu']}, outputs identical: {base_tokens == off_tokens}")
+          f"{args.conversations} chats x {args.turns} turns; {preamble(args.reps)}")
+    timings: dict[str, dict[str, list[float]]] = {"base": {}, "off": {}}
+    identical = True
+    for _ in range(args.reps):  # alternating, so drift hits both alike
+        base_tokens, base, base_s = run(wl, args.num_gpu_blocks, None, args.model)
+        off_tokens, off, off_s = run(wl, args.num_gpu_blocks, offload, args.model)
+        identical = identical and base_tokens == off_tokens
+        for side, stats, wall in (("base", base, base_s), ("off", off, off_s)):
+            timings[side].setdefault("TTFT p50 (ms)", []).append(1000 * percentile(stats["ttft_s"], 0.5))
+            timings[side].setdefault("TTFT p95 (ms)", []).append(1000 * percentile(stats["ttft_s"], 0.95))
+            timings[side].setdefault("wall time (s)", []).append(wall)
+    print(f"{'':<26}{'no offload':>16}{'cpu offload':>16}{'ratio':>14}")
+    a, b = base["prefill_tokens_computed"], off["prefill_tokens_computed"]
+    print(f"{'prefill tokens computed':<26}{a:>16}{b:>16}{b / a if a else 0:>14.2f}")
+    for name in timings["base"]:
+        x, y = Sample(tuple(timings["base"][name])), Sample(tuple(timings["off"][name]))
+        print(f"{name:<26}{x.fmt('.1f'):>16}{y.fmt('.1f'):>16}{y.ratio(x).fmt():>14}")
+    print(f"cpu-tier hit tokens: {off['prefix_hit_tokens']['cpu']}, outputs identical: {identical}")

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from kvoffload.bench.measure import Sample, add_reps, interleaved, preamble
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.outputs import ModelRunnerOutput
@@ -78,15 +79,27 @@ def bench_model(model: str = "tiny", num_reqs: int = 32, prompt_len: int = 128, 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kvoffload bench engine", description=__doc__)
-    parser.parse_args(argv)  # no options; --help prints this and returns
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads")
-    dec = bench_schedule(256, 64, mixed=False)
-    mix = bench_schedule(32, 1024, mixed=True)
-    lookup = bench_prefix_lookup()
-    tps, fwd = bench_model()
-    print(f"schedule() with 256 running decode requests : {dec * 1e3:8.3f} ms/step")
-    print(f"schedule() with 32 mixed prefill/decode     : {mix * 1e3:8.3f} ms/step")
-    print(f"prefix lookup                               : {lookup * 1e9:8.1f} ns/block")
-    print(f"tiny model throughput (32 reqs)             : {tps:8.0f} tokens/s")
-    print(f"tiny model step time (baseline)             : {fwd * 1e3:8.3f} ms/step")
-    print(f"ratio schedule(32 mixed) / step time        : {mix / fwd:8.3f}")
+    add_reps(parser, default=3)
+    args = parser.parse_args(argv)
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads; "
+          f"{preamble(args.reps)}")
+    throughput: list[float] = []
+
+    def model_step() -> float:
+        tps, step = bench_model()
+        throughput.append(tps)
+        return step
+
+    figures = interleaved({
+        "decode": lambda: bench_schedule(256, 64, mixed=False),
+        "mixed": lambda: bench_schedule(32, 1024, mixed=True),
+        "lookup": bench_prefix_lookup,
+        "model": model_step,
+    }, args.reps)
+    dec, mix, lookup, fwd = figures["decode"], figures["mixed"], figures["lookup"], figures["model"]
+    print(f"schedule() with 256 running decode requests : {dec.fmt('8.3f', 1e3)} ms/step")
+    print(f"schedule() with 32 mixed prefill/decode     : {mix.fmt('8.3f', 1e3)} ms/step")
+    print(f"prefix lookup                               : {lookup.fmt('8.1f', 1e9)} ns/block")
+    print(f"tiny model throughput (32 reqs)             : {Sample(tuple(throughput)).fmt('8.0f')} tokens/s")
+    print(f"tiny model step time (baseline)             : {fwd.fmt('8.3f', 1e3)} ms/step")
+    print(f"ratio schedule(32 mixed) / step time        : {mix.ratio(fwd).fmt('8.3f')}")

@@ -11,28 +11,31 @@ from pathlib import Path
 
 from kvoffload.bench.baseline_manager import TextbookManager
 from kvoffload.bench.ledger_replay import bytes_per_block, replay
+from kvoffload.bench.measure import Sample, add_reps, preamble
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.traces import load_mooncake, synthetic_prefix_workload
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
 
 
-def run(name: str, requests: list[list[int]], capacity: int) -> None:
+def run(name: str, requests: list[list[int]], capacity: int, reps: int = 3) -> None:
     print(f"\n== {name}: {len(requests):,} requests, {sum(map(len, requests)):,} block refs, capacity {capacity:,} slots")
-    print(f"{'policy':<6} {'impl':<10} {'Mops/s':>8} {'hit blocks':>11} {'bytes/block':>12}")
+    print(f"{'policy':<6} {'impl':<10} {'Mops/s':>16} {'hit blocks':>11} {'bytes/block':>12}")
     for policy in ("lru", "arc"):
-        ours = CPUOffloadingManager(capacity, cache_policy=policy)
-        base = TextbookManager(capacity, policy)
-        o_ops, o_hits, o_s = replay(ours, requests)
-        b_ops, b_hits, b_s = replay(base, requests)
+        o_rates, b_rates = [], []
+        for _ in range(reps):  # alternating, a fresh ledger each run
+            o_ops, o_hits, o_s = replay(CPUOffloadingManager(capacity, cache_policy=policy), requests)
+            b_ops, b_hits, b_s = replay(TextbookManager(capacity, policy), requests)
+            o_rates.append(o_ops / o_s / 1e6)
+            b_rates.append(b_ops / b_s / 1e6)
         mem_n = min(capacity, 1_000_000)
         o_mem = bytes_per_block(lambda n=mem_n, p=policy: CPUOffloadingManager(n, cache_policy=p), mem_n)
         b_mem = bytes_per_block(lambda n=mem_n, p=policy: TextbookManager(n, p), mem_n)
-        o_rate, b_rate = o_ops / o_s / 1e6, b_ops / b_s / 1e6
-        print(f"{policy:<6} {'kvoffload':<10} {o_rate:8.2f} {o_hits:11,} {o_mem:12.1f}")
-        print(f"{policy:<6} {'textbook':<10} {b_rate:8.2f} {b_hits:11,} {b_mem:12.1f}")
+        o_rate, b_rate = Sample(tuple(o_rates)), Sample(tuple(b_rates))
+        print(f"{policy:<6} {'kvoffload':<10} {o_rate.fmt():>16} {o_hits:11,} {o_mem:12.1f}")
+        print(f"{policy:<6} {'textbook':<10} {b_rate.fmt():>16} {b_hits:11,} {b_mem:12.1f}")
         same = "identical hits" if o_hits == b_hits else "HITS DIFFER"
-        print(f"{policy:<6} {'ratio':<10} {o_rate / b_rate:8.2f}x {same:>11} {o_mem / b_mem:12.2f}x")
+        print(f"{policy:<6} {'ratio':<10} {o_rate.ratio(b_rate).fmt() + 'x':>16} {same:>11} {o_mem / b_mem:12.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", type=Path, default=MOONCAKE)
     parser.add_argument("--vs-vllm", action="store_true",
                         help="compare with vLLM's CPUOffloadingManager (LRU, ARC); needs vLLM importable")
+    add_reps(parser, default=3)
     args = parser.parse_args(argv)
+    print(preamble(args.reps))
     if args.vs_vllm:
         try:
             from kvoffload.bench import vllm_manager_bench
@@ -54,14 +59,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"(trace {args.trace} not found; Mooncake skipped)")
         vllm_manager_bench.main(synthetic_prefix_workload(args.requests), mooncake, args.capacity)
         return
-    run("synthetic prefix-sharing", synthetic_prefix_workload(args.requests), args.capacity)
+    run("synthetic prefix-sharing", synthetic_prefix_workload(args.requests), args.capacity, args.reps)
     # A capacity below the working set, so eviction runs on every store.
     run("synthetic, capacity 10% of unique blocks", synthetic_prefix_workload(args.requests),
-        max(1, len({b for r in synthetic_prefix_workload(args.requests) for b in r}) // 10))
+        max(1, len({b for r in synthetic_prefix_workload(args.requests) for b in r}) // 10), args.reps)
     if args.trace.exists():
         reqs = load_mooncake(args.trace)
         unique = len({b for r in reqs for b in r})
-        run(f"mooncake {args.trace.name}", reqs, args.capacity)
-        run(f"mooncake at 5% of {unique:,} unique blocks", reqs, max(1, unique // 20))
+        run(f"mooncake {args.trace.name}", reqs, args.capacity, args.reps)
+        run(f"mooncake at 5% of {unique:,} unique blocks", reqs, max(1, unique // 20), args.reps)
     else:
         print(f"(trace {args.trace} not found; skipped)")

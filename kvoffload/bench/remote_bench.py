@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvoffload.bench.measure import preamble
 from kvoffload.offload.mediums import MooncakeLoadStoreSpec
 from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     store = MooncakeStore.connect(opts, "bench", lend_segment=True)
     try:
         print(f"kvoffload bench remote: Mooncake Store at {opts.master} over {opts.protocol}, {args.total_mib} MiB per path, "
-              f"{args.batch} blocks per call, median ± half-range of {args.reps} runs")
+              f"{args.batch} blocks per call; {preamble(args.reps)}")
         for block_bytes in (64 << 10, 1 << 20):
             for row in bench_paths(store, block_bytes, args.total_mib << 20, args.batch, args.reps):
                 print(row)

@@ -9,11 +9,11 @@ mechanics (scatter/gather of many blocks), which is what the CPU backend runs.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 
+from kvoffload.bench.measure import Sample, add_reps, interleaved, preamble, timed
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
 from kvoffload_ext import copy_blocks
@@ -28,16 +28,7 @@ def _layers(layout: str, num_blocks: int, page_bytes: int) -> list[torch.Tensor]
     return [torch.randint(0, 255, (num_blocks, page_bytes), dtype=torch.uint8)]
 
 
-def _best(fn, reps: int = 3) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def measure(layout: str, page_bytes: int, total_bytes: int) -> tuple[float, float, float]:
+def measure(layout: str, page_bytes: int, total_bytes: int, reps: int) -> dict[str, Sample]:
     n = max(8, total_bytes // page_bytes)
     num_blocks = n * 2
     kv = canonicalize(_layers(layout, num_blocks, page_bytes), num_blocks)
@@ -61,19 +52,22 @@ def measure(layout: str, page_bytes: int, total_bytes: int) -> tuple[float, floa
     flat_src = torch.randint(0, 255, (n * kv.page_bytes,), dtype=torch.uint8)
     flat_dst = torch.empty_like(flat_src)
     batched()  # touch the host pages once before timing
-    nbytes = n * kv.page_bytes
-    return (nbytes / _best(batched) / 1e9, nbytes / _best(per_block_loop) / 1e9,
-            nbytes / _best(lambda: flat_dst.copy_(flat_src)) / 1e9)
+    gb = n * kv.page_bytes / 1e9
+    return interleaved({"ext": lambda: gb / timed(batched), "loop": lambda: gb / timed(per_block_loop),
+                        "flat": lambda: gb / timed(lambda: flat_dst.copy_(flat_src))}, reps)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kvoffload bench transfer")
     parser.add_argument("--total-mib", type=int, default=128)
+    add_reps(parser)
     args = parser.parse_args(argv)
     print(f"device->host copy, {args.total_mib} MiB per measurement, {LAYERS} layers, "
-          f"{torch.get_num_threads()} torch threads; GB/s (best of 3)")
-    print(f"{'layout':<12}{'block':>8}{'(a) ext':>10}{'(b) loop':>10}{'(c) flat':>10}{'a/b':>7}{'a/c':>7}")
+          f"{torch.get_num_threads()} torch threads; GB/s; {preamble(args.reps)}")
+    print(f"{'layout':<12}{'block':>8}{'(a) ext':>16}{'(b) loop':>16}{'(c) flat':>16}{'a/b':>14}{'a/c':>14}")
     for layout in ("per-layer", "cross-layer"):
         for page in (8 << 10, 64 << 10, 1 << 20):
-            a, b, c = measure(layout, page, args.total_mib << 20)
-            print(f"{layout:<12}{page >> 10:>6}Ki{a:>10.2f}{b:>10.2f}{c:>10.2f}{a / b:>7.1f}{a / c:>7.2f}")
+            m = measure(layout, page, args.total_mib << 20, args.reps)
+            a, b, c = m["ext"], m["loop"], m["flat"]
+            print(f"{layout:<12}{page >> 10:>6}Ki{a.fmt():>16}{b.fmt():>16}{c.fmt():>16}{a.ratio(b).fmt('.1f'):>14}"
+                  f"{a.ratio(c).fmt():>14}")

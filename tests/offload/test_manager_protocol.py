@@ -7,10 +7,10 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from kvoffload_policies.simulator import OpRecorder
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.forwarding import ForwardingOffloadingManager
-from kvoffload_policies.simulator import OpRecorder
 
 PROTOCOL = sorted(name for name, fn in inspect.getmembers(OffloadingManager, inspect.isfunction)
                   if not name.startswith("_"))

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from kvoffload_policies.simulator import replay
 
 from kvoffload.offload import CPUOffloadingManager, known_policies
 from kvoffload.traces import load_arc_lis, synthetic_scan_workload
-from kvoffload_policies.simulator import replay
 
 ALL_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "belady"]
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -131,10 +131,11 @@ def test_arc_paper_oltp_hit_ratios(capacity, policy, expected):
 
 
 def test_simulator_agrees_with_live_connector(monkeypatch):
+    from kvoffload_policies.simulator import OpRecorder, replay_ops
+
     from kvoffload.engine import LLM, EngineConfig
     from kvoffload.tiers import cpu_spec
     from kvoffload.workload import ChatWorkload, run_chat_workload
-    from kvoffload_policies.simulator import OpRecorder, replay_ops
 
     recorders = []
     original = cpu_spec.CPUOffloadingSpec.get_manager
