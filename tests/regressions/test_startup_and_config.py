@@ -129,9 +129,12 @@ def test_config_check_catches_what_start_up_would(tmp_path, capsys):
 
 
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=True),
-                  st.text(max_size=12), st.sampled_from(["cpu", "disk", "8GiB", "lru", "arc", "/tmp", "x:Y", ".a:B"]))
+                  st.text(max_size=12), st.sampled_from(["cpu", "disk", "mooncake", "8GiB", "lru", "arc", "/tmp", "x:Y", ".a:B",
+                                                   "127.0.0.1:1", "http://h:1/metadata", "tcp", "rdma", "0"]))
 _keys = st.one_of(st.sampled_from(["tiers", "medium", "capacity", "path", "eviction_policy", "write_through",
-                                   "store_threshold", "transfer", "metrics", "backend", "spec_name"]),
+                                   "store_threshold", "transfer", "metrics", "backend", "spec_name", "master",
+                                   "metadata_server", "protocol", "segment", "local_buffer", "local_hostname",
+                                   "retry_after_s", "device_name"]),
                   st.integers(), st.text(max_size=5))
 _values = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(_keys, kids, max_size=4),
                        max_leaves=12)
@@ -196,3 +199,17 @@ def test_version_and_module_entry_point():
 
     out = subprocess.run([sys.executable, "-m", "kvoffload", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"kvoffload {kvoffload.__version__}"
+
+
+_MOONCAKE_KEYS = st.sampled_from(["master", "metadata_server", "protocol", "segment", "local_buffer", "local_hostname",
+                                  "retry_after_s", "device_name", "capacity", "write_through", "path"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(options=st.dictionaries(_MOONCAKE_KEYS, _values, max_size=8))
+def test_fuzzed_mooncake_tiers_raise_only_config_errors(options):
+    base = {"medium": "mooncake", "master": "127.0.0.1:50051", "metadata_server": "http://127.0.0.1:8080/metadata"}
+    try:
+        OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {**base, **options}]})
+    except ConfigError as exc:
+        assert "\n" not in str(exc) and "tiers[1]" in str(exc)
