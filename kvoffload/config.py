@@ -223,6 +223,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
     if not isinstance(raw_tiers, list) or not raw_tiers:
         raise ConfigError("tiers: must be a non-empty list of tiers, fastest first")
     tiers: list[TierConfig] = []
+    above: Any = None  # the previous tier's kind (None for cpu)
     for i, raw in enumerate(raw_tiers):
         key = f"tiers[{i}]"
         if not isinstance(raw, Mapping):
@@ -231,7 +232,6 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         kind = _check_medium(medium, i, key)
         option_keys = kind.option_keys if kind is not None else frozenset()
         _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path", "write_through", *option_keys}, key)
-        above: Any = TIER_KINDS.load(tiers[-1].medium) if tiers and tiers[-1].medium != "cpu" else None
         if above is not None and above.last_in_chain:
             raise ConfigError(f"{key}: a tier after the {tiers[-1].medium} tier; {tiers[-1].medium} must be the last tier "
                               "(list it after cpu and disk)")
@@ -281,6 +281,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
                                 path=os.path.expanduser(path) if path is not None else None,
                                 write_through=write_through, options=options))
+        above = kind
     return tuple(tiers)
 
 

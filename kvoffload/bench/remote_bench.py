@@ -6,13 +6,11 @@ same bytes from registered memory, and the scheduler's lookup of a 64-block requ
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
 
-from kvoffload.bench.measure import preamble
+from kvoffload.bench.measure import Sample, preamble, timed
 from kvoffload.offload.mediums import MooncakeLoadStoreSpec
 from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
@@ -21,16 +19,6 @@ from kvoffload.testing.mooncake_master import MooncakeMaster
 from kvoffload.tiers.mooncake_options import parse_options
 from kvoffload.tiers.mooncake_store import MooncakeStore
 from kvoffload.transfer.store_io import StoreIO
-
-
-def _median_spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):8.3f} ±{(max(xs) - min(xs)) / 2:6.3f}"
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def _paths(store: MooncakeStore, io: StoreIO, data: np.ndarray, out: np.ndarray, hashes: list[int], names: list[str],
@@ -79,7 +67,7 @@ def bench_paths(store: MooncakeStore, block_bytes: int, total_bytes: int, batch:
             order = ["raw put", "store", "raw get", "load"] if rep % 2 else ["store", "raw put", "load", "raw get"]
             for name in order:
                 out[:] = 0
-                speed = gb / _timed(paths[name])
+                speed = gb / timed(paths[name])
                 assert np.array_equal(out, data) or name in ("store", "raw put")
                 if rep >= 0:
                     results[name].append(speed)
@@ -89,9 +77,8 @@ def bench_paths(store: MooncakeStore, block_bytes: int, total_bytes: int, batch:
     size = f"{block_bytes >> 10} KiB"
     rows = []
     for ours, raw in (("store", "raw put"), ("load", "raw get")):
-        ratio = [a / b for a, b in zip(results[ours], results[raw])]
-        rows.append(f"{size:>8}  {ours:<6} {_median_spread(results[ours])} GB/s  {raw:<8} {_median_spread(results[raw])} GB/s"
-                    f"  ratio {_median_spread(ratio)}")
+        a, b = Sample(tuple(results[ours])), Sample(tuple(results[raw]))
+        rows.append(f"{size:>8}  {ours:<6} {a.fmt('8.3f')} GB/s  {raw:<8} {b.fmt('8.3f')} GB/s  ratio {a.ratio(b).fmt('8.3f')}")
     return rows
 
 
@@ -105,14 +92,14 @@ def bench_lookup(store: MooncakeStore, blocks: int, reps: int) -> str:
     tier = RemoteTierManager(MooncakeLoadStoreSpec, StoreLookups(store, keys, wait_s=1.0), 1 << 16)
     ours, raw = [], []
     for _ in range(reps):
-        ours.append(_timed(lambda: tier.lookup_run(hashes)) * 1e6)
-        raw.append(_timed(lambda: store.exists(names)) * 1e6)
+        ours.append(timed(lambda: tier.lookup_run(hashes)) * 1e6)
+        raw.append(timed(lambda: store.exists(names)) * 1e6)
     tier.lookups._pool.shutdown()
     store.remove(names)
     store.unregister(buf.ctypes.data)
-    ratio = [a / b for a, b in zip(ours, raw)]
-    return (f"lookup of a {blocks}-block request: ours {_median_spread(ours)} us   raw batch_is_exist "
-            f"{_median_spread(raw)} us   ratio {_median_spread(ratio)}")
+    a, b = Sample(tuple(ours)), Sample(tuple(raw))
+    return (f"lookup of a {blocks}-block request: ours {a.fmt('8.3f')} us   raw batch_is_exist {b.fmt('8.3f')} us   "
+            f"ratio {a.ratio(b).fmt('8.3f')}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,7 +116,7 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
                 self._bad.pop(h, None)  # our own fresh copy
                 self._trim()
             else:
-                self._hash_at.pop(slot, None)
+                self._release(h, slot)
 
     def slot_spec(self, slots: list[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
         return self.spec_type(slots, list(block_hashes))
@@ -166,16 +166,17 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
         self._ready[block_hash] = self._slot(block_hash)
         self._trim()
 
-    def _forget(self, block_hash: BlockHash) -> None:
-        slot = self._ready.pop(block_hash, None)
+    def _release(self, block_hash: BlockHash, slot: int | None) -> None:
+        """Free a slot id no longer held by the ready set, unless a write in flight still uses it."""
         if slot is not None and block_hash not in self._pending:
             self._hash_at.pop(slot, None)
 
+    def _forget(self, block_hash: BlockHash) -> None:
+        self._release(block_hash, self._ready.pop(block_hash, None))
+
     def _trim(self) -> None:
         while len(self._ready) > self.capacity_blocks:
-            h, slot = self._ready.popitem(last=False)
-            if h not in self._pending:
-                self._hash_at.pop(slot, None)
+            self._release(*self._ready.popitem(last=False))
 
     # ---- reports -------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

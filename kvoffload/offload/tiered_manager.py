@@ -89,10 +89,11 @@ class TieredOffloadingManager(OffloadingManager):
         # batch, for the run the local tiers miss.
         cpu_hits = self.primary.lookup(hashes)
         media: list[Medium] = [self.primary.medium] * cpu_hits
-        tiers = self._tiers()
+        secondaries = [t for t in self.secondaries if t.in_service]
+        tiers: list[CPUOffloadingManager | SecondaryTierManager] = [self.primary, *secondaries]
         local: list[CPUOffloadingManager | SecondaryTierManager] = [self.primary]
-        local += [t for t in self.secondaries if t.in_service and not t.batched_lookup]
-        remote = [t for t in self.secondaries if t.in_service and t.batched_lookup]
+        local += [t for t in secondaries if not t.batched_lookup]
+        remote = [t for t in secondaries if t.batched_lookup]
         i = cpu_hits
         while i < len(hashes):
             h = hashes[i]

@@ -27,10 +27,6 @@ class StagingArena:
         self._free = list(range(num_records))
         self._cond = threading.Condition()
 
-    @property
-    def num_records(self) -> int:
-        return len(self.rows)
-
     def take(self, want: int) -> list[int]:
         """Between 1 and ``want`` free rows (waits for one when none is free)."""
         with self._cond:
