@@ -1,33 +1,30 @@
-"""An optional native row-copy loop, compiled on first use with the system C compiler.
+"""An optional native copy loop, compiled on first use with the system C compiler.
 
-One ctypes call copies every row of a view (ctypes releases the GIL for its duration), so
-small rows no longer pay a Python iteration each. Built into a per-user cache directory
-with an atomic rename; when no compiler is present the pure-Python memmove loop is used.
+One ctypes call copies every byte range of a job (ctypes releases the GIL for its duration),
+so small rows no longer pay a Python iteration each. Built into a per-user cache directory
+with an atomic rename; when no compiler is present the pure-Python memmove loop is used, and
+that is logged once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+log = logging.getLogger("kvoffload")
+
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
-void kvo_copy_rows(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride, int64_t row,
-                   const int64_t* src_ids, const int64_t* dst_ids, int64_t n) {
-    int64_t i = 0;
-    while (i < n) {
-        int64_t j = i + 1;
-        if (src_stride == row && dst_stride == row) {
-            while (j < n && src_ids[j] == src_ids[j - 1] + 1 && dst_ids[j] == dst_ids[j - 1] + 1) j++;
-        }
-        memcpy(dst + dst_ids[i] * dst_stride, src + src_ids[i] * src_stride, (size_t)(row * (j - i)));
-        i = j;
+void kvo_copy_ranges(const int64_t* src, const int64_t* dst, const int64_t* len, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        memcpy((void*)(uintptr_t)dst[i], (const void*)(uintptr_t)src[i], (size_t)len[i]);
     }
 }
 """
@@ -48,6 +45,7 @@ def _build() -> ctypes.CDLL | None:
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
+        log.info("no C compiler found: host block copies use the slower Python memmove loop")
         return None
     digest = hashlib.sha256(_SOURCE.encode()).hexdigest()[:12]
     target = _cache_dir() / f"kvo_copy_{digest}.so"
@@ -64,12 +62,13 @@ def _build() -> ctypes.CDLL | None:
                 shutil.copyfile(out, staged)
                 os.replace(staged, target)
         lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("could not build the native copy loop with %s (%s): host block copies use the slower "
+                    "Python memmove loop", compiler, e)
         return None
-    fn = lib.kvo_copy_rows
+    fn = lib.kvo_copy_ranges
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
 
 

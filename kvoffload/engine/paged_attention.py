@@ -58,8 +58,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         n = end - start
-        q_pos = torch.arange(seq_len - n, seq_len).unsqueeze(1)
-        mask = torch.arange(seq_len).unsqueeze(0) <= q_pos
+        q_pos = torch.arange(seq_len - n, seq_len, device=query.device).unsqueeze(1)
+        mask = torch.arange(seq_len, device=query.device).unsqueeze(0) <= q_pos
         q = query[start:end].transpose(0, 1)
         attn = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
         out[start:end] = attn.transpose(0, 1)

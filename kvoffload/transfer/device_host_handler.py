@@ -16,7 +16,7 @@ from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, StreamPool
-from kvoffload_ext import copy_blocks
+from kvoffload_ext import CopyGroup, copy_block_groups
 
 
 class DeviceHostHandler(TrackedJobsHandler):
@@ -77,14 +77,16 @@ class DeviceHostHandler(TrackedJobsHandler):
         self._track(direction, job_id, self.pool.submit(direction, run), nbytes)
 
     def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray) -> None:
-        for view, offset in zip(self.kv.views, self.offsets):
-            width = view.shape[1]
-            for chunk, local_rows, dev in self.host.group(host_rows, device_ids):
-                cols = chunk[:, offset : offset + width]
+        """Every layer view and host chunk of the job in one batched copy (one kernel launch on CUDA)."""
+        groups: list[CopyGroup] = []
+        for chunk, local_rows, dev in self.host.group(host_rows, device_ids):
+            for view, offset in zip(self.kv.views, self.offsets):
+                cols = chunk[:, offset : offset + view.shape[1]]
                 if direction == DEVICE_TO_HOST:
-                    copy_blocks(view, cols, dev, local_rows)
+                    groups.append((view, cols, dev, local_rows))
                 else:
-                    copy_blocks(cols, view, local_rows, dev)
+                    groups.append((cols, view, local_rows, dev))
+        copy_block_groups(groups)
 
     def close(self) -> None:
         self.pool.close()

@@ -25,7 +25,7 @@ from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import CPUStreamPool
 from kvoffload.transfer.tier_io import TierIO
-from kvoffload_ext import copy_blocks
+from kvoffload_ext import copy_block_groups
 
 
 def copy_direction(src: str, dst: str) -> str:
@@ -109,13 +109,24 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.io.write(views, slots, keys)
 
     def _load(self, slots: list[int], keys: list, device_ids: np.ndarray, skip: int) -> None:
-        staging = torch.empty((len(slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8)
+        cuda = self.kv.device.type == "cuda"
+        # On CUDA the staging is pinned (the copy kernel reads it through its mapped address).
+        staging = torch.empty((len(slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8, pin_memory=cuda)
         views = [memoryview(staging[i * self.factor : (i + 1) * self.factor].numpy().reshape(-1).data)
                  for i in range(len(slots))]
         self.io.read(slots, keys, views)
         rows = np.arange(skip, len(slots) * self.factor)
-        for view, off in zip(self.kv.views, self.offsets):
-            copy_blocks(staging[:, off : off + view.shape[1]], view, rows, device_ids)
+        groups = [(staging[:, off : off + view.shape[1]], view, rows, device_ids)
+                  for view, off in zip(self.kv.views, self.offsets)]
+        if not cuda:
+            copy_block_groups(groups)
+            return
+        # This runs on a tier thread: copy on a stream of its own and wait for it, so the job is
+        # done only when the bytes are on the device (and the staging outlives the copy).
+        stream = torch.cuda.Stream(self.kv.device)
+        with torch.cuda.stream(stream):
+            copy_block_groups(groups)
+        stream.synchronize()
 
     def close(self) -> None:
         self.pool.close()
