@@ -1,14 +1,18 @@
-"""Device<->host block copy throughput: batched kvoffload_ext path vs a per-block loop vs one copy.
+"""Device<->host block copy throughput: the batched path vs a per-block loop vs one copy.
 
-On a CPU-only machine the "device" cache is a CPU tensor, so this measures the copy
-mechanics (scatter/gather of many blocks), which is what the CPU backend runs.
-(a) kvoffload_ext.copy_blocks per canonical view, (b) a per-block-per-layer ``copy_`` loop
-(how vLLM's original swap_blocks moved blocks), (c) one contiguous copy of the same bytes.
+(a) ``copy_block_groups`` over every canonical view and host chunk of the job, as the
+handler issues it (one native call on CPU, one kernel launch on CUDA); (b) a per-block,
+per-row ``copy_`` loop (how vLLM's original swap_blocks moved blocks); (c) one contiguous
+copy of the same bytes (on CUDA: device <-> pinned host, the practical peak). On a CPU-only
+machine the "device" cache is a CPU tensor, so this measures the copy mechanics (gather and
+scatter of many rows), which is what the CPU backend runs. Per-layer KV: each layer is a
+``(2, num_blocks, row)`` tensor, so a block has ``2 * layers`` rows; cross-layer: one row.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -16,58 +20,108 @@ import torch
 from kvoffload.bench.measure import Sample, add_reps, interleaved, preamble, timed
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
-from kvoffload_ext import copy_blocks
+from kvoffload_ext import CopyGroup, copy_block_groups
 
-LAYERS = 8
+D2H, H2D = "device->host", "host->device"
 
 
-def _layers(layout: str, num_blocks: int, page_bytes: int) -> list[torch.Tensor]:
+def _layers(layout: str, layers: int, num_blocks: int, page_bytes: int, device: torch.device) -> list[torch.Tensor]:
     if layout == "per-layer":
-        row = page_bytes // (2 * LAYERS)
-        return [torch.randint(0, 255, (2, num_blocks, row), dtype=torch.uint8) for _ in range(LAYERS)]
-    return [torch.randint(0, 255, (num_blocks, page_bytes), dtype=torch.uint8)]
+        row = page_bytes // (2 * layers)
+        return [torch.randint(0, 255, (2, num_blocks, row), dtype=torch.uint8, device=device) for _ in range(layers)]
+    return [torch.randint(0, 255, (num_blocks, page_bytes), dtype=torch.uint8, device=device)]
 
 
-def measure(layout: str, page_bytes: int, total_bytes: int, reps: int) -> dict[str, Sample]:
+def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: torch.device, layers: int,
+            direction: str = D2H) -> dict[str, Sample]:
     n = max(8, total_bytes // page_bytes)
     num_blocks = n * 2
-    kv = canonicalize(_layers(layout, num_blocks, page_bytes), num_blocks)
-    host = HostBlockBuffer(n, kv.page_bytes)
+    cuda = device.type == "cuda"
+    kv = canonicalize(_layers(layout, layers, num_blocks, page_bytes, device), num_blocks)
+    host = HostBlockBuffer(n, kv.page_bytes, pin=cuda)
     rng = np.random.default_rng(0)
     dev_ids = rng.permutation(num_blocks)[:n]
     host_ids = rng.permutation(n)
     offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
+    stream = torch.cuda.Stream(device) if cuda else None
+
+    def on_stream(fn: Callable[[], None]) -> Callable[[], None]:
+        if stream is None:
+            return fn
+
+        def run() -> None:
+            with torch.cuda.stream(stream):
+                fn()
+            stream.synchronize()
+
+        return run
 
     def batched() -> None:
-        for view, off in zip(kv.views, offsets):
-            for chunk, rows, dev in host.group(host_ids, dev_ids):
-                copy_blocks(view, chunk[:, off : off + view.shape[1]], dev, rows)
+        groups: list[CopyGroup] = []
+        for chunk, rows, dev in host.group(host_ids, dev_ids):
+            for view, off in zip(kv.views, offsets):
+                cols = chunk[:, off : off + view.shape[1]]
+                groups.append((view, cols, dev, rows) if direction == D2H else (cols, view, rows, dev))
+        copy_block_groups(groups)
 
     def per_block_loop() -> None:
         for d, h in zip(dev_ids.tolist(), host_ids.tolist()):
-            dst = host.row(h)
+            row = host.row(h)
             for view, off in zip(kv.views, offsets):
-                dst[off : off + view.shape[1]].copy_(view[d])
+                cols = row[off : off + view.shape[1]]
+                if direction == D2H:
+                    cols.copy_(view[d], non_blocking=cuda)
+                else:
+                    view[d].copy_(cols, non_blocking=cuda)
 
-    flat_src = torch.randint(0, 255, (n * kv.page_bytes,), dtype=torch.uint8)
-    flat_dst = torch.empty_like(flat_src)
-    batched()  # touch the host pages once before timing
+    flat_dev = torch.randint(0, 255, (n * kv.page_bytes,), dtype=torch.uint8, device=device)
+    flat_host = torch.empty(n * kv.page_bytes, dtype=torch.uint8, pin_memory=cuda)
+
+    def flat() -> None:
+        if direction == D2H:
+            flat_host.copy_(flat_dev, non_blocking=cuda)
+        else:
+            flat_dev.copy_(flat_host, non_blocking=cuda)
+
+    fns = {"ext": on_stream(batched), "loop": on_stream(per_block_loop), "flat": on_stream(flat)}
+    for fn in fns.values():
+        fn()  # touch every page and compile the kernel before timing
     gb = n * kv.page_bytes / 1e9
-    return interleaved({"ext": lambda: gb / timed(batched), "loop": lambda: gb / timed(per_block_loop),
-                        "flat": lambda: gb / timed(lambda: flat_dst.copy_(flat_src))}, reps)
+    return interleaved({name: (lambda fn=fn: gb / timed(fn)) for name, fn in fns.items()}, reps)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kvoffload bench transfer")
-    parser.add_argument("--total-mib", type=int, default=128)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the GPU path")
+    parser.add_argument("--total-mib", type=int, default=None, help="bytes per measurement (default 128 cpu, 1024 cuda)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="per-layer KV: layers (default 8 on cpu; 32 on cuda, Llama-3-8B-like)")
+    parser.add_argument("--per-layer-kib", type=int, nargs="*", default=None,
+                        help="per-layer: block sizes in KiB (all rows of a block; default 64 256 1024 cpu, "
+                             "512 1024 2048 4096 cuda = 8-64 KiB rows x 32 layers x K,V)")
+    parser.add_argument("--cross-layer-kib", type=int, nargs="*", default=None,
+                        help="cross-layer: block sizes in KiB (default 8 64 1024 cpu, 1024 2048 cuda)")
     add_reps(parser)
     args = parser.parse_args(argv)
-    print(f"device->host copy, {args.total_mib} MiB per measurement, {LAYERS} layers, "
-          f"{torch.get_num_threads()} torch threads; GB/s; {preamble(args.reps)}")
-    print(f"{'layout':<12}{'block':>8}{'(a) ext':>16}{'(b) loop':>16}{'(c) flat':>16}{'a/b':>14}{'a/c':>14}")
-    for layout in ("per-layer", "cross-layer"):
-        for page in (8 << 10, 64 << 10, 1 << 20):
-            m = measure(layout, page, args.total_mib << 20, args.reps)
-            a, b, c = m["ext"], m["loop"], m["flat"]
-            print(f"{layout:<12}{page >> 10:>6}Ki{a.fmt():>16}{b.fmt():>16}{c.fmt():>16}{a.ratio(b).fmt('.1f'):>14}"
-                  f"{a.ratio(c).fmt():>14}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is visible; use --device cpu")
+    cuda = device.type == "cuda"
+    total = (args.total_mib or (1024 if cuda else 128)) << 20
+    layers = args.layers or (32 if cuda else 8)
+    per_layer = args.per_layer_kib if args.per_layer_kib is not None else ([512, 1024, 2048, 4096] if cuda else [64, 256, 1024])
+    cross = args.cross_layer_kib if args.cross_layer_kib is not None else ([1024, 2048] if cuda else [8, 64, 1024])
+    name = torch.cuda.get_device_name(device) if cuda else f"cpu, {torch.get_num_threads()} torch threads"
+    print(f"block copies on {name}, {total >> 20} MiB per measurement; GB/s; {preamble(args.reps)}")
+    print("(a) batched copy_block_groups  (b) per-block per-row copy_ loop  (c) one contiguous copy of the same bytes")
+    print(f"{'direction':<14}{'layout':<12}{'block':>8}{'row':>8}{'(a) ext':>16}{'(b) loop':>16}{'(c) flat':>16}"
+          f"{'a/b':>14}{'a/c':>14}")
+    directions = (D2H, H2D) if cuda else (D2H,)
+    for direction in directions:
+        for layout, pages in (("per-layer", per_layer), ("cross-layer", cross)):
+            for kib in pages:
+                m = measure(layout, kib << 10, total, args.reps, device, layers, direction)
+                a, b, c = m["ext"], m["loop"], m["flat"]
+                row = (kib << 10) // (2 * layers) if layout == "per-layer" else kib << 10
+                print(f"{direction:<14}{layout:<12}{kib:>6}Ki{row >> 10:>6}Ki{a.fmt():>16}{b.fmt():>16}{c.fmt():>16}"
+                      f"{a.ratio(b).fmt('.1f'):>14}{a.ratio(c).fmt():>14}")

@@ -1,0 +1,44 @@
+"""The bundled engine end to end on a CUDA device: offload to CPU, and CPU + disk, serves the
+same tokens as no offload while the prefixes really come back from the tiers."""
+
+import pytest
+import torch
+
+from kvoffload.engine import LLM, EngineConfig
+from kvoffload.workload import ChatWorkload, run_chat_workload
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+WORKLOAD = ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12)
+DEVICE_BLOCKS = 60  # the chats' working set is ~4x the device cache
+BLOCK_BYTES = 8192  # the tiny model at block size 16 (float32)
+
+
+def run(kv_offload=None):
+    cfg = EngineConfig(num_gpu_blocks=DEVICE_BLOCKS, max_num_seqs=3, max_num_batched_tokens=256, device="cuda",
+                       kv_offload=kv_offload)
+    with LLM(cfg) as llm:
+        assert llm.runner.kv_caches[0].is_cuda
+        return run_chat_workload(llm, WORKLOAD), llm.stats()
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return run()
+
+
+def test_cpu_tier_on_cuda(baseline):
+    tokens, stats = run({"tiers": [{"name": "cpu", "medium": "cpu", "capacity": "32MiB"}]})
+    assert tokens == baseline[0]
+    assert stats["prefix_hit_tokens"]["cpu"] > 0
+    assert stats["transfer"]["host_to_device"]["failed"] == 0 and stats["transfer"]["device_to_host"]["failed"] == 0
+    assert stats["prefill_tokens_computed"] <= 0.6 * baseline[1]["prefill_tokens_computed"]
+
+
+def test_cpu_and_disk_tiers_on_cuda(baseline, tmp_path):
+    tokens, stats = run({"tiers": [{"name": "cpu", "medium": "cpu", "capacity": 120 * BLOCK_BYTES},
+                                   {"name": "ssd", "medium": "disk", "path": str(tmp_path), "capacity": "64MiB"}]})
+    assert tokens == baseline[0]
+    assert stats["prefix_hit_tokens"]["cpu"] > 0 and stats["prefix_hit_tokens"]["disk"] > 0
+    assert all(d["failed"] == 0 for d in stats["transfer"].values())
+
