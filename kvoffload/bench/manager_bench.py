@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", type=Path, default=MOONCAKE)
     parser.add_argument("--vs-vllm", action="store_true",
                         help="compare with vLLM's CPUOffloadingManager (LRU, ARC); needs vLLM importable")
-    add_reps(parser, default=3)
+    add_reps(parser)
     args = parser.parse_args(argv)
     print(preamble(args.reps))
     if args.vs_vllm:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         mooncake = load_mooncake(args.trace) if args.trace.exists() else None
         if mooncake is None:
             print(f"(trace {args.trace} not found; Mooncake skipped)")
-        vllm_manager_bench.main(synthetic_prefix_workload(args.requests), mooncake, args.capacity)
+        vllm_manager_bench.main(synthetic_prefix_workload(args.requests), mooncake, args.reps)
         return
     run("synthetic prefix-sharing", synthetic_prefix_workload(args.requests), args.capacity, args.reps)
     # A capacity below the working set, so eviction runs on every store.

@@ -20,6 +20,7 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUManager
 
 from kvoffload.bench.ledger_replay import replay as replay_native
+from kvoffload.bench.measure import interleaved
 from kvoffload.integrations.vllm_manager import KVOffloadManager
 from kvoffload.offload import CPUOffloadingManager
 
@@ -76,45 +77,54 @@ def bytes_per_block(factory: Callable[[], Any], num_blocks: int) -> float:
     return current / num_blocks
 
 
-def run(name: str, requests: list[list[int]], capacity: int, mem_blocks: int) -> None:
+#: (kvoffload policy, vLLM policy it is measured against, capacity as a share of unique blocks)
+CASES = (("lru", "lru", 0.01), ("lru", "lru", 0.05), ("arc", "arc", 0.01), ("arc", "arc", 0.05),
+         ("arc_classic", "arc", 0.01), ("arc_classic", "arc", 0.05))
+
+
+def run(name: str, requests: list[list[int]], reps: int, mem_blocks: int) -> None:
     keys = as_keys(requests)
-    print(f"\n== {name}: {len(requests):,} requests, {sum(map(len, requests)):,} block refs, "
-          f"capacity {capacity:,} slots")
-    print(f"{'policy':<6} {'impl':<22} {'Mops/s':>8} {'hit blocks':>11} {'bytes/block':>12}")
-    for policy in ("lru", "arc"):
-        def ours(n: int, p: str = policy) -> KVOffloadManager:
-            return KVOffloadManager(lambda: CPUOffloadingManager(n, cache_policy=p))
+    refs = sum(map(len, requests))
+    unique = len({b for r in requests for b in r})
+    print(f"\n== {name}: {len(requests):,} requests, {refs:,} block refs, {unique:,} unique blocks; "
+          f"microseconds per block ref, median ± half-range of {reps} interleaved runs")
+    print(f"{'case':<20}{'vLLM':>14}{'kvoffload API':>16}{'ratio':>14}{'via adapter':>14}{'ratio':>14}"
+          f"{'hit blocks (vLLM / ours)':>28}")
+    for ours_policy, vllm_policy, share in CASES:
+        capacity = max(1, int(unique * share))
 
-        def theirs(n: int, p: str = policy) -> Any:
-            return VllmCPUManager(n, cache_policy=p)
+        def vllm_run(c: int = capacity, p: str = vllm_policy) -> float:
+            return replay_vllm_protocol(VllmCPUManager(c, cache_policy=p), keys)[2] * 1e6 / refs
 
-        vllm_ops, vllm_hits, vllm_s = replay_vllm_protocol(VllmCPUManager(capacity, cache_policy=policy), keys)
-        ad_ops, ad_hits, ad_s = replay_vllm_protocol(ours(capacity), keys)
-        nat_ops, nat_hits, nat_s = replay_native(CPUOffloadingManager(capacity, cache_policy=policy), keys)
-        vllm_mem = bytes_per_block(lambda: theirs(mem_blocks), mem_blocks)
-        ours_mem = bytes_per_block(lambda: ours(mem_blocks), mem_blocks)
-        v_rate = vllm_ops / vllm_s / 1e6
-        rows = [("vLLM CPUOffloadingManager", v_rate, vllm_hits, vllm_mem),
-                ("kvoffload via adapter", ad_ops / ad_s / 1e6, ad_hits, ours_mem),
-                ("kvoffload native API", nat_ops / nat_s / 1e6, nat_hits, ours_mem)]
-        for label, rate, hits, mem in rows:
-            print(f"{policy:<6} {label:<22} {rate:8.2f} {hits:11,} {mem:12.1f}")
-        for label, rate, hits, mem in rows[1:]:
-            diff = (hits - vllm_hits) / max(1, vllm_hits)
-            print(f"{policy:<6} {'ratio, ' + label.split()[-1]:<22} {rate / v_rate:8.2f}x {diff:+10.2%} "
-                  f"{mem / vllm_mem:12.2f}x")
+        def adapter_run(c: int = capacity, p: str = ours_policy) -> float:
+            mgr = KVOffloadManager(lambda: CPUOffloadingManager(c, cache_policy=p))
+            return replay_vllm_protocol(mgr, keys)[2] * 1e6 / refs
+
+        def api_run(c: int = capacity, p: str = ours_policy) -> float:
+            return replay_native(CPUOffloadingManager(c, cache_policy=p), keys)[2] * 1e6 / refs
+
+        m = interleaved({"vllm": vllm_run, "api": api_run, "adapter": adapter_run}, reps)
+        vllm_hits = replay_vllm_protocol(VllmCPUManager(capacity, cache_policy=vllm_policy), keys)[1]
+        our_hits = replay_native(CPUOffloadingManager(capacity, cache_policy=ours_policy), keys)[1]
+        case = f"{ours_policy} @{share:.0%}"
+        v, a, d = m["vllm"], m["api"], m["adapter"]
+        print(f"{case:<20}{v.fmt():>14}{a.fmt():>16}{(v.ratio(a)).fmt() + 'x':>14}{d.fmt():>14}"
+              f"{(v.ratio(d)).fmt() + 'x':>14}{f'{vllm_hits:,} / {our_hits:,}':>28}")
+    print(f"\nbytes per tracked block ({mem_blocks:,} ready blocks, key objects excluded):")
+    for policy in ("lru", "arc", "arc_classic"):
+        theirs = bytes_per_block(lambda p=policy: VllmCPUManager(mem_blocks, cache_policy="arc" if p == "arc_classic" else p),
+                                 mem_blocks)
+        ours = bytes_per_block(lambda p=policy: KVOffloadManager(lambda: CPUOffloadingManager(mem_blocks, cache_policy=p)),
+                               mem_blocks)
+        print(f"  {policy:<12} vLLM {theirs:7.1f}   kvoffload {ours:7.1f}   ({ours / theirs:.2f}x)")
 
 
-def main(requests: list[list[int]], mooncake: list[list[int]] | None, capacity: int) -> None:
+def main(requests: list[list[int]], mooncake: list[list[int]] | None, reps: int) -> None:
     import vllm
 
-    print(f"vLLM {vllm.__version__}; ratios are kvoffload / vLLM (ops/s: higher is better; bytes: lower is; "
-          "hit difference relative to vLLM)")
-    mem_blocks = min(capacity, 200_000)
-    unique = len({b for r in requests for b in r})
-    run("synthetic prefix-sharing", requests, capacity, mem_blocks)
-    run("synthetic, capacity 10% of unique blocks", requests, max(1, unique // 10), mem_blocks)
+    print(f"vLLM {vllm.__version__}; ratio = vLLM time / kvoffload time (higher is better); "
+          "capacity as a share of the trace's unique blocks")
     if mooncake is not None:
-        unique = len({b for r in mooncake for b in r})
-        run("mooncake conversation trace", mooncake, capacity, mem_blocks)
-        run(f"mooncake at 5% of {unique:,} unique blocks", mooncake, max(1, unique // 20), mem_blocks)
+        run("mooncake conversation trace", mooncake, reps, 200_000)
+    else:
+        run("synthetic prefix-sharing", requests, reps, 200_000)

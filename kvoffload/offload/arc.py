@@ -89,13 +89,13 @@ class ARCCachePolicy(LedgerCachePolicy):
             c1 = self.t1.collect(n - len(c2), protected)
             if len(c1) + len(c2) < n:
                 return None
-        chosen = [(s, True) for s in c1[:k1]] + [(s, False) for s in c2] + [(s, True) for s in c1[k1:]]
-        self.t1.discard([s for s, t1 in chosen if t1])
-        self.t2.discard([s for s, t1 in chosen if not t1])
+        # T1 victims are c1 (the leading k1 preferred, the rest fallbacks), T2 victims c2.
+        self.t1.discard(c1)
+        self.t2.discard(c2)
         hashes = self.ledger.hashes
-        for slot, from_t1 in chosen:
-            (self.b1 if from_t1 else self.b2)[hashes[slot]] = None
-        for ghost in (self.b1, self.b2):
+        for ghost, victims in ((self.b1, c1), (self.b2, c2)):
+            for slot in victims:
+                ghost[hashes[slot]] = None
             for _ in range(len(ghost) - self.cache_capacity):
                 ghost.popitem(last=False)
-        return [slot for slot, _ in chosen]
+        return c1[:k1] + c2 + c1[k1:]

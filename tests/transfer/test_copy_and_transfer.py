@@ -152,3 +152,29 @@ def test_cuda_copy_blocks_matches_cpu():
     copy_blocks(host, back, np.arange(32), ids)
     torch.cuda.synchronize()
     assert torch.equal(back[torch.from_numpy(ids).cuda()], src[torch.from_numpy(ids).cuda()])
+
+
+def test_copy_block_groups_one_call_for_views_of_several_widths_and_chunks():
+    from kvoffload_ext import copy_block_groups
+
+    widths = [8, 24, 4096, 100]
+    srcs = [torch.randint(0, 255, (10, w), dtype=torch.uint8) for w in widths]
+    host = torch.zeros(12, sum(widths), dtype=torch.uint8)
+    offs = np.cumsum([0] + widths[:-1])
+    s_ids, d_ids = np.array([9, 0, 1, 2, 5]), np.array([0, 1, 2, 3, 11])
+    copy_block_groups([(s, host[:, o : o + w], s_ids, d_ids) for s, o, w in zip(srcs, offs, widths)])
+    for s, o, w in zip(srcs, offs, widths):
+        assert torch.equal(host[torch.from_numpy(d_ids), o : o + w], s[torch.from_numpy(s_ids)])
+    untouched = np.setdiff1d(np.arange(12), d_ids)
+    assert host[torch.from_numpy(untouched)].sum() == 0
+
+
+def test_byte_ranges_fold_rows_that_continue_each_other():
+    from kvoffload_ext.ranges import byte_ranges
+
+    src = torch.zeros(8, 16, dtype=torch.uint8)
+    dst = torch.zeros(8, 16, dtype=torch.uint8)
+    s, d, n = byte_ranges([(src, dst, np.array([2, 3, 4, 7, 0]), np.array([5, 6, 7, 0, 1]))])
+    base_s, base_d = src.data_ptr(), dst.data_ptr()
+    assert (s - base_s).tolist() == [32, 112, 0] and (d - base_d).tolist() == [80, 0, 16]
+    assert n.tolist() == [48, 16, 16]  # rows 2..4 -> 5..7 in one range; 7 -> 0 and 0 -> 1 stay apart
