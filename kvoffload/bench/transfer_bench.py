@@ -87,7 +87,11 @@ def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: t
     for fn in fns.values():
         fn()  # touch every page and compile the kernel before timing
     gb = n * kv.page_bytes / 1e9
-    return interleaved({name: (lambda fn=fn: gb / timed(fn)) for name, fn in fns.items()}, reps)
+
+    def rate(fn: Callable[[], None]) -> Callable[[], float]:
+        return lambda: gb / timed(fn)
+
+    return interleaved({name: rate(fn) for name, fn in fns.items()}, reps)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,7 @@ import gc
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
@@ -112,9 +113,9 @@ def run(name: str, requests: list[list[int]], reps: int, mem_blocks: int) -> Non
               f"{(v.ratio(d)).fmt() + 'x':>14}{f'{vllm_hits:,} / {our_hits:,}':>28}")
     print(f"\nbytes per tracked block ({mem_blocks:,} ready blocks, key objects excluded):")
     for policy in ("lru", "arc", "arc_classic"):
-        theirs = bytes_per_block(lambda p=policy: VllmCPUManager(mem_blocks, cache_policy="arc" if p == "arc_classic" else p),
+        theirs = bytes_per_block(partial(VllmCPUManager, mem_blocks, cache_policy="arc" if policy == "arc_classic" else policy),
                                  mem_blocks)
-        ours = bytes_per_block(lambda p=policy: KVOffloadManager(lambda: CPUOffloadingManager(mem_blocks, cache_policy=p)),
+        ours = bytes_per_block(partial(KVOffloadManager, partial(CPUOffloadingManager, mem_blocks, cache_policy=policy)),
                                mem_blocks)
         print(f"  {policy:<12} vLLM {theirs:7.1f}   kvoffload {ours:7.1f}   ({ours / theirs:.2f}x)")
 
