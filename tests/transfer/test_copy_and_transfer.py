@@ -178,3 +178,22 @@ def test_byte_ranges_fold_rows_that_continue_each_other():
     base_s, base_d = src.data_ptr(), dst.data_ptr()
     assert (s - base_s).tolist() == [32, 112, 0] and (d - base_d).tolist() == [80, 0, 16]
     assert n.tolist() == [48, 16, 16]  # rows 2..4 -> 5..7 in one range; 7 -> 0 and 0 -> 1 stay apart
+
+
+def test_bench_transfer_smoke(capsys):
+    from kvoffload.cli import main
+
+    main(["bench", "transfer", "--reps", "1", "--total-mib", "1", "--layers", "2", "--per-layer-kib", "64",
+          "--cross-layer-kib", "64"])
+    out = capsys.readouterr().out
+    assert "device->host  per-layer" in out and "device->host  cross-layer" in out and "a/c" in out
+
+
+def test_bench_transfer_refuses_cuda_without_a_gpu(capsys):
+    from kvoffload.bench.transfer_bench import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit):
+        main(["--device", "cuda"])
+    assert "no CUDA device is visible" in capsys.readouterr().err
