@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from kvoffload.bench.measure import Sample, add_reps, interleaved, preamble, timed
+from kvoffload.transfer.device_host_handler import host_copy_groups
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
-from kvoffload_ext import CopyGroup, copy_block_groups
+from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
+from kvoffload_ext import copy_block_groups
 
 D2H, H2D = "device->host", "host->device"
 
@@ -42,7 +44,6 @@ def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: t
     rng = np.random.default_rng(0)
     dev_ids = rng.permutation(num_blocks)[:n]
     host_ids = rng.permutation(n)
-    offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
     stream = torch.cuda.Stream(device) if cuda else None
 
     def on_stream(fn: Callable[[], None]) -> Callable[[], None]:
@@ -57,17 +58,13 @@ def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: t
         return run
 
     def batched() -> None:
-        groups: list[CopyGroup] = []
-        for chunk, rows, dev in host.group(host_ids, dev_ids):
-            for view, off in zip(kv.views, offsets):
-                cols = chunk[:, off : off + view.shape[1]]
-                groups.append((view, cols, dev, rows) if direction == D2H else (cols, view, rows, dev))
-        copy_block_groups(groups)
+        copy_block_groups(host_copy_groups(kv, host, DEVICE_TO_HOST if direction == D2H else HOST_TO_DEVICE,
+                                           dev_ids, host_ids))
 
     def per_block_loop() -> None:
         for d, h in zip(dev_ids.tolist(), host_ids.tolist()):
             row = host.row(h)
-            for view, off in zip(kv.views, offsets):
+            for view, off in zip(kv.views, kv.row_offsets):
                 cols = row[off : off + view.shape[1]]
                 if direction == D2H:
                     cols.copy_(view[d], non_blocking=cuda)

@@ -19,6 +19,21 @@ from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, StreamPoo
 from kvoffload_ext import CopyGroup, copy_block_groups
 
 
+def host_copy_groups(kv: CanonicalKVCache, host: HostBlockBuffer, direction: str, device_ids: np.ndarray,
+                     host_rows: np.ndarray) -> list[CopyGroup]:
+    """The copy groups of one job: device block ``device_ids[i]`` <-> host row ``host_rows[i]``,
+    one group per (host chunk, layer view)."""
+    groups: list[CopyGroup] = []
+    for chunk, local_rows, dev in host.group(host_rows, device_ids):
+        for view, offset in zip(kv.views, kv.row_offsets):
+            cols = chunk[:, offset : offset + view.shape[1]]
+            if direction == DEVICE_TO_HOST:
+                groups.append((view, cols, dev, local_rows))
+            else:
+                groups.append((cols, view, local_rows, dev))
+    return groups
+
+
 class DeviceHostHandler(TrackedJobsHandler):
     def __init__(self, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int, pool: StreamPool,
                  fences: SlotFences | None = None) -> None:
@@ -29,7 +44,6 @@ class DeviceHostHandler(TrackedJobsHandler):
         self.factor = block_size_factor
         self.pool = pool
         self.fences = fences
-        self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
         super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
 
     def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:
@@ -78,15 +92,7 @@ class DeviceHostHandler(TrackedJobsHandler):
 
     def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray) -> None:
         """Every layer view and host chunk of the job in one batched copy (one kernel launch on CUDA)."""
-        groups: list[CopyGroup] = []
-        for chunk, local_rows, dev in self.host.group(host_rows, device_ids):
-            for view, offset in zip(self.kv.views, self.offsets):
-                cols = chunk[:, offset : offset + view.shape[1]]
-                if direction == DEVICE_TO_HOST:
-                    groups.append((view, cols, dev, local_rows))
-                else:
-                    groups.append((cols, view, local_rows, dev))
-        copy_block_groups(groups)
+        copy_block_groups(host_copy_groups(self.kv, self.host, direction, device_ids, host_rows))
 
     def close(self) -> None:
         self.pool.close()

@@ -33,6 +33,11 @@ class CanonicalKVCache:
         return tuple(v.shape[1] for v in self.views)
 
     @property
+    def row_offsets(self) -> tuple[int, ...]:
+        """Where each view's row starts inside an engine block's page."""
+        return tuple(itertools.accumulate(self.row_bytes[:-1], initial=0))
+
+    @property
     def page_bytes(self) -> int:
         """Bytes of one engine block across every view (all layers, K and V)."""
         return sum(self.row_bytes)

@@ -56,7 +56,6 @@ class SecondaryTierHandler(TrackedJobsHandler):
         for chunk in host.chunks:  # victims leave from here: let the tier copy them in place
             io.register_memory(chunk.data_ptr(), chunk.numel() * chunk.element_size())
         self.pool = CPUStreamPool(num_threads)
-        self.offsets = np.cumsum((0,) + kv.row_bytes[:-1]).tolist()
         self.from_host = copy_direction(Medium.CPU, medium)
         self.to_device = copy_direction(medium, Medium.GPU)
         directions = [self.from_host, self.to_device, *(copy_direction(m, medium) for m in self.upstream)]
@@ -117,7 +116,7 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.io.read(slots, keys, views)
         rows = np.arange(skip, len(slots) * self.factor)
         groups = [(staging[:, off : off + view.shape[1]], view, rows, device_ids)
-                  for view, off in zip(self.kv.views, self.offsets)]
+                  for view, off in zip(self.kv.views, self.kv.row_offsets)]
         if not cuda:
             copy_block_groups(groups)
             return
