@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -52,18 +53,28 @@ class BlockNotReadyError(KeyError):
 class CPUOffloadingManager(OffloadingManager):
     spec_type: type[LoadStoreSpec] = CPULoadStoreSpec
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> CPUOffloadingManager:
+        """"lru", "arc" and "arc_classic" by name get the native ledger where it is built (``native``: None =
+        when available, False = never, True = or raise); subclasses always get themselves."""
+        if cls is CPUOffloadingManager:
+            # Imported here: the native manager derives from this class.
+            from kvoffload.offload.native_manager import NativeCPUOffloadingManager, wants_native
+
+            policy = args[1] if len(args) > 1 else kwargs.get("cache_policy", "lru")
+            native = args[4] if len(args) > 4 else kwargs.get("native")
+            if wants_native(policy, native):
+                return super().__new__(NativeCPUOffloadingManager)
+        return super().__new__(cls)
+
     def __init__(
         self,
         num_blocks: int,
         cache_policy: str | CachePolicy = "lru",
         enable_events: bool = False,
         block_size: int = 0,
+        native: bool | None = None,
     ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks={num_blocks}: a tier needs at least one block")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.medium = self.spec_type.medium()
+        self._init_tier(num_blocks, block_size, enable_events)
         self.ledger = BlockLedger(num_blocks)
         self.policy = create_policy(cache_policy, num_blocks)
         self._slots: SlotPolicy
@@ -74,6 +85,14 @@ class CPUOffloadingManager(OffloadingManager):
             self._slots = PlainPolicySlots(self.policy, self.ledger)
         self._num_allocated = 0
         self._free_list: list[int] = []
+
+    def _init_tier(self, num_blocks: int, block_size: int, enable_events: bool) -> None:
+        """What every CPU-tier ledger has, whichever implementation keeps its blocks."""
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks}: a tier needs at least one block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.medium = self.spec_type.medium()
         self._events: deque[OffloadingEvent] | None = deque() if enable_events else None
         self.num_events_dropped = 0
 

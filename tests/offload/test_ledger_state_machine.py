@@ -16,11 +16,13 @@ CAPACITY = 6
 
 class LedgerMachine(RuleBasedStateMachine):
     policy = "lru"
+    native: bool = False  # which ledger: the C one (kvoffload_ext._ledger) or the Python one
     steps_run = 0
 
     def __init__(self) -> None:
         super().__init__()
-        self.mgr = CPUOffloadingManager(CAPACITY, cache_policy=self.policy, enable_events=True, block_size=4)
+        self.mgr = CPUOffloadingManager(CAPACITY, cache_policy=self.policy, enable_events=True, block_size=4,
+                                        native=self.native)
         self.ref = TextbookManager(CAPACITY, self.policy)
         self.pending: list[int] = []  # stored, not yet completed
         self.loads: list[list[int]] = []  # in-flight loads
@@ -122,9 +124,13 @@ def _run(machine, steps: int, examples: int) -> int:
     return machine.steps_run
 
 
-@pytest.fixture(params=["loops", "vectorised"])
+@pytest.fixture(params=["native", "loops", "vectorised"])
 def code_path(request, monkeypatch):
-    """Short batches take plain loops; force the numpy paths too, so both are checked."""
+    """The native ledger, and the Python one: its short batches take plain loops; force its
+    numpy paths too, so every path is checked."""
+    monkeypatch.setattr(LedgerMachine, "native", request.param == "native")
+    if request.param == "native":
+        pytest.importorskip("kvoffload_ext._ledger", reason="native ledger not built (test_native_ledger.py::test_the_readme_install_builds_the_native_ledger says why)")
     if request.param == "vectorised":
         from kvoffload.offload import block_status, cpu_manager, stamp_order
 
@@ -136,6 +142,9 @@ def code_path(request, monkeypatch):
 
 @pytest.mark.parametrize("machine", [LedgerMachine, ARCMachine], ids=["lru", "arc"])
 def test_ledger_matches_reference(machine, code_path):
+    from kvoffload.offload.native_manager import NativeCPUOffloadingManager
+
+    assert isinstance(machine().mgr, NativeCPUOffloadingManager) == (code_path == "native")
     _run(machine, steps=50, examples=40)
 
 

@@ -1,0 +1,193 @@
+/* Containers of the native ledger (included by _ledger.c, one translation unit): an
+ * open-addressing table of node ids keyed by Python objects, intrusive doubly linked lists over
+ * int32 links, and growable pools of keys that are not blocks (ARC's ghosts, classic ARC's
+ * ghost hits). Nothing here knows about slots, ref counts or policies. */
+#ifndef KVOFFLOAD_LEDGER_CONTAINERS_H
+#define KVOFFLOAD_LEDGER_CONTAINERS_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NIL (-1)
+#define ERR (-2)
+enum { FREE_TAG = 0, T1 = 1, T2 = 2 };
+
+typedef struct {
+    int32_t *b; /* bucket -> node id, NIL when empty */
+    int bits;
+    Py_ssize_t used;
+} Table;
+
+typedef struct {
+    int32_t head, tail;
+    Py_ssize_t size;
+} List;
+
+/* Keys that are not blocks (ghosts, ghost hits): growable nodes, a table, a free stack. */
+typedef struct {
+    int32_t nodes, allocated, nfree;
+    PyObject **key;
+    Py_hash_t *hash;
+    int32_t *prev, *next, *free;
+    int8_t *tag;
+    Table index;
+} Pool;
+
+/* ---- open-addressing table ---------------------------------------------------------------- */
+
+static inline uint64_t home(const Table *t, Py_hash_t h) {
+    return ((uint64_t)h * 0x9E3779B97F4A7C15ULL) >> (64 - t->bits);
+}
+
+static int tbl_init(Table *t, Py_ssize_t entries) {
+    int bits = 3;
+    while (((Py_ssize_t)1 << bits) < 2 * entries) bits++;
+    size_t n = (size_t)1 << bits;
+    t->b = PyMem_Malloc(n * sizeof(int32_t));
+    if (t->b == NULL) return -1;
+    memset(t->b, 0xff, n * sizeof(int32_t));
+    t->bits = bits;
+    t->used = 0;
+    return 0;
+}
+
+/* Node holding key k (hash h), NIL when absent, ERR when comparing raised. */
+static int32_t tbl_find(const Table *t, PyObject *const *keys, const Py_hash_t *hs, PyObject *k, Py_hash_t h) {
+    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, h);
+    for (;;) {
+        int32_t n = t->b[i];
+        if (n == NIL) return NIL;
+        if (hs[n] == h) {
+            PyObject *o = keys[n];
+            if (o == k) return n;
+            int eq = PyObject_RichCompareBool(o, k, Py_EQ);
+            if (eq < 0) return ERR;
+            if (eq) return n;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+static void tbl_put(Table *t, Py_hash_t h, int32_t node) {
+    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, h);
+    while (t->b[i] != NIL) i = (i + 1) & mask;
+    t->b[i] = node;
+    t->used++;
+}
+
+static void tbl_del(Table *t, const Py_hash_t *hs, int32_t node) {
+    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, hs[node]);
+    while (t->b[i] != node) i = (i + 1) & mask;
+    uint64_t j = i;
+    for (;;) { /* shift back every entry whose probe run crosses the hole */
+        j = (j + 1) & mask;
+        int32_t n = t->b[j];
+        if (n == NIL) break;
+        uint64_t k = home(t, hs[n]);
+        int stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+        if (stays) continue;
+        t->b[i] = n;
+        i = j;
+    }
+    t->b[i] = NIL;
+    t->used--;
+}
+
+static int tbl_grow(Table *t, const Py_hash_t *hs) {
+    Table bigger;
+    if (tbl_init(&bigger, t->used * 2 + 8) < 0) return -1;
+    size_t n = (size_t)1 << t->bits;
+    for (size_t i = 0; i < n; i++)
+        if (t->b[i] != NIL) tbl_put(&bigger, hs[t->b[i]], t->b[i]);
+    PyMem_Free(t->b);
+    *t = bigger;
+    return 0;
+}
+
+/* ---- intrusive lists ---------------------------------------------------------------------- */
+
+static inline void l_append(int32_t *prev, int32_t *next, List *l, int32_t s) {
+    prev[s] = l->tail;
+    next[s] = NIL;
+    if (l->tail != NIL) next[l->tail] = s; else l->head = s;
+    l->tail = s;
+    l->size++;
+}
+
+static inline void l_unlink(int32_t *prev, int32_t *next, List *l, int32_t s) {
+    int32_t p = prev[s], n = next[s];
+    if (p != NIL) next[p] = n; else l->head = n;
+    if (n != NIL) prev[n] = p; else l->tail = p;
+    l->size--;
+}
+
+static inline void l_to_tail(int32_t *prev, int32_t *next, List *l, int32_t s) {
+    if (l->tail == s) return;
+    l_unlink(prev, next, l, s);
+    l_append(prev, next, l, s);
+}
+
+/* ---- key pools: ghosts (ARC) and ghost hits (classic ARC) ------------------------------ */
+
+static int pool_init(Pool *p) {
+    memset(p, 0, sizeof(*p));
+    return tbl_init(&p->index, 32);
+}
+
+static void pool_free(Pool *p) {
+    for (int32_t g = 0; g < p->allocated; g++) Py_XDECREF(p->key[g]);
+    PyMem_Free(p->key);
+    PyMem_Free(p->hash);
+    PyMem_Free(p->prev);
+    PyMem_Free(p->next);
+    PyMem_Free(p->free);
+    PyMem_Free(p->tag);
+    PyMem_Free(p->index.b);
+}
+
+#define GROW(field, type)                                              \
+    do {                                                               \
+        type *grown = PyMem_Realloc(p->field, n * sizeof(type));       \
+        if (!grown) return -1;                                         \
+        p->field = grown;                                              \
+    } while (0)
+
+static int pool_reserve(Pool *p) {
+    if (p->nfree || p->allocated < p->nodes) return 0;
+    int32_t n = p->nodes ? p->nodes * 2 : 64;
+    GROW(key, PyObject *);
+    GROW(hash, Py_hash_t);
+    GROW(prev, int32_t);
+    GROW(next, int32_t);
+    GROW(free, int32_t);
+    GROW(tag, int8_t);
+    p->nodes = n;
+    return 0;
+}
+
+static inline int32_t pool_find(Pool *p, PyObject *k, Py_hash_t h) {
+    return p->index.used ? tbl_find(&p->index, p->key, p->hash, k, h) : NIL;
+}
+
+/* A new node for key k tagged `tag`, or -1 on a memory error. */
+static int32_t pool_add(Pool *p, PyObject *k, Py_hash_t h, int tag) {
+    if (pool_reserve(p) < 0) return -1;
+    if ((p->index.used + 1) * 2 > ((Py_ssize_t)1 << p->index.bits) && tbl_grow(&p->index, p->hash) < 0) return -1;
+    int32_t g = p->nfree ? p->free[--p->nfree] : p->allocated++;
+    Py_INCREF(k);
+    p->key[g] = k;
+    p->hash[g] = h;
+    p->tag[g] = (int8_t)tag;
+    tbl_put(&p->index, h, g);
+    return g;
+}
+
+static void pool_del(Pool *p, int32_t g) {
+    tbl_del(&p->index, p->hash, g);
+    Py_CLEAR(p->key[g]);
+    p->tag[g] = FREE_TAG;
+    p->free[p->nfree++] = g;
+}
+
+#endif

@@ -1,0 +1,11 @@
+"""Build configuration beyond pyproject.toml: the optional native ledger (kvoffload_ext._ledger).
+
+``optional=True``: without a C compiler or Python headers the install still succeeds and
+kvoffload uses its pure-Python ledger (logged once at start-up).
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("kvoffload_ext._ledger", ["kvoffload_ext/_ledger.c"], optional=True,
+                             depends=["kvoffload_ext/ledger_containers.h", "kvoffload_ext/ledger_policy.h"],
+                             extra_compile_args=["-O2", "-std=c11"])])
