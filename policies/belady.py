@@ -22,60 +22,75 @@ NEVER = math.inf
 
 
 class BeladyCachePolicy(CachePolicy):
+    """A block's rank is one int, -(next use x M + depth) with M above every request's length
+    (no next use: the request count), so the heap's smallest entry ``(rank, seq, hash)`` is the
+    block needed farthest away, deepest first, oldest push first. ``live[h]`` is the seq of h's
+    one current entry; older entries are skipped when popped and dropped in bulk once they
+    outnumber the live ones."""
+
     #: Offline only: it ranks blocks by their next use, known from a recorded trace.
     needs_future = True
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self.blocks: dict[Hashable, BlockStatus] = {}
-        self.key: dict[Hashable, tuple[float, int]] = {}
-        self._heap: list[tuple[float, int, int, Hashable]] = []
-        self._next: list[dict[Hashable, float]] = []
-        self._depth: list[dict[Hashable, int]] = []
+        self.rank: dict[Hashable, int] = {}
+        self.live: dict[Hashable, int] = {}
+        self._heap: list[tuple[int, int, Hashable]] = []
+        self._ranks: list[dict[Hashable, int]] = []
+        self._scale = 1  # M
+        self._never = 0  # the request count: "no next use"
         self._now = 0
         self._seq = 0
 
     def set_future(self, future: Sequence[Sequence[Hashable]]) -> None:
-        """``future[r]`` = the block hashes request r references, in prefix order."""
-        nxt: list[dict[Hashable, float]] = [{} for _ in future]
-        depth: list[dict[Hashable, int]] = [{} for _ in future]
-        last: dict[Hashable, float] = {}
+        """``future[r]`` = the block hashes request r references, in prefix order. Precomputes,
+        once per trace, the rank of every reference."""
+        never, scale = len(future), max(map(len, future), default=0) + 1
+        ranks: list[dict[Hashable, int]] = [{} for _ in future]
+        last: dict[Hashable, int] = {}
         for r in range(len(future) - 1, -1, -1):
+            ranks_r = ranks[r]
             for d, h in enumerate(future[r]):
-                nxt[r][h] = last.get(h, NEVER)
-                depth[r][h] = d
+                ranks_r[h] = -(last.get(h, never) * scale + d)
             for h in future[r]:
                 last[h] = r
-        self._next, self._depth = nxt, depth
+        self._ranks, self._scale, self._never = ranks, scale, never
 
     def advance(self, request_index: int) -> None:
         self._now = request_index
 
-    def _next_use(self, h: Hashable) -> tuple[float, int]:
+    def _current(self) -> dict[Hashable, int]:
         r = self._now
-        if r < len(self._next) and h in self._next[r]:
-            return self._next[r][h], self._depth[r][h]
-        return NEVER, 0
+        return self._ranks[r] if r < len(self._ranks) else {}
 
-    def _refresh(self, h: Hashable) -> None:
-        key = self._next_use(h)
-        self.key[h] = key
+    def _next_of(self, rank: int) -> float:
+        nxt = -rank // self._scale
+        return NEVER if nxt >= self._never else nxt
+
+    def _next_use(self, h: Hashable) -> float:
+        return self._next_of(self._current().get(h, -self._never * self._scale))
+
+    def _push(self, h: Hashable, rank: int) -> None:
+        self.rank[h] = rank
         self._seq += 1
-        heapq.heappush(self._heap, (-key[0], -key[1], self._seq, h))
+        self.live[h] = self._seq
+        heapq.heappush(self._heap, (rank, self._seq, h))
 
     def admit(self, h: Hashable) -> bool:
         """Worth storing? False when every cached block is needed sooner (bypass)."""
         if len(self.blocks) < self.cache_capacity:
-            return self._next_use(h)[0] != NEVER
+            return self._next_use(h) != NEVER
         farthest = self._peek_farthest()
-        return farthest is None or self._next_use(h)[0] < farthest
+        return farthest is None or self._next_use(h) < farthest
 
     def _peek_farthest(self) -> float | None:
-        while self._heap:
-            neg_next, neg_depth, _, h = self._heap[0]
-            if h in self.blocks and self.key[h] == (-neg_next, -neg_depth):
-                return -neg_next
-            heapq.heappop(self._heap)
+        heap, live = self._heap, self.live
+        while heap:
+            rank, seq, h = heap[0]
+            if live.get(h) == seq:
+                return self._next_of(rank)
+            heapq.heappop(heap)
         return None
 
     def get(self, h: Hashable) -> BlockStatus | None:
@@ -83,32 +98,54 @@ class BeladyCachePolicy(CachePolicy):
 
     def insert(self, h: Hashable, block: BlockStatus) -> None:
         self.blocks[h] = block
-        self._refresh(h)
+        self._push(h, self._current().get(h, -self._never * self._scale))
 
     def remove(self, h: Hashable) -> None:
-        self.blocks.pop(h, None)
-        self.key.pop(h, None)
+        if self.blocks.pop(h, None) is not None:
+            del self.rank[h], self.live[h]
 
     def touch(self, block_hashes: Iterable[Hashable]) -> None:
+        # _push inlined (this loop runs once per block reference of a replay), and no push when
+        # the rank is unchanged (a block touched twice in one request): its live entry already
+        # ranks it. A block's rank never returns to an earlier value (its next use moves on).
+        ranks_now = self._current()
+        unknown = -self._never * self._scale
+        blocks, rank, live, heap, push = self.blocks, self.rank, self.live, self._heap, heapq.heappush
+        seq = self._seq
         for h in block_hashes:
-            if h in self.blocks:
-                self._refresh(h)
+            if h in blocks:
+                k = ranks_now.get(h, unknown)
+                if rank[h] != k:
+                    rank[h] = k
+                    seq += 1
+                    live[h] = seq
+                    push(heap, (k, seq, h))
+        self._seq = seq
+        if len(heap) > 4 * len(blocks) + 1024:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop stale entries once they outnumber live ones 3:1: pushes stay O(log capacity)."""
+        live = self.live
+        self._heap = [e for e in self._heap if live.get(e[2]) == e[1]]
+        heapq.heapify(self._heap)
 
     def evict(self, n: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]] | None:
         if not has_n_evictable(self.blocks.items(), n, protected):
             return None
         out: list[tuple[Hashable, BlockStatus]] = []
         skipped = []
+        heap, live = self._heap, self.live
         while len(out) < n:
-            entry = heapq.heappop(self._heap)
-            neg_next, neg_depth, _, h = entry
-            if h not in self.blocks or self.key[h] != (-neg_next, -neg_depth):
+            entry = heapq.heappop(heap)
+            _, seq, h = entry
+            if live.get(h) != seq:
                 continue
             if not evictable(h, self.blocks[h], protected):
                 skipped.append(entry)
                 continue
             out.append((h, self.blocks.pop(h)))
-            del self.key[h]
+            del self.rank[h], live[h]
         for entry in skipped:
-            heapq.heappush(self._heap, entry)
+            heapq.heappush(heap, entry)
         return out

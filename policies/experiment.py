@@ -76,9 +76,14 @@ def _init(path: str, fmt: str, limit: int | None, factor: int) -> None:
     _TRACE.update(reqs=group_blocks(reqs, factor), lengths=lengths, tpb=tpb * factor, mode=mode)
 
 
-def _run(job: tuple[str, int, int]) -> dict:
-    policy, capacity, threshold = job
-    r = replay(_TRACE["reqs"], capacity, policy, threshold, _TRACE["tpb"], _TRACE["lengths"], _TRACE["mode"])
+#: The speed baseline replayed at every capacity: LRU on the Python ledger (what every policy
+#: ran on before the native ledger), so each row's refs/s has a same-run reference.
+BASELINE = ("lru", 0, False)
+
+
+def _run(job: tuple[str, int, int, bool | None]) -> dict:
+    policy, capacity, threshold, native = job
+    r = replay(_TRACE["reqs"], capacity, policy, threshold, _TRACE["tpb"], _TRACE["lengths"], _TRACE["mode"], native)
     return r.as_dict()
 
 
@@ -87,7 +92,8 @@ def run_experiment(path: str, fmt: str, policies: list[str], capacities: str, th
     _init(path, fmt, limit, factor)
     unique = len({b for r in _TRACE["reqs"] for b in r})
     caps = parse_capacities(capacities, unique)
-    jobs = [(p, c, t) for c in caps for t in thresholds for p in policies]
+    jobs: list[tuple[str, int, int, bool | None]] = [(p, c, t, None) for c in caps for t in thresholds for p in policies]
+    jobs += [(BASELINE[0], c, BASELINE[1], BASELINE[2]) for c in caps]
     from tqdm import tqdm
 
     if workers > 1 and len(jobs) > 1:
@@ -95,6 +101,10 @@ def run_experiment(path: str, fmt: str, policies: list[str], capacities: str, th
             results = list(tqdm(pool.map(_run, jobs), total=len(jobs), desc="replays", unit="run"))
     else:
         results = [_run(j) for j in tqdm(jobs, desc="replays", unit="run")]
+    baseline = {r["capacity"]: r["refs_per_s"] for r in results[len(jobs) - len(caps):]}
+    results = results[: len(jobs) - len(caps)]
+    for r in results:
+        r["baseline_refs_per_s"] = baseline[r["capacity"]]
     # References: plain LRU and MIN (no admission filter) at the same capacity.
     best: dict[int, float] = {}
     lru: dict[int, float] = {}
@@ -163,21 +173,26 @@ def write_outputs(results: list[dict], out: Path, title: str, unique_blocks: int
 
 GLOSSARY = ("gap→MIN: MIN's block hit ratio minus this row's, in points (MIN is the offline optimum at that "
             "capacity);\nLRU→MIN closed: how much of LRU's gap to MIN this row closes (100% = as good as MIN, 0% = "
-            "as LRU, negative = worse than LRU: -137% lost 1.37 times that gap).")
+            "as LRU, negative = worse than LRU: -137% lost 1.37 times that gap);\nMrefs/s: block references "
+            "replayed per second (replays share the --workers processes); x py-LRU: that speed over LRU on the "
+            "Python ledger, replayed at the same capacity in the same run.")
 
 
 def format_results(results: list[dict]) -> str:
     w = max([12, *(len(str(r["policy"])) + 2 for r in results)])  # module:Class names can be long
     head = (f"{'policy':<{w}}{'filter':>7}{'capacity':>10}{'block hit':>10}{'token hit':>10}{'written':>10}"
-            f"{'evicted':>10}{'gap→MIN':>9}{'LRU→MIN closed':>16}")
+            f"{'evicted':>10}{'gap→MIN':>9}{'LRU→MIN closed':>16}{'Mrefs/s':>9}{'x py-LRU':>9}")
     lines = [head]
     for r in sorted(results, key=lambda r: (r["capacity"], r["store_threshold"], r["policy"])):
         gap = f"{100 * r['gap_to_belady']:.2f}" if "gap_to_belady" in r else "-"
         closed = f"{100 * r['lru_to_min_gap_closed']:.1f}%" if "lru_to_min_gap_closed" in r else "-"
         flag = "  BEATS MIN" if r.get("gap_to_belady", 0) < -1e-12 else ""
+        rate, base = r.get("refs_per_s"), r.get("baseline_refs_per_s")
+        mrefs = f"{rate / 1e6:.2f}" if rate else "-"
+        speed = f"{rate / base:.2f}x" if rate and base else "-"
         lines.append(f"{r['policy']:<{w}}{r['store_threshold']:>7}{r['capacity']:>10}{100 * r['block_hit_ratio']:>9.2f}%"
                      f"{100 * r['token_hit_ratio']:>9.2f}%{r['blocks_written']:>10}{r['blocks_evicted']:>10}"
-                     f"{gap:>9}{closed:>16}{flag}")
+                     f"{gap:>9}{closed:>16}{mrefs:>9}{speed:>9}{flag}")
     return "\n".join(lines)
 
 

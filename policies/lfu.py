@@ -41,16 +41,22 @@ class LFUCachePolicy(CachePolicy):
             del self.freq[h], self.tick[h]
 
     def touch(self, block_hashes: Iterable[Hashable]) -> None:
+        # _push inlined: this loop runs once per block reference of a replay.
+        blocks, freq, tick, heap, clock, push = self.blocks, self.freq, self.tick, self._heap, self._clock, heapq.heappush
+        touched = 0
         for h in block_hashes:
-            if h in self.blocks:
-                self.freq[h] += 1
-                self._push(h)
-                self._touches += 1
+            if h in blocks:
+                f = freq[h] + 1
+                freq[h] = f
+                t = next(clock)
+                tick[h] = t
+                push(heap, (f, t, h))
+                touched += 1
+        self._touches += touched
         if self._touches >= self.cache_capacity:
             self._touches = 0
-            for h in self.freq:
-                self.freq[h] = max(1, self.freq[h] // 2)
-            self._heap = [(self.freq[h], self.tick[h], h) for h in self.blocks]
+            self.freq = freq = {h: (f >> 1) or 1 for h, f in freq.items()}  # halve, floor 1
+            self._heap = [(freq[h], tick[h], h) for h in blocks]
             heapq.heapify(self._heap)
 
     def evict(self, n: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]] | None:

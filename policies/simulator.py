@@ -13,7 +13,7 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 
-from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager, create_policy
+from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.forwarding import ForwardingOffloadingManager
 
 
@@ -53,8 +53,9 @@ def group_blocks(requests: Sequence[Sequence[Hashable]], factor: int) -> list[li
     return [list(r[factor - 1 :: factor]) for r in requests]
 
 
-def build_manager(policy: str, capacity: int, store_threshold: int = 0) -> OffloadingManager:
-    mgr: OffloadingManager = CPUOffloadingManager(capacity, cache_policy=create_policy(policy, capacity))
+def build_manager(policy: str, capacity: int, store_threshold: int = 0, native: bool | None = None) -> OffloadingManager:
+    # By name: "lru", "arc" and "arc_classic" then run on the native ledger where it is built.
+    mgr: OffloadingManager = CPUOffloadingManager(capacity, cache_policy=policy, native=native)
     if store_threshold >= 2:
         mgr = FilterReusedOffloadingManager(mgr, store_threshold)
     return mgr
@@ -68,10 +69,11 @@ def replay(
     tokens_per_block: int = 1,
     input_lengths: Sequence[int] | None = None,
     mode: str = "prefix",
+    native: bool | None = None,
 ) -> SimResult:
     if mode not in ("prefix", "page"):
         raise ValueError(f"mode={mode!r}: use 'prefix' (connector order) or 'page' (page cache)")
-    mgr = build_manager(policy, capacity, store_threshold)
+    mgr = build_manager(policy, capacity, store_threshold, native)
     backing = getattr(mgr, "backing", mgr)
     pol = backing.policy  # type: ignore[union-attr]
     advance = getattr(pol, "advance", None)

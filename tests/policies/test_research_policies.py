@@ -193,3 +193,19 @@ def test_sim_table_columns_align_with_long_policy_names():
     head, *rows = format_results([row, {**row, "policy": "lru"}]).splitlines()
     # Every row's block-hit percentage ends where the header's "block hit" ends.
     assert {r.index("%") + 1 for r in rows} == {head.index("block hit") + len("block hit")}
+    timed = {**row, "refs_per_s": 2.5e6, "baseline_refs_per_s": 1e6}
+    head, *rows = format_results([timed, {**timed, "policy": "lru"}]).splitlines()
+    assert all(r.endswith("    2.50    2.50x") for r in rows) and head.endswith("x py-LRU")
+
+
+def test_sim_prints_replay_speed_against_a_same_run_baseline(tmp_path, capsys):
+    from kvoffload_policies.experiment import main
+
+    assert main(["--trace", "synthetic", "--limit", "300", "--capacities", "5%,20%", "--policies", "lru,belady",
+                 "--workers", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("lru ", "belady "))]
+    assert len(rows) == 4  # two policies x two capacities; the baseline is not a row of its own
+    for row in rows:
+        assert float(row[-2]) > 0 and row[-1].endswith("x") and float(row[-1][:-1]) > 0
+    assert "x py-LRU: that speed over LRU on the Python ledger" in out
