@@ -17,7 +17,8 @@ import numpy as np
 from kvoffload_ext.native import native_lib
 
 _memmove = ctypes.memmove
-_NUM_THREADS = min(4, os.cpu_count() or 1)
+#: Threads one large host copy is split across (the caller's plus a pool's).
+COPY_THREADS = min(4, os.cpu_count() or 1)
 _SPLIT_BYTES = 4 << 20
 _executor: ThreadPoolExecutor | None = None
 
@@ -25,7 +26,7 @@ _executor: ThreadPoolExecutor | None = None
 def _pool() -> ThreadPoolExecutor:
     global _executor
     if _executor is None:
-        _executor = ThreadPoolExecutor(max(1, _NUM_THREADS - 1), thread_name_prefix="kvoffload-memcpy")
+        _executor = ThreadPoolExecutor(max(1, COPY_THREADS - 1), thread_name_prefix="kvoffload-memcpy")
     return _executor
 
 
@@ -41,7 +42,7 @@ def copy_ranges_cpu(src: np.ndarray, dst: np.ndarray, lens: np.ndarray) -> None:
         lib.kvo_copy_ranges(src[lo:].ctypes.data, dst[lo:].ctypes.data, lens[lo:].ctypes.data, hi - lo)
 
     n, total = len(lens), int(lens.sum())
-    parts = min(_NUM_THREADS, n, max(1, total // _SPLIT_BYTES))
+    parts = min(COPY_THREADS, n, max(1, total // _SPLIT_BYTES))
     if parts <= 1:
         run(0, n)
         return
