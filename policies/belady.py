@@ -24,9 +24,9 @@ NEVER = math.inf
 class BeladyCachePolicy(CachePolicy):
     """A block's rank is one int, -(next use x M + depth) with M above every request's length
     (no next use: the request count), so the heap's smallest entry ``(rank, seq, hash)`` is the
-    block needed farthest away, deepest first, oldest push first. ``live[h]`` is the seq of h's
-    one current entry; older entries are skipped when popped and dropped in bulk once they
-    outnumber the live ones."""
+    block needed farthest away, deepest first, oldest push first. ``live[h]`` is h's one current
+    heap entry itself (one dict probe per reference finds both the block and its rank); older
+    entries are skipped when popped and dropped in bulk once they outnumber the live ones."""
 
     #: Offline only: it ranks blocks by their next use, known from a recorded trace.
     needs_future = True
@@ -34,8 +34,7 @@ class BeladyCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self.blocks: dict[Hashable, BlockStatus] = {}
-        self.rank: dict[Hashable, int] = {}
-        self.live: dict[Hashable, int] = {}
+        self.live: dict[Hashable, tuple[int, int, Hashable]] = {}
         self._heap: list[tuple[int, int, Hashable]] = []
         self._ranks: list[dict[Hashable, int]] = []
         self._scale = 1  # M
@@ -72,10 +71,9 @@ class BeladyCachePolicy(CachePolicy):
         return self._next_of(self._current().get(h, -self._never * self._scale))
 
     def _push(self, h: Hashable, rank: int) -> None:
-        self.rank[h] = rank
         self._seq += 1
-        self.live[h] = self._seq
-        heapq.heappush(self._heap, (rank, self._seq, h))
+        self.live[h] = entry = (rank, self._seq, h)
+        heapq.heappush(self._heap, entry)
 
     def admit(self, h: Hashable) -> bool:
         """Worth storing? False when every cached block is needed sooner (bypass)."""
@@ -87,9 +85,9 @@ class BeladyCachePolicy(CachePolicy):
     def _peek_farthest(self) -> float | None:
         heap, live = self._heap, self.live
         while heap:
-            rank, seq, h = heap[0]
-            if live.get(h) == seq:
-                return self._next_of(rank)
+            entry = heap[0]
+            if live.get(entry[2]) is entry:
+                return self._next_of(entry[0])
             heapq.heappop(heap)
         return None
 
@@ -102,7 +100,7 @@ class BeladyCachePolicy(CachePolicy):
 
     def remove(self, h: Hashable) -> None:
         if self.blocks.pop(h, None) is not None:
-            del self.rank[h], self.live[h]
+            del self.live[h]
 
     def touch(self, block_hashes: Iterable[Hashable]) -> None:
         # _push inlined (this loop runs once per block reference of a replay), and no push when
@@ -110,24 +108,25 @@ class BeladyCachePolicy(CachePolicy):
         # ranks it. A block's rank never returns to an earlier value (its next use moves on).
         ranks_now = self._current()
         unknown = -self._never * self._scale
-        blocks, rank, live, heap, push = self.blocks, self.rank, self.live, self._heap, heapq.heappush
+        live, heap, push, rank_of = self.live, self._heap, heapq.heappush, ranks_now.get
         seq = self._seq
         for h in block_hashes:
-            if h in blocks:
-                k = ranks_now.get(h, unknown)
-                if rank[h] != k:
-                    rank[h] = k
+            entry = live.get(h)  # cached blocks only
+            if entry is not None:
+                k = rank_of(h, unknown)
+                if entry[0] != k:
                     seq += 1
-                    live[h] = seq
-                    push(heap, (k, seq, h))
+                    live[h] = entry = (k, seq, h)
+                    push(heap, entry)
         self._seq = seq
-        if len(heap) > 4 * len(blocks) + 1024:
+        if len(heap) > 8 * len(live) + 1024:
             self._compact()
 
     def _compact(self) -> None:
-        """Drop stale entries once they outnumber live ones 3:1: pushes stay O(log capacity)."""
+        """Drop stale entries once they outnumber live ones 7:1: pushes stay O(log capacity)
+        and each compaction's pass is paid for by the many pushes before it."""
         live = self.live
-        self._heap = [e for e in self._heap if live.get(e[2]) == e[1]]
+        self._heap = [e for e in self._heap if live.get(e[2]) is e]
         heapq.heapify(self._heap)
 
     def evict(self, n: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]] | None:
@@ -138,14 +137,14 @@ class BeladyCachePolicy(CachePolicy):
         heap, live = self._heap, self.live
         while len(out) < n:
             entry = heapq.heappop(heap)
-            _, seq, h = entry
-            if live.get(h) != seq:
+            h = entry[2]
+            if live.get(h) is not entry:
                 continue
             if not evictable(h, self.blocks[h], protected):
                 skipped.append(entry)
                 continue
             out.append((h, self.blocks.pop(h)))
-            del self.rank[h], live[h]
+            del live[h]
         for entry in skipped:
             heapq.heappush(heap, entry)
         return out
