@@ -55,8 +55,9 @@ class CPUOffloadingManager(OffloadingManager):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> CPUOffloadingManager:
         """"lru", "arc" and "arc_classic" by name get the native ledger where it is built (``native``: None =
-        when available, False = never, True = or raise); subclasses always get themselves."""
-        if cls is CPUOffloadingManager:
+        when available, False = never, True = or raise); subclasses, and the copy protocol's bare
+        ``cls.__new__(cls)``, always get the class asked for."""
+        if cls is CPUOffloadingManager and (args or kwargs):
             # Imported here: the native manager derives from this class.
             from kvoffload.offload.native_manager import NativeCPUOffloadingManager, wants_native
 

@@ -186,3 +186,42 @@ def test_native_is_used_only_where_it_applies(monkeypatch):
         NativeCPUOffloadingManager(4, "sieve")  # built directly, not through CPUOffloadingManager
     monkeypatch.setenv("KVOFFLOAD_NO_NATIVE", "1")
     assert type(CPUOffloadingManager(4, "lru")) is CPUOffloadingManager
+
+
+@needs_native
+@pytest.mark.parametrize("policy", ["lru", "arc", "arc_classic"])
+def test_no_key_reference_leaks_across_every_operation(policy):
+    """Every call that takes, moves or hands back keys (ghosts, ghost hits, refusals, repeats,
+    failed stores, drops) leaves each key's reference count as it found it once the ledger goes."""
+    rng = random.Random(policy)
+    keys = [bytes([i % 256, i // 256]) * 20 for i in range(400)]  # fresh objects, counts we can read
+    base = [sys.getrefcount(k) for k in keys]
+    mgr = CPUOffloadingManager(37, policy, enable_events=True)
+    pending: list[list[bytes]] = []
+    for _ in range(3_000):
+        batch = [rng.choice(keys) for _ in range(rng.choice([1, 3, 12, 50]))]
+        op = rng.randrange(8)
+        if op <= 2:
+            out = mgr.prepare_store(batch)
+            if out is not None and out.block_hashes_to_store:
+                pending.append(out.block_hashes_to_store)
+            del out
+        elif op == 3 and pending:
+            mgr.complete_store(pending.pop(rng.randrange(len(pending))), success=rng.random() < 0.8)
+        elif op == 4:
+            mgr.touch(batch)
+            mgr.on_store_miss(batch)
+        elif op == 5:
+            hits = mgr.lookup(batch)
+            mgr.prepare_load(batch[:hits])
+            mgr.complete_load(batch[:hits])
+            with pytest.raises((KeyError, ValueError)):
+                mgr.complete_load([b"absent"])
+        elif op == 6:
+            mgr.drop(batch[:2])
+        else:
+            mgr.refresh(batch)
+        mgr.take_events()
+    assert mgr.num_used_blocks > 0 and mgr.policy.num_ghosts() >= (0 if policy == "lru" else 1)
+    del mgr, pending, batch
+    assert [sys.getrefcount(k) for k in keys] == base

@@ -8,7 +8,7 @@ from tests.vllm.test_vllm_plugin import ktc, run_job
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
-pytest.importorskip("mooncake.store", reason="pip install 'kvoffload[mooncake]'; apt-get install -y libibverbs1 librdmacm1")
+pytest.importorskip("mooncake.store", exc_type=ImportError, reason="pip install 'kvoffload[mooncake]'; apt-get install -y libibverbs1 librdmacm1")
 if mooncake_binary("mooncake_master") is None:
     pytest.skip("mooncake_master not found", allow_module_level=True)
 
