@@ -466,10 +466,6 @@ static int L_init(Ledger *self, PyObject *args, PyObject *kwds) {
     int cap, policy;
     PyObject *refs;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiO", kw, &cap, &policy, &refs)) return -1;
-    if (self->key) {
-        PyErr_SetString(PyExc_RuntimeError, "Ledger is already initialised");
-        return -1;
-    }
     if (cap < 1 || policy < POL_LRU || policy > POL_CLASSIC) {
         PyErr_Format(PyExc_ValueError, "Ledger(capacity=%d, policy=%d): capacity >= 1, policy 1 (LRU), 2 (ARC) or "
                      "3 (classic ARC)", cap, policy);
@@ -506,6 +502,18 @@ static int L_init(Ledger *self, PyObject *args, PyObject *kwds) {
         self->ghost[i] = (List){NIL, NIL, 0};
     }
     return 0;
+}
+
+/* Built whole in tp_new (no separate __init__): no Ledger exists that a method could reach
+ * before its arrays do. */
+static PyObject *L_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Ledger *self = (Ledger *)type->tp_alloc(type, 0); /* zeroed: dealloc copes with a partial one */
+    if (!self) return NULL;
+    if (L_init(self, args, kwds) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
 }
 
 static void L_dealloc(Ledger *self) {
@@ -566,8 +574,7 @@ static PyTypeObject LedgerType = {
     .tp_basicsize = sizeof(Ledger),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Ledger(capacity, policy, refs): one tier's slots, ref counts and LRU (1) / ARC (2) / classic ARC (3) order.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)L_init,
+    .tp_new = L_new,
     .tp_dealloc = (destructor)L_dealloc,
     .tp_methods = L_methods,
     .tp_getset = L_getset,

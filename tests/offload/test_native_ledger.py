@@ -225,3 +225,26 @@ def test_no_key_reference_leaks_across_every_operation(policy):
     assert mgr.num_used_blocks > 0 and mgr.policy.num_ghosts() >= (0 if policy == "lru" else 1)
     del mgr, pending, batch
     assert [sys.getrefcount(k) for k in keys] == base
+
+
+@needs_native
+def test_the_raw_ledger_type_refuses_bad_construction_instead_of_crashing():
+    from array import array
+
+    from kvoffload_ext import _ledger
+
+    with pytest.raises(TypeError):
+        _ledger.Ledger.__new__(_ledger.Ledger)  # no half-built ledger whose methods would crash
+    with pytest.raises(ValueError, match=r"capacity=0, policy=1"):
+        _ledger.Ledger(0, _ledger.LRU, array("i"))
+    with pytest.raises(ValueError, match=r"policy=9"):
+        _ledger.Ledger(4, 9, array("i", bytes(16)))
+    with pytest.raises(ValueError, match=r"refs must be a writable array\('i'\) of at least 4 items"):
+        _ledger.Ledger(4, _ledger.ARC, array("d", [0.0] * 4))
+    with pytest.raises(ValueError, match=r"at least 4 items"):
+        _ledger.Ledger(4, _ledger.ARC, array("i", bytes(8)))
+    refs = array("i", bytes(16))
+    ledger = _ledger.Ledger(4, _ledger.ARC, refs)
+    with pytest.raises(BufferError):
+        refs.append(0)  # the ledger holds the buffer: the array cannot move under it
+    assert ledger.lookup([1]) == 0 and ledger.num_free == 4
