@@ -32,6 +32,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
+from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
 
 
 @dataclass(slots=True)
@@ -94,9 +95,10 @@ class KVOffloadManager(OffloadingManager):
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         offered = list(keys)
         state = self._access(req_context)
-        fresh = [k for k in offered if k not in state.store_misses]
+        misses = state.store_misses
+        fresh = [k for k in offered if k not in misses] if misses else offered
         if fresh:
-            state.store_misses.update(self.inner.on_store_miss(fresh))
+            misses.update(self.inner.on_store_miss(fresh))
         out = self.inner.prepare_store(offered)
         seen = state.keys
         if out is None or out.block_hashes_to_store:  # vLLM counts each allocation it attempts
@@ -107,12 +109,21 @@ class KVOffloadManager(OffloadingManager):
                 if k not in seen and self._is_ready(k):
                     seen[k] = True
             return None
+        if len(out.block_hashes_to_store) == len(offered) and seen.keys().isdisjoint(offered):
+            # Every offered key is stored fresh and new to this request (the usual store): the
+            # loop below in C.
+            seen.update(dict.fromkeys(offered, False))
+            return self._store_output(out)
         new = set(out.block_hashes_to_store)
         for k in offered:
             if k in new:
                 seen.setdefault(k, False)
             elif k not in seen and self._is_ready(k):
                 seen[k] = True
+        return self._store_output(out)
+
+    @staticmethod
+    def _store_output(out: KVPrepareStoreOutput) -> PrepareStoreOutput:
         return PrepareStoreOutput(
             keys_to_store=list(out.block_hashes_to_store),
             store_spec=CPULoadStoreSpec(out.store_spec.block_ids.tolist()),
@@ -129,8 +140,20 @@ class KVOffloadManager(OffloadingManager):
         # Already in prefix order: with one full-attention group (all KVOffloadWorker takes) vLLM
         # loads the hit prefix before storing, and stores chunks head to tail. Runs of the same
         # kind go tail first, so the prefix head ends up the most recent.
+        keys = state.keys
+        flags = list(keys.values())
+        reused_head = flags.count(True)
+        if flags[:reused_head].count(True) == reused_head:
+            # The usual request: the keys it reused (loaded) first, then those it only inserted.
+            ordered = list(keys)
+            keys.clear()
+            if reused_head < len(ordered):
+                self.inner.refresh(ordered[reused_head:])
+            if reused_head:
+                self.inner.touch(ordered[:reused_head])
+            return
         runs: list[tuple[bool, list[OffloadKey]]] = []
-        for k, reused in state.keys.items():
+        for k, reused in keys.items():
             if runs and runs[-1][0] == reused:
                 runs[-1][1].append(k)
             else:

@@ -23,6 +23,7 @@ from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
 from kvoffload.integrations.vllm_spec import check_config  # noqa: E402
 from kvoffload.integrations.vllm_worker import KVOffloadWorker  # noqa: E402
 from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
+from kvoffload.offload.forwarding import ForwardingOffloadingManager  # noqa: E402
 
 
 def key(i: int) -> bytes:
@@ -70,6 +71,46 @@ def test_recency_applied_at_request_finish_in_prefix_order():
     c = ReqContext("c")
     out = m.prepare_store([key(4), key(5)], c)
     assert out.evicted_keys == [key(2), key(3)]
+
+
+class RecencyLog(ForwardingOffloadingManager):
+    """The inner manager's recency calls, in order: what on_request_finished decided."""
+
+    def __init__(self, backing):
+        super().__init__(backing)
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def touch(self, block_hashes):
+        self.calls.append(("touch", [int.from_bytes(k[:8], "big") for k in block_hashes]))
+        self.backing.touch(block_hashes)
+
+    def refresh(self, block_hashes):
+        self.calls.append(("refresh", [int.from_bytes(k[:8], "big") for k in block_hashes]))
+        self.backing.refresh(block_hashes)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_recency_runs_at_finish_tail_first_for_plain_and_interleaved_requests(policy):
+    log = RecencyLog(CPUOffloadingManager(8, policy))
+    m = KVOffloadManager(lambda: log)
+    a = ReqContext("a")
+    m.on_new_request(a)
+    store(m, a, [1, 2])
+    m.on_request_finished(a)
+    assert log.calls == [("refresh", [1, 2])]  # inserted only: recency, not reuse
+    b = ReqContext("b")  # the usual request: loads a prefix, stores the rest
+    m.on_new_request(b)
+    m.prepare_load([key(1), key(2)], b)
+    m.complete_load([key(1), key(2)], b)
+    store(m, b, [3, 4])
+    m.on_request_finished(b)
+    assert log.calls[1:] == [("refresh", [3, 4]), ("touch", [1, 2])]
+    c = ReqContext("c")  # inserted, reused (offered while resident), inserted: three runs
+    m.on_new_request(c)
+    store(m, c, [5])
+    assert m.prepare_store([key(3), key(6)], c).keys_to_store == [key(6)]
+    m.on_request_finished(c)
+    assert log.calls[3:] == [("refresh", [6]), ("touch", [3]), ("refresh", [5])]
 
 
 def test_pinned_chunk_survives_and_store_fails_cleanly():
