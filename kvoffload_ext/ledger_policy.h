@@ -147,9 +147,8 @@ static int32_t collect(Ledger *self, int which, int32_t want, int32_t *out) {
 }
 
 static int32_t first_evictable(Ledger *self, int which) {
-    for (int32_t s = self->list[which].head; s != NIL; s = self->next[s])
-        if (self->refs[s] == 0 && !self->mark[s]) return s;
-    return NIL;
+    int32_t s;
+    return collect(self, which, 1, &s) ? s : NIL;
 }
 
 /* Classic ARC's REPLACE, with case IV's directory bounds unless the request is a ghost hit. */

@@ -39,6 +39,7 @@ class BeladyCachePolicy(CachePolicy):
         self._ranks: list[dict[Hashable, int]] = []
         self._scale = 1  # M
         self._never = 0  # the request count: "no next use"
+        self._never_rank = 0  # the rank of a block with no next use, at depth 0
         self._now = 0
         self._seq = 0
 
@@ -54,7 +55,7 @@ class BeladyCachePolicy(CachePolicy):
                 ranks_r[h] = -(last.get(h, never) * scale + d)
             for h in future[r]:
                 last[h] = r
-        self._ranks, self._scale, self._never = ranks, scale, never
+        self._ranks, self._scale, self._never, self._never_rank = ranks, scale, never, -never * scale
 
     def advance(self, request_index: int) -> None:
         self._now = request_index
@@ -67,8 +68,11 @@ class BeladyCachePolicy(CachePolicy):
         nxt = -rank // self._scale
         return NEVER if nxt >= self._never else nxt
 
+    def _rank_now(self, h: Hashable) -> int:
+        return self._current().get(h, self._never_rank)
+
     def _next_use(self, h: Hashable) -> float:
-        return self._next_of(self._current().get(h, -self._never * self._scale))
+        return self._next_of(self._rank_now(h))
 
     def _push(self, h: Hashable, rank: int) -> None:
         self._seq += 1
@@ -96,7 +100,7 @@ class BeladyCachePolicy(CachePolicy):
 
     def insert(self, h: Hashable, block: BlockStatus) -> None:
         self.blocks[h] = block
-        self._push(h, self._current().get(h, -self._never * self._scale))
+        self._push(h, self._rank_now(h))
 
     def remove(self, h: Hashable) -> None:
         if self.blocks.pop(h, None) is not None:
@@ -106,9 +110,8 @@ class BeladyCachePolicy(CachePolicy):
         # _push inlined (this loop runs once per block reference of a replay), and no push when
         # the rank is unchanged (a block touched twice in one request): its live entry already
         # ranks it. A block's rank never returns to an earlier value (its next use moves on).
-        ranks_now = self._current()
-        unknown = -self._never * self._scale
-        live, heap, push, rank_of = self.live, self._heap, heapq.heappush, ranks_now.get
+        unknown = self._never_rank
+        live, heap, push, rank_of = self.live, self._heap, heapq.heappush, self._current().get
         seq = self._seq
         for h in block_hashes:
             entry = live.get(h)  # cached blocks only

@@ -48,16 +48,14 @@ class LFUCachePolicy(CachePolicy):
 
     def touch(self, block_hashes: Iterable[Hashable]) -> None:
         freq, tick, t = self.freq, self.tick, self._clock
-        touched = 0
         for h in block_hashes:
             f = freq.get(h)  # cached blocks only
             if f is not None:
                 freq[h] = f + 1
                 t += 1
                 tick[h] = t
-                touched += 1
+        self._touches += t - self._clock  # one tick per cached block touched
         self._clock = t
-        self._touches += touched
         if self._touches >= self.cache_capacity:
             # Halving (floor 1) can reorder blocks: rebuild the heap with every current key.
             self._touches = 0

@@ -75,13 +75,15 @@ def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: t
     flat_dev = torch.randint(0, 255, (n * kv.page_bytes,), dtype=torch.uint8, device=device)
     flat_host = torch.empty(n * kv.page_bytes, dtype=torch.uint8, pin_memory=cuda)
 
-    def flat() -> None:
-        if direction == D2H:
-            flat_host.copy_(flat_dev, non_blocking=cuda)
-        else:
-            flat_dev.copy_(flat_host, non_blocking=cuda)
+    if cuda:
 
-    if not cuda:
+        def flat() -> None:
+            if direction == D2H:
+                flat_host.copy_(flat_dev, non_blocking=True)
+            else:
+                flat_dev.copy_(flat_host, non_blocking=True)
+
+    else:
         # The same native loop on the same threads as (a), over the bytes as one contiguous run
         # in 1 MiB pieces (one memcpy per piece: glibc switches to non-temporal stores for
         # single copies above ~3/4 of the last-level cache, slower on this kind of machine), so
