@@ -366,21 +366,24 @@ class OffloadingConnectorScheduler:
             self.manager.record_io(medium, result.success, write)
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        """The engine finished ``request`` (done, aborted or failed, in any phase).
+
+        Exactly one later report frees its blocks, whatever happened in between: a request with
+        a load planned or in flight is reported by the worker as finished-*receiving* once the
+        load is done (the engine waits for that report on its own, and may already have it in
+        the step output it is processing); any other request with copies in flight is reported
+        as finished-*sending* (``await_finish``). Reporting both would free it twice.
+        """
         rid = request.request_id
         state = self._requests.get(rid)
         if state is None:
             return False, None
-        for job in self._reqs_to_load.pop(rid, ()):  # planned, never sent: undo the pin now
-            planned = self._jobs.pop(job.job_id)  # one job per tier segment
-            hashes = planned.block_hashes
-            self.manager.complete_load(hashes, planned.medium)
-            self._blocks_being_loaded.difference_update(hashes)
-            state.loading = None
-        # Keep the device blocks while any planned or in-flight copy still reads or fills them;
-        # the worker then reports this request (and only delayed ones) as finished-sending.
+        # Planned loads are sent anyway: the worker's finished-receiving report is what frees
+        # the request's blocks in the engine, so the load must reach the worker.
         delay = state.busy
         if delay:
-            self._delayed.add(rid)
+            if state.loading is None:
+                self._delayed.add(rid)
             state.request, state.block_ids, state.swapped, state.finished = None, [], None, True
         else:
             del self._requests[rid]

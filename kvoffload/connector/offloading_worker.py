@@ -4,7 +4,10 @@ Loads are submitted as soon as their plan arrives; stores planned in step N are 
 the start of step N+1 (the KV they read is only written by step N's forward pass, and
 submitting later keeps the copy off the path to sampling). A request is reported as
 finished-sending once the scheduler half said it kept its blocks (``await_finish``) and none
-of its copies is outstanding; no other request is ever reported.
+of its copies is outstanding. A request with loads is reported as finished-receiving (or
+failed) once all of them are done, whether or not the engine has finished it meanwhile: the
+engine frees a finished request on that report, and the scheduler half never asks for a
+finished-sending report of a request that was loading. Each request is reported once.
 """
 
 from __future__ import annotations
@@ -183,8 +186,7 @@ class OffloadingConnectorWorker:
                     del self._loads_pending[rid]
                     if rid in self._load_failed:
                         self._report_failed(rid)
-                    # A request that finished while loading is reported once, as finished-sending.
-                    elif rid not in self._finished:
+                    else:
                         recved.add(rid)
         sent = {rid for rid in self._finished if rid not in self._outstanding and rid not in self._deferred}
         self._finished -= sent
@@ -192,8 +194,7 @@ class OffloadingConnectorWorker:
 
     def _report_failed(self, rid: str) -> None:
         self._load_failed.discard(rid)
-        if rid not in self._finished:
-            self._failed_recving.add(rid)
+        self._failed_recving.add(rid)
 
     def get_failed_recving(self) -> set[str]:
         """Requests whose load failed and whose loads are all done: they recompute."""

@@ -106,8 +106,17 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        # A request whose load has not been reported yet keeps its blocks (the load writes into
+        # them) until the connector's finished-receiving report, which then frees them.
+        awaiting_load = False
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            rid = request.request_id
+            awaiting_load = rid not in self.finished_recving_kv_req_ids and rid not in self.failed_recving_kv_req_ids
+            self.finished_recving_kv_req_ids.discard(rid)
+            self.failed_recving_kv_req_ids.discard(rid)
+            self._pending_computed.pop(rid, None)  # it no longer counts against max_num_seqs
         request.status = RequestStatus.FINISHED_ABORTED
-        self._free_request(request)
+        self._free_request(request, delay_free=awaiting_load)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -496,28 +505,36 @@ class Scheduler:
         return child
 
     def _update_from_kv_connector_output(self, kv_out: KVConnectorOutput) -> None:
+        """Digest the worker's report. As in vLLM, every request it names must still be known
+        (a finished one is freed by the report); a second report of one request is a
+        connector bug and fails loudly here, as it would kill vLLM's engine."""
         assert self.connector is not None
         self.connector.update_connector_output(kv_out)
         for rid in kv_out.finished_recving | kv_out.failed_recving:
             request = self.requests.get(rid)
-            if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
-                continue  # aborted while loading: nothing to resume
-            if rid in kv_out.failed_recving:
+            assert request is not None, f"connector reported request {rid!r} as received after it was freed"
+            if request.is_finished:  # finished while loading: this report frees it
+                self._free_blocks(request)
+            elif rid in kv_out.failed_recving:
                 self.failed_recving_kv_req_ids.add(rid)
             else:
+                assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
+                    f"connector reported request {rid!r} as received while it is {request.status.name}")
                 self.finished_recving_kv_req_ids.add(rid)
         for rid in kv_out.finished_sending:
             request = self.requests.get(rid)
-            if request is not None and request.is_finished:
-                self._free_blocks(request)
+            assert request is not None and request.is_finished, (
+                f"connector reported request {rid!r} as sent while it is "
+                f"{'freed' if request is None else request.status.name}")
+            self._free_blocks(request)
 
-    def _free_request(self, request: Request) -> None:
+    def _free_request(self, request: Request, delay_free: bool = False) -> None:
         assert request.is_finished
-        delay_free = False
         if self.connector is not None:
-            delay_free, _ = self.connector.request_finished(
+            connector_delay, _ = self.connector.request_finished(
                 request, self.kv_cache_manager.get_block_ids(request.request_id)
             )
+            delay_free |= connector_delay
         self.finished_req_ids.add(request.request_id)
         if not delay_free:
             self._free_blocks(request)

@@ -97,8 +97,9 @@ class TrackedJobsHandler(OffloadingHandler):
         cause = (direction, type(err).__name__, io, getattr(err, "errno", None))
         if cause not in self._logged_failures:
             self._logged_failures.add(cause)
-            logger.warning("kvoffload: %s copy failed (%s: %s); the block is recomputed and the engine keeps "
-                           "serving (further failures of this kind are not logged)", direction, type(err).__name__, err)
+            logger.warning("kvoffload: %s copy failed (%s: %s); the block is dropped and the engine keeps serving: "
+                           "it recomputes the block (under vLLM's kv_load_failure_policy='fail' it fails that "
+                           "request instead; further failures of this kind are not logged)", direction, type(err).__name__, err)
 
     def wait(self, job_ids: Collection[int]) -> None:
         with self._lock:

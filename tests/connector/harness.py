@@ -71,7 +71,9 @@ class Harness:
     def free_blocks(self) -> int:
         return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
 
-    def step(self):
+    def step(self, abort_before_update=()):
+        """One engine step. ``abort_before_update``: request ids aborted after the worker ran
+        and before its report is digested (where vLLM handles client aborts)."""
         so = self.sched.schedule()
         meta = so.kv_connector_metadata
         w = self.worker_conn
@@ -86,6 +88,8 @@ class Harness:
         sent, recved = w.get_finished(so.finished_req_ids)
         out = KVConnectorOutput(set(sent), set(recved), w.get_failed_recving(), w.build_connector_worker_meta())
         w.clear_connector_metadata()
+        for rid in abort_before_update:
+            self.sched.abort_request(rid)
         self.sched.update_from_output(so, ModelRunnerOutput(ids, sampled, kv_connector_output=out))
         self.outputs.append(so)
         return so

@@ -1,0 +1,86 @@
+"""Production faults inside a real vLLM (CPU build): a client abort in the step that finishes a
+load, and a corrupt block under vLLM's default ``kv_load_failure_policy`` (``fail``). Both used to
+kill vLLM's EngineCore (``assert req_id in self.requests``): kvoffload reported the request twice.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+JOB = Path(__file__).with_name("fault_job.py")
+CPU = [{"medium": "cpu", "capacity": "64MiB"}]
+
+
+def run_fault_job(spec: dict) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(JOB), json.dumps(spec)], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"vLLM fault job failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def ktc(tiers: list, **extra) -> dict:
+    return {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"config": {"tiers": tiers}}, **extra}
+
+
+@pytest.fixture(scope="module")
+def plain(model):
+    (r,) = run_fault_job({"model": model, "rounds": [{}]})
+    return {rid.split("-", 1)[1]: out["tokens"] for rid, out in r["done"].items()}
+
+
+def tokens_by_prompt(round_: dict) -> dict[str, list[int]]:
+    return {rid.split("-", 1)[1]: out["tokens"] for rid, out in round_["done"].items()}
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_abort_in_the_step_that_finishes_a_load_keeps_the_engine_up(model, plain, policy):
+    rounds = run_fault_job({"model": model, "kv_transfer_config": ktc(CPU, kv_load_failure_policy=policy),
+                            "rounds": [{}, {"abort": "recving"}, {}]})
+    first, aborted, after = rounds
+    assert aborted["aborted"] == ["r1-0", "r1-2"]  # their loads finished in the step they were aborted in
+    assert set(aborted["done"]) == {"keep1-1", "keep1-3"}
+    assert all(out["cached"] >= 256 for out in aborted["done"].values())
+    # Nothing leaked: every device block is free again and vLLM forgot every request.
+    for r in rounds:
+        assert r["free_after"] == r["free_before"] and r["requests_left"] == 0
+    assert tokens_by_prompt(first) == plain
+    assert tokens_by_prompt(aborted) == {k: plain[k] for k in ("1", "3")}
+    assert tokens_by_prompt(after) == plain and all(out["cached"] >= 256 for out in after["done"].values())
+
+
+def flip_one_record(directory: Path) -> None:
+    (path,) = directory.glob("*.kvdata")
+    data = bytearray(path.read_bytes())
+    off = data.index(b"KVB1", 4096)
+    data[off + 64 + 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("policy", [None, "fail", "recompute"], ids=["default", "fail", "recompute"])
+def test_one_bad_disk_block_never_kills_the_engine(model, plain, tmp_path, policy):
+    tiers = [{"medium": "cpu", "capacity": "64MiB"},
+             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    extra = {} if policy is None else {"kv_load_failure_policy": policy}
+    run_fault_job({"model": model, "kv_transfer_config": ktc(tiers, **extra), "rounds": [{}]})
+    flip_one_record(tmp_path)
+    first, second = run_fault_job({"model": model, "kv_transfer_config": ktc(tiers, **extra), "rounds": [{}, {}]})
+    finished = {rid: out["finish"] for rid, out in first["done"].items()}
+    if policy == "recompute":
+        assert tokens_by_prompt(first) == plain
+    else:  # vLLM's default: the request whose block failed fails cleanly, the others are served
+        assert sorted(finished.values()).count("error") == 1, finished
+        ok = {k: v for k, v in tokens_by_prompt(first).items() if finished[f"r0-{k}"] != "error"}
+        assert ok == {k: plain[k] for k in ok}
+    for r in (first, second):
+        assert r["free_after"] == r["free_before"] and r["requests_left"] == 0
+    assert tokens_by_prompt(second) == plain  # the engine serves on, the bad block is gone
