@@ -23,6 +23,7 @@ BYTES_BUCKETS = (4096.0, 65536.0, 1048576.0, 16777216.0, 268435456.0)
 # The vocabulary, shared with the vLLM route (kvoffload.integrations.vllm_stats).
 HIT_TOKENS = ("kvoffload_hit_tokens", "Prompt tokens served from a cache, by tier")
 HIT_BLOCKS = ("kvoffload_hit_blocks", "Offloaded blocks loaded, by tier")
+FAILED_HIT_TOKENS = ("kvoffload_failed_hit_tokens", "Prompt tokens a tier's lookup promised whose load failed (recomputed)")
 #: transfer stats key -> (metric name, help); counters labelled by direction.
 TRANSFER_COUNTERS = {
     "bytes": ("kvoffload_transfer_bytes", "Bytes copied"),
@@ -72,6 +73,10 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
     for tier, n in conn.get("hit_blocks_by_tier", {}).items():
         blocks.add_metric([tier], n)
     yield blocks
+    failed = CounterMetricFamily(*FAILED_HIT_TOKENS, labels=["tier"])
+    for tier, n in conn.get("failed_hit_tokens_by_tier", {}).items():
+        failed.add_metric([tier], n)
+    yield failed
     yield CounterMetricFamily("kvoffload_prompt_tokens", "Prompt tokens of all requests", value=stats.get("prompt_tokens", 0))
     yield CounterMetricFamily("kvoffload_prefill_computed_tokens", "Prompt tokens computed (not served from a cache)",
                               value=stats.get("prefill_tokens_computed", 0))

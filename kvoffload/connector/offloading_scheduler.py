@@ -35,8 +35,11 @@ class SchedulerSideStats:
     corrupt_blocks: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
-    tier_hits: Counter = field(default_factory=Counter)  # tokens
+    #: Prompt tokens (and blocks) served by each tier: counted when the load lands, not when
+    #: it is planned; a planned hit whose load failed counts in tier_failed_hits instead.
+    tier_hits: Counter = field(default_factory=Counter)
     tier_hit_blocks: Counter = field(default_factory=Counter)
+    tier_failed_hits: Counter = field(default_factory=Counter)
 
 
 def _merge(parts: list[Any]) -> Any:
@@ -74,9 +77,9 @@ class OffloadingConnectorScheduler:
         return state
 
     def _new_job(self, kind: JobKind, rid: str | None, hashes: list[BlockHash], src: LoadStoreSpec,
-                 dst: LoadStoreSpec) -> TransferJob:
+                 dst: LoadStoreSpec, hit_tokens: int = 0) -> TransferJob:
         job = TransferJob(next(self._job_ids), kind, src, dst, rid)
-        self._jobs[job.job_id] = JobRecord(job, list(hashes))
+        self._jobs[job.job_id] = JobRecord(job, list(hashes), hit_tokens)
         return job
 
     def _offload_hashes(self, request: Any, start: int, end: int) -> list[BlockHash]:
@@ -161,10 +164,8 @@ class OffloadingConnectorScheduler:
             lo = max(offset * f, first_engine)
             hi = (offset + len(seg_hashes)) * f
             medium = spec.medium()
-            jobs.append(self._new_job(JobKind.LOAD, rid, seg_hashes, spec, GPULoadStoreSpec(block_ids[lo:hi])))
-            tokens = (hi - lo) * self.block_size
-            self.stats.tier_hits[medium.lower()] += tokens  # "cpu" / "disk", as stats() reports
-            self.stats.tier_hit_blocks[medium.lower()] += len(seg_hashes)
+            jobs.append(self._new_job(JobKind.LOAD, rid, seg_hashes, spec, GPULoadStoreSpec(block_ids[lo:hi]),
+                                      hit_tokens=(hi - lo) * self.block_size))
             if medium is not Medium.CPU:
                 promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
             offset += len(seg_hashes)
@@ -345,10 +346,16 @@ class OffloadingConnectorScheduler:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
                 self.stats.corrupt_blocks += self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
             self._record_io(job.medium, result)
+            tier = job.medium.lower()  # "cpu" / "disk", as stats() reports
             if result.success:
                 self.stats.blocks_loaded += len(hashes)
+                if job.hit_tokens:
+                    self.stats.tier_hits[tier] += job.hit_tokens
+                    self.stats.tier_hit_blocks[tier] += len(hashes)
             else:
                 self.stats.loads_failed += len(hashes)
+                if job.hit_tokens:
+                    self.stats.tier_failed_hits[tier] += job.hit_tokens
         else:  # STORE, SWAP_OUT
             self.manager.complete_store(hashes, result.success)
             if state is not None:
@@ -399,6 +406,7 @@ class OffloadingConnectorScheduler:
             "lookups": s.lookups,
             "hit_tokens_by_tier": dict(s.tier_hits),
             "hit_blocks_by_tier": dict(s.tier_hit_blocks),
+            "failed_hit_tokens_by_tier": dict(s.tier_failed_hits),
             "tier_usage": {tier: list(used_cap) for tier, used_cap in self.manager.usage().items()},
             "jobs_in_flight": len(self._jobs),
             "demotions_queued": int(self.manager.has_pending_demotions()),

@@ -39,6 +39,8 @@ class JobRecord:
 
     job: TransferJob
     block_hashes: list[BlockHash]
+    #: Prompt tokens a prefix-hit load serves once it lands (0 for every other job).
+    hit_tokens: int = 0
 
     @property
     def kind(self) -> JobKind:

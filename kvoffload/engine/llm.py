@@ -341,6 +341,7 @@ class LLM:
             "forks": self.kv_cache_manager.num_forks,
             "cow_copies": self.kv_cache_manager.num_cow_copies,
             "failed_loads": s.failed_loads,
+            "failed_external_hit_tokens": s.failed_external_hit_tokens,
             "steps": s.steps,
             "device_cache_evictions": self.kv_cache_manager.block_pool.num_cache_evictions,
             "ttft_s": list(self._ttfts),

@@ -39,6 +39,8 @@ class SchedulerStats:
     #: over prompt tokens never exceeds 100%.
     prompt_hit_tokens: int = 0
     failed_loads: int = 0
+    #: External hit tokens planned whose load failed (the request recomputed them).
+    failed_external_hit_tokens: int = 0
     swapped_out_tokens: int = 0
     recomputed_after_preemption: int = 0
 
@@ -87,6 +89,8 @@ class Scheduler:
         self.failed_recving_kv_req_ids: set[str] = set()
         #: Tokens a request will have computed once its external load lands.
         self._pending_computed: dict[str, int] = {}
+        #: (device, external) hit tokens of a request whose load is in flight.
+        self._pending_hits: dict[str, tuple[int, int]] = {}
         #: Request id -> the group it advances with (beam search sets this); default: itself.
         self.group_of: Callable[[str], str] = lambda rid: rid
         self.stats = SchedulerStats()
@@ -115,6 +119,7 @@ class Scheduler:
             self.finished_recving_kv_req_ids.discard(rid)
             self.failed_recving_kv_req_ids.discard(rid)
             self._pending_computed.pop(rid, None)  # it no longer counts against max_num_seqs
+            self._pending_hits.pop(rid, None)
         request.status = RequestStatus.FINISHED_ABORTED
         self._free_request(request, delay_free=awaiting_load)
 
@@ -254,14 +259,15 @@ class Scheduler:
                         request, computed_blocks + new_blocks, num_external
                     )
                 self.waiting.popleft()
-                self.stats.device_hit_tokens += num_local
-                self.stats.external_hit_tokens += num_external
-                if load_async:
+                if load_async:  # hits count once the load lands (a failed one serves nothing)
                     self._pending_computed[request.request_id] = num_computed
+                    self._pending_hits[request.request_id] = (num_local, num_external)
                     num_loading += 1
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     skipped.append(request)
                     continue
+                self.stats.device_hit_tokens += num_local
+                self.stats.external_hit_tokens += num_external
                 self.running.append(request)
                 if request.status == RequestStatus.PREEMPTED:
                     scheduled_resumed.append(request)
@@ -348,6 +354,7 @@ class Scheduler:
             # Recompute everything the load should have delivered: keep only local hits.
             self.failed_recving_kv_req_ids.discard(rid)
             self.stats.failed_loads += 1
+            self.stats.failed_external_hit_tokens += self._pending_hits.pop(rid, (0, 0))[1]
             self.kv_cache_manager.free(request)
             request.num_computed_tokens = 0
             request.status = RequestStatus.WAITING
@@ -356,6 +363,9 @@ class Scheduler:
         if rid not in self.finished_recving_kv_req_ids:
             return False
         self.finished_recving_kv_req_ids.discard(rid)
+        num_local, num_external = self._pending_hits.pop(rid, (0, 0))
+        self.stats.device_hit_tokens += num_local
+        self.stats.external_hit_tokens += num_external
         num_computed = min(self._pending_computed.pop(rid), request.num_tokens - 1)
         self.kv_cache_manager.cache_blocks(request, num_computed)
         request.num_computed_tokens = num_computed

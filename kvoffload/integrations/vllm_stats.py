@@ -20,6 +20,7 @@ from kvoffload.metrics import (
     BYTES_BUCKETS,
     CONNECTOR_COUNTERS,
     GAUGES,
+    FAILED_HIT_TOKENS,
     HIT_BLOCKS,
     HIT_TOKENS,
     SECONDS_BUCKETS,
@@ -31,6 +32,7 @@ from kvoffload.metrics import (
 METRICS: dict[str, tuple[str, str]] = {
     HIT_TOKENS[0]: ("tier", HIT_TOKENS[1]),
     HIT_BLOCKS[0]: ("tier", HIT_BLOCKS[1]),
+    FAILED_HIT_TOKENS[0]: ("tier", FAILED_HIT_TOKENS[1]),
     **{name: ("", doc) for name, doc in CONNECTOR_COUNTERS.values()},
     **{name: ("direction", doc) for name, doc in TRANSFER_COUNTERS.values()},
     **{name: ("tier", doc) for name, doc in TIER_COUNTERS.values()},
@@ -42,6 +44,7 @@ def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {
         HIT_TOKENS[0]: dict(stats.get("hit_tokens_by_tier", {})),
         HIT_BLOCKS[0]: dict(stats.get("hit_blocks_by_tier", {})),
+        FAILED_HIT_TOKENS[0]: dict(stats.get("failed_hit_tokens_by_tier", {})),
     }
     for key, (name, _) in CONNECTOR_COUNTERS.items():
         out[name] = {"": stats.get(key, 0)}

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kvoffload.config import ConfigError
-from kvoffload.engine import LLM, EngineConfig
+from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout
 from kvoffload.offload.disk_manager import DiskOffloadingManager, DiskTierError, tier_file
 from kvoffload.workload import ChatWorkload, run_chat_workload
@@ -184,7 +184,7 @@ def test_disk_full_fails_stores_cleanly(tmp_path, baseline, monkeypatch):
 
 KILL_SCRIPT = textwrap.dedent("""
     import sys, time
-    from kvoffload.engine import LLM, EngineConfig
+    from kvoffload.engine import LLM, EngineConfig, SamplingParams
     from kvoffload.workload import ChatWorkload, run_chat_workload
     from kvoffload.transfer import disk_io as disk_handler
     real = disk_handler.os.pwritev
@@ -236,3 +236,42 @@ def test_sigkill_mid_write_recovers_completed_blocks_only(tmp_path):
                 bad.append(off)
     assert bad == [torn_offset]
     mgr.close()
+
+
+def test_hits_count_what_was_served_not_what_was_planned(tmp_path):
+    """Every record of a 160-token prompt fails its checksum: the prompt is recomputed, so no
+    tier served a token; the planned hits are counted apart, as failed."""
+    big = tiers(tmp_path, cpu_blocks=4000)
+    big["tiers"][1]["write_through"] = True
+    prompt = [(7 * i) % 250 + 1 for i in range(161)]
+    cfg = EngineConfig(num_gpu_blocks=60, max_num_seqs=3, max_num_batched_tokens=256, kv_offload=big)
+    with LLM(cfg) as llm:
+        (expected,) = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0))
+    path = data_file(tmp_path)
+    offsets = _record_offsets(path)
+    assert len(offsets) == 10
+    with open(path, "r+b") as f:
+        for off in offsets:
+            f.seek(off + RECORD_HEADER + 100)
+            f.write(b"\xff" * 8)
+    with LLM(cfg) as llm:
+        (out,) = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0))
+        stats = llm.stats()
+        scrape = prometheus_text(llm)
+    assert out.token_ids == expected.token_ids
+    assert stats["prefix_hit_tokens"]["disk"] == 0 and stats["external_hit_tokens"] == 0
+    assert stats["connector"]["blocks_loaded"] == 0 and stats["connector"]["loads_failed"] == 10
+    assert stats["connector"]["failed_hit_tokens_by_tier"] == {"disk": 160}
+    assert stats["failed_external_hit_tokens"] == 160
+    assert 'kvoffload_hit_tokens_total{tier="disk"} 0.0' in scrape
+    assert 'kvoffload_failed_hit_tokens_total{tier="disk"} 160.0' in scrape
+
+
+def prometheus_text(llm) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvoffload.metrics import StatsCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(llm.stats))
+    return generate_latest(registry).decode()
