@@ -58,8 +58,7 @@ class ModelConfig:
         model_type = raw.get("model_type", "llama")
         if model_type not in ("llama", "mistral", "qwen2"):
             raise ValueError(f"{cfg_file}: model_type={model_type!r} is not a Llama-family model")
-        if raw.get("rope_scaling"):
-            raise ValueError(f"{cfg_file}: rope_scaling={raw['rope_scaling']!r} is not supported; use a model without it")
+        rope_theta = _rope_theta(raw, cfg_file)
         heads = raw["num_attention_heads"]
         eos = raw.get("eos_token_id")
         if isinstance(eos, list):
@@ -73,10 +72,32 @@ class ModelConfig:
             num_key_value_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=raw.get("rope_theta", 10000.0),
+            rope_theta=rope_theta,
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=raw.get("attention_bias", model_type == "qwen2"),
             mlp_bias=raw.get("mlp_bias", False),
             eos_token_id=eos,
             checkpoint_dir=str(path),
         )
+
+
+#: RoPE variants the engine implements (plain rotary embeddings with one base).
+_ROPE_TYPES = ("default",)
+
+
+def _rope_theta(raw: dict, cfg_file: Path) -> float:
+    """The RoPE base from either config form: ``rope_theta`` (transformers < 5) or
+    ``rope_parameters`` (transformers >= 5, which no longer writes the old key). A scaled RoPE
+    (linear, dynamic, yarn, llama3, ...) changes every position's rotation: refuse it, naming it,
+    rather than silently compute other tokens than transformers would."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{cfg_file}: rope_parameters={params!r} must be a mapping")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in _ROPE_TYPES:
+        raise ValueError(f"{cfg_file}: RoPE type {rope_type!r} is not implemented by the bundled engine "
+                         f"(it implements {', '.join(_ROPE_TYPES)}); use a model without RoPE scaling")
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise ValueError(f"{cfg_file}: rope_theta={theta!r} must be a positive number")
+    return float(theta)

@@ -19,8 +19,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 from kvoffload.metrics import (
     BYTES_BUCKETS,
     CONNECTOR_COUNTERS,
-    GAUGES,
     FAILED_HIT_TOKENS,
+    GAUGES,
     HIT_BLOCKS,
     HIT_TOKENS,
     SECONDS_BUCKETS,

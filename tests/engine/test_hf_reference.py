@@ -57,3 +57,38 @@ def test_greedy_tokens_and_logits_match_transformers(hf_model, engine_kwargs):
     assert stats["prefix_hit_tokens"]["device"] > 0
     if engine_kwargs["num_gpu_blocks"] == 22:
         assert stats["preemptions"] > 0
+
+
+@pytest.mark.parametrize("theta", [50_000.0, 500_000.0])
+def test_rope_base_from_rope_parameters_matches_transformers(tmp_path, theta):
+    """transformers >= 5 saves the RoPE base under rope_parameters only: the engine used to read
+    rope_theta, default to 10000 and generate other tokens than transformers."""
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   bos_token_id=298, eos_token_id=299, rope_theta=theta)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path)
+    saved = (tmp_path / "config.json").read_text()
+    assert '"rope_parameters"' in saved
+    llm = LLM(EngineConfig(model=str(tmp_path), block_size=8, num_gpu_blocks=64), record_logits=True)
+    assert llm.model_config.rope_theta == theta
+    prompt = PROMPTS[3]
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
+    with torch.no_grad():
+        ref_logits = model(torch.tensor([prompt + out.token_ids[:-1]])).logits[0, len(prompt) - 1:]
+    torch.testing.assert_close(torch.stack(llm.last_logits[out.request_id]), ref_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
+def test_scaled_rope_is_refused_naming_the_type(tmp_path, key):
+    import json
+
+    from kvoffload.engine.model_config import ModelConfig
+
+    raw = {"model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4,
+           key: {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"RoPE type 'yarn' is not implemented by the bundled engine"):
+        ModelConfig.from_pretrained(tmp_path)
