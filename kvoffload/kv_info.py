@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvoffload.namespace import KVNamespace
+
 
 @dataclass(frozen=True, slots=True)
 class EngineKVInfo:
@@ -19,3 +21,6 @@ class EngineKVInfo:
     #: is one rank's share.
     world_size: int = 1
     rank: int = 0
+    #: What ``layout_digest`` was computed from, for the tiers' start-up lines and for saying
+    #: why a persistent cache was not reused (None: an engine that names only a digest).
+    namespace: KVNamespace | None = None

@@ -132,6 +132,11 @@ class KVConnectorBase(ABC):
         last one) before its blocks are freed. False = cannot, the request is recomputed."""
         return False
 
+    def reset_cache(self) -> bool | None:
+        """Forget every externally cached block (the weights changed in place); True once
+        done, False if it cannot be done now, None if this connector keeps no cache."""
+        return None
+
     def take_events(self) -> Iterable[Any]:
         return ()
 

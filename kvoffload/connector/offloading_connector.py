@@ -88,6 +88,9 @@ class OffloadingConnector(KVConnectorBase):
     def take_events(self) -> Any:
         return self._scheduler().take_events()
 
+    def reset_cache(self) -> bool:
+        return self._scheduler().reset_cache()
+
     # ---- lifecycle and reports -----------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         if self.connector_scheduler is not None:

@@ -7,6 +7,8 @@ the chained hash of its last engine block (which covers the whole prefix up to i
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,6 +21,8 @@ from kvoffload.connector.request_state import JobRecord, RequestOffloadState
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, LookupResult, Medium, OffloadingEvent
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import OffloadingSpec
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -35,6 +39,7 @@ class SchedulerSideStats:
     corrupt_blocks: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
+    resets: int = 0
     #: Prompt tokens (and blocks) served by each tier: counted when the load lands, not when
     #: it is planned; a planned hit whose load failed counts in tier_failed_hits instead.
     tier_hits: Counter = field(default_factory=Counter)
@@ -69,6 +74,8 @@ class OffloadingConnectorScheduler:
         self._delayed: set[str] = set()
         self._job_ids = itertools.count()
         self.stats = SchedulerSideStats()
+        #: Salt of the offload keys since the last reset_cache (None: never reset).
+        self._key_salt: bytes | None = None
 
     def _state(self, rid: str) -> RequestOffloadState:
         state = self._requests.get(rid)
@@ -83,8 +90,30 @@ class OffloadingConnectorScheduler:
         return job
 
     def _offload_hashes(self, request: Any, start: int, end: int) -> list[BlockHash]:
+        """Offload keys of offloaded blocks [start, end): the engine's hash of each one's last
+        engine block, salted with the reset epoch once the cache was reset."""
         f = self.factor
-        return request.block_hashes[f * start + f - 1 : f * end : f]
+        hashes = request.block_hashes[f * start + f - 1 : f * end : f]
+        salt = self._key_salt
+        if salt is None:
+            return hashes
+        return [xxhash.xxh3_128(salt + (h if isinstance(h, bytes) else repr(h).encode())).digest() for h in hashes]
+
+    def reset_cache(self) -> bool:
+        """Forget every offloaded block, in every tier, for this engine (the model's weights
+        changed in place). Offload keys get a fresh random salt: nothing stored before is ever
+        found again, a restarted engine never finds what is stored after (its keys are unsalted),
+        and a shared tier's other replicas keep their blocks. Requests already tracked store
+        nothing more (their KV was computed before the reset); copies in flight finish under the
+        old keys, which nobody looks up again. Old blocks leave the tiers by eviction."""
+        self._key_salt = os.urandom(16)
+        for state in self._requests.values():
+            state.next_stored = 1 << 62
+            state.swapped = None
+        self.stats.resets += 1
+        logger.info("kvoffload: offload cache reset (reset %d): blocks stored before it are never served again",
+                    self.stats.resets)
+        return True
 
     # ---- lookups and loads -----------------------------------------------------------------
     def _swap_hit(self, request: Any, num_computed_tokens: int) -> int:
@@ -93,7 +122,7 @@ class OffloadingConnectorScheduler:
         assert swapped is not None
         computed, key = swapped
         full = computed // self.block_size
-        hashes = request.block_hashes[:full]
+        hashes = self._offload_hashes(request, 0, full)
         if self.manager.lookup(hashes) != full or (key is not None and self.manager.lookup([key]) != 1):
             return 0
         if not self._blocks_being_loaded.isdisjoint(hashes):
@@ -182,7 +211,7 @@ class OffloadingConnectorScheduler:
         computed = request.num_computed_tokens
         ids = list(block_ids[0])
         full = computed // self.block_size
-        hashes = list(request.block_hashes[:full])
+        hashes = self._offload_hashes(request, 0, full)
         out = self.manager.prepare_store(hashes)
         if out is None or computed == 0:
             return False
@@ -221,7 +250,7 @@ class OffloadingConnectorScheduler:
         state.swapped = None
         assert num_local + num_external == computed, "swap-in must restore exactly what was swapped out"
         first, full = num_local // self.block_size, computed // self.block_size
-        hashes = list(request.block_hashes[first:full])
+        hashes = self._offload_hashes(request, first, full)
         jobs = []
         # Swapped blocks may have been demoted meanwhile: load each tier's run on its own.
         for seg_hashes, device_ids in ((hashes, block_ids[first:full]), ([key], block_ids[full : full + 1])):

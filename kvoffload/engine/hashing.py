@@ -14,6 +14,8 @@ import xxhash
 
 BlockHash = bytes
 
+#: Names the hash function and encoding below (part of every offload namespace).
+HASH_ALGORITHM = "xxh3_128-le64"
 #: Parent of the first block: a fixed seed, not an empty string, so no real hash collides with it.
 ROOT_BLOCK_HASH: BlockHash = xxhash.xxh3_128(b"kvoffload-root-block").digest()
 

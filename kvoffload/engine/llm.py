@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import time
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from kvoffload.connector.factory import KVConnectorFactory
 from kvoffload.engine.beam_search import BeamSearchController
 from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.kv_cache_manager import KVCacheManager
+from kvoffload.engine.kv_namespace import engine_kv_info
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.engine.model_runner import ModelRunner
 from kvoffload.engine.outputs import RequestOutput
@@ -24,21 +24,9 @@ from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler import Scheduler
 from kvoffload.engine.single_type_manager import cdiv
 from kvoffload.engine.tokenizer import ByteTokenizer
-from kvoffload.kv_info import EngineKVInfo
 from kvoffload.metrics import MetricsServer
 
 Prompt = str | Sequence[int]
-
-def engine_kv_info(config: EngineConfig, model: ModelConfig) -> EngineKVInfo:
-    """The KV geometry a connector needs: block size, bytes per block, a layout digest."""
-    itemsize = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
-    block_bytes = model.num_hidden_layers * 2 * config.block_size * model.num_key_value_heads * model.head_dim * itemsize
-    digest = hashlib.sha256(
-        f"{model.checkpoint_dir or config.model}|{config.seed}|{model}|{config.dtype}|{config.block_size}".encode()
-    ).hexdigest()[:16]
-    return EngineKVInfo(block_size=config.block_size, block_bytes=block_bytes,
-                        num_device_blocks=config.num_gpu_blocks, layout_digest=digest)
-
 
 _FINISH_REASON = {
     RequestStatus.FINISHED_STOPPED: "stop",
@@ -318,8 +306,13 @@ class LLM:
         )
 
     # ---- lifecycle and reports ---------------------------------------------------------
-    def reset_prefix_cache(self) -> bool:
-        return self.kv_cache_manager.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
+        """Drop the device prefix cache (False while blocks are in use); with
+        ``reset_connector`` also every offloaded block, as after a change of weights."""
+        ok = self.kv_cache_manager.reset_prefix_cache()
+        if reset_connector and self.scheduler_connector is not None:
+            ok = self.scheduler_connector.reset_cache() is not False and ok
+        return ok
 
     def stats(self) -> dict[str, Any]:
         s = self.scheduler.stats

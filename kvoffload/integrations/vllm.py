@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+from kvoffload.integrations.vllm_namespace import vllm_namespace
 from kvoffload.integrations.vllm_stats import (
     DeltaTracker,
     KVOffloadConnectorStats,
@@ -116,7 +116,6 @@ def _kv_info(vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole) -> E
     spec = group.kv_cache_spec
     num_layers = sum(len(g.layer_names) for g in kv_cache_config.kv_cache_groups)
     block_bytes = spec.page_size_bytes * num_layers
-    model = getattr(vllm_config.model_config, "model", "model")
     parallel = vllm_config.parallel_config
     world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     rank = 0
@@ -124,10 +123,10 @@ def _kv_info(vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole) -> E
         from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
         rank = get_tensor_model_parallel_rank() + get_pp_group().rank_in_group * parallel.tensor_parallel_size
-    digest = hashlib.sha256(f"{model}|{spec}|{num_layers}".encode()).hexdigest()[:16]
+    namespace = vllm_namespace(vllm_config, spec, num_layers)
     return EngineKVInfo(block_size=spec.block_size, block_bytes=block_bytes,
-                        num_device_blocks=kv_cache_config.num_blocks, layout_digest=digest,
-                        world_size=world_size, rank=rank)
+                        num_device_blocks=kv_cache_config.num_blocks, layout_digest=namespace.digest,
+                        world_size=world_size, rank=rank, namespace=namespace)
 
 
 class KVOffloadConnector(KVConnectorBase_V1):
@@ -266,6 +265,12 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         assert self.sched is not None
         return self.sched.request_finished(request, block_ids)
+
+    def reset_cache(self) -> bool | None:
+        """vLLM calls this for ``reset_prefix_cache(reset_connector=True)`` (what
+        ``pause_generation(clear_cache=True)`` does after a weight update) and for
+        ``POST /reset_prefix_cache?reset_external=true``."""
+        return self.sched.reset_cache() if self.sched is not None else None
 
     def has_pending_push_work(self) -> bool:
         """Keep vLLM's engine stepping until queued copies (disk demotions) have run."""

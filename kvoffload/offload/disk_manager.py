@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 from pathlib import Path
 
 from kvoffload.errors import ConfigError
+from kvoffload.namespace import KVNamespace
 from kvoffload.offload.disk_format import DiskLayout, scan_records
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
@@ -29,6 +31,34 @@ class DiskTierError(OSError):
 def tier_file(path: str | Path, layout: DiskLayout) -> Path:
     suffix = "" if layout.world_size == 1 else f"-rank{layout.rank}of{layout.world_size}"
     return Path(path) / f"kvoffload-{layout.digest}-{layout.block_bytes}{suffix}.kvdata"
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds the lock on ``path``, from /proc/locks: "process 1234 (python3 -m vllm...)"."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return "another process"
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and "FLOCK" in fields and inode in fields:
+            pid = next((f for f in fields[4:6] if f.isdigit()), "")
+            if pid:
+                return f"process {pid} ({_cmdline(pid)})"
+    return "another process"
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return "command unknown"
+    text = " ".join(a.decode(errors="replace") for a in args if a)
+    return text[:120] or "command unknown"
 
 
 def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
@@ -56,7 +86,8 @@ class DiskOffloadingManager(LedgerTierManager):
     spec_type = DiskLoadStoreSpec
 
     def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | CachePolicy = "lru",
-                 enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0) -> None:
+                 enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
+                 namespace: KVNamespace | None = None) -> None:
         super().__init__(layout.num_slots, cache_policy, enable_events, block_size=layout.block_tokens,
                          retry_after_s=retry_after_s)
         self.layout = layout
@@ -72,6 +103,36 @@ class DiskOffloadingManager(LedgerTierManager):
         except BaseException:
             self.close()
             raise
+        if namespace is not None:
+            self._announce(directory, namespace)
+
+    def _announce(self, directory: Path, namespace: KVNamespace) -> None:
+        """One line naming the namespace opened, and one saying why caches of other namespaces
+        in the directory are not reused; the components are kept beside the file for that."""
+        logger.info("kvoffload: disk tier %s: %s; recovered %d blocks", self.path, namespace.describe(),
+                    self.num_recovered)
+        stale = []
+        for side in sorted(directory.glob("kvoffload-*.namespace.json")):
+            digest = side.name[len("kvoffload-"):-len(".namespace.json")]
+            if digest == namespace.digest:
+                continue
+            try:
+                other = json.loads(side.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(other, dict):
+                stale.append(f"{digest} ({', '.join(namespace.differences(other)) or 'format'} differ)")
+        if stale:
+            logger.warning("kvoffload: disk tier %s: not reusing the cache of namespace %s in the same directory: "
+                           "what changes the KV changed; those files stay until removed", self.path, "; ".join(stale))
+        sidecar = directory / f"kvoffload-{namespace.digest}.namespace.json"
+        try:
+            tmp = sidecar.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(namespace.as_dict(), indent=1, sort_keys=True))
+            os.replace(tmp, sidecar)
+        except OSError as exc:
+            logger.warning("kvoffload: disk tier %s: cannot write %s (%s); it only explains namespace changes",
+                           self.path, sidecar, exc.strerror)
 
     @staticmethod
     def _open_locked(path: Path) -> int:
@@ -85,7 +146,9 @@ class DiskOffloadingManager(LedgerTierManager):
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise DiskTierError(f"disk tier {path} is in use by another process; give each engine its own path") from None
+                raise DiskTierError(f"disk tier {path} is in use by {lock_holder(path)}; stop that engine (a "
+                                    "killed server can leave its engine processes running), or give each engine "
+                                    "its own path") from None
             raise DiskTierError(f"disk tier {path}: cannot lock ({exc.strerror})") from None
         return fd
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvoffload.config import TierConfig
+from kvoffload.namespace import KVNamespace
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.offload.secondary import SecondaryTierManager
@@ -35,6 +36,7 @@ class TierContext:
     world_size: int  # ranks sharing each block (tensor x pipeline parallel)
     rank: int  # this worker's rank (the scheduler side serves all ranks)
     events: bool  # emit KV events for blocks entering and leaving the tier
+    namespace: KVNamespace | None = None  # what layout_digest covers, for log lines
 
 
 class TierKind(ABC):

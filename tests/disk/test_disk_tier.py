@@ -145,10 +145,32 @@ def test_other_layout_is_ignored_not_misread(tmp_path):
 def test_second_owner_is_refused_while_first_is_open(tmp_path):
     layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
     first = DiskOffloadingManager(tmp_path, layout)
-    with pytest.raises(DiskTierError, match="in use by another process"):
+    with pytest.raises(DiskTierError, match=rf"in use by process {os.getpid()} \(.*python.*\); stop that engine"):
         DiskOffloadingManager(tmp_path, layout)
     first.close()
     DiskOffloadingManager(tmp_path, layout).close()
+
+
+def test_refusal_names_the_process_holding_the_tier(tmp_path):
+    """A killed API server can leave vLLM's engine process holding the tier: the operator is
+    told which process that is."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from kvoffload.offload.disk_format import DiskLayout
+        from kvoffload.offload.disk_manager import DiskOffloadingManager
+        m = DiskOffloadingManager({str(tmp_path)!r}, DiskLayout("d", {BLOCK_BYTES}, 16, 4))
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(DiskTierError, match=rf"in use by process {holder.pid} \(.*python.*-c"):
+            DiskOffloadingManager(tmp_path, DiskLayout("d", BLOCK_BYTES, 16, 4))
+    finally:
+        holder.kill()
+        holder.wait()
+    DiskOffloadingManager(tmp_path, DiskLayout("d", BLOCK_BYTES, 16, 4)).close()  # released with the process
 
 
 def test_missing_or_unwritable_path_is_a_config_error(tmp_path):

@@ -47,7 +47,7 @@ def test_unopenable_tier_file_and_a_second_owner_are_one_line_errors(tmp_path, m
         cfg.write_text(yaml.safe_dump(_disk_cfg(tmp_path)))
         assert main(["run", "--config", str(cfg)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "in use by another process" in err[0]
+        assert len(err) == 1 and f"in use by process {os.getpid()} (" in err[0]
     real_open = os.open
 
     def denied(path, flags, mode=0o777, **kw):

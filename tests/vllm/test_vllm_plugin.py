@@ -240,3 +240,19 @@ def test_kv_events_reach_a_zmq_subscriber(model):
     events = [e for f in frames for e in decoder.decode(f[-1]).events]
     offloaded = [e for e in events if isinstance(e, BlockStored) and e.medium == "CPU"]
     assert sum(len(e.block_hashes) for e in offloaded) == 6  # 3 prompts x 2 full blocks, stored once
+
+
+@pytest.mark.parametrize("tiers", [CPU, "cpu+disk"])
+def test_weights_updated_in_place_then_reset_serve_no_old_kv(model, tmp_path, tiers):
+    """collective_rpc weight update + reset_prefix_cache(reset_connector=True): before the
+    connector implemented reset_cache, the next round got 256 cached tokens of the old weights."""
+    if tiers == "cpu+disk":
+        tiers = [{"medium": "cpu", "capacity": "64MiB"},
+                 {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    rpc = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # collective_rpc with a function (test only)
+    (fresh,) = run_job({"model": model, "rounds": 1, "new_weights_before": 0, "env": rpc})
+    rounds = run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 3, "new_weights_before": 1,
+                      "reset_connector": True, "env": rpc})
+    assert rounds[1]["tokens"] == fresh["tokens"]
+    assert all(c == 0 for c in rounds[1]["cached"])
+    assert rounds[2]["tokens"] == fresh["tokens"] and all(c >= 256 for c in rounds[2]["cached"])

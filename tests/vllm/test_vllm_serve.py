@@ -106,6 +106,9 @@ def test_vllm_serve_reports_kvoffload_hits_in_its_metrics(model, serve):
     assert m[("kvoffload_transfer_size_bytes_sum", (("direction", "host_to_device"),))] == 65536 * sum(cached) // 128
     assert m[("kvoffload_tier_capacity_blocks", (("tier", "cpu"),))] == 64 * 2**20 // 65536
     assert m[("kvoffload_tier_used_blocks", (("tier", "cpu"),))] >= 6
+    # The external reset reaches kvoffload: nothing stored before it is served after it.
+    assert _post(f"{base}/reset_prefix_cache?reset_external=true") == {"success": True}
+    assert _round(base, model) == [0, 0, 0]
 
 
 def test_vllm_serve_spec_route_feeds_vllms_offload_metrics(model, serve):

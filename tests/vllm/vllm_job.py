@@ -15,6 +15,13 @@ def make_model(path: str) -> None:
     LlamaForCausalLM(cfg).save_pretrained(path)
 
 
+def scale_weights(worker) -> None:  # runs in each worker: an in-place weight update
+    with torch.no_grad():
+        for p in worker.model_runner.model.parameters():
+            wave = torch.cos(torch.arange(p.numel(), dtype=torch.float32)).reshape(p.shape)
+            p.add_((0.05 * wave).to(p.dtype))
+
+
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
     from vllm import LLM, SamplingParams
@@ -34,8 +41,11 @@ if __name__ == "__main__":
     params = SamplingParams(max_tokens=8, temperature=0)
     rounds = []
     for r in range(spec.get("rounds", 2)):
-        if r:
-            llm.reset_prefix_cache()
+        new_weights = spec.get("new_weights_before") == r
+        if new_weights:
+            llm.collective_rpc(scale_weights)
+        if r or new_weights:
+            assert llm.reset_prefix_cache(reset_connector=new_weights and spec.get("reset_connector", False))
         outs = llm.generate(prompts, params, use_tqdm=False)
         rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
                        "cached": [o.num_cached_tokens for o in outs]})
