@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from kvoffload.auth import AuthConfig, parse_auth
 from kvoffload.errors import ConfigError, UnknownPluginError
 from kvoffload.registry import POLICIES, SPECS, TIER_KINDS
 
@@ -119,6 +120,8 @@ class OffloadConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     spec_name: str = "CPUOffloadingSpec"
     spec_module_path: str | None = None
+    #: The shared secret that authenticates records of disk and shared tiers.
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
@@ -143,7 +146,7 @@ class OffloadConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadConfig:
         _check_keys(raw, {"offloaded_block_size", "store_threshold", "max_tracker_size", "tiers", "transfer",
-                          "metrics", "spec_name", "spec_module_path"}, "")
+                          "metrics", "spec_name", "spec_module_path", "auth"}, "")
         if "tiers" not in raw:
             raise ConfigError("tiers: required; list at least one tier, e.g. [{name: cpu, medium: cpu, capacity: 8GiB}]")
         tiers = _parse_tiers(raw["tiers"])
@@ -176,6 +179,7 @@ class OffloadConfig:
             metrics=MetricsConfig(events=events, prometheus_port=port),
             spec_name=spec_name,
             spec_module_path=spec_module_path,
+            auth=parse_auth(raw.get("auth")),
         )
 
     @classmethod
@@ -307,6 +311,7 @@ def check_environment(cfg: OffloadConfig) -> list[str]:
     (returned as warnings): disk paths usable and writable, disk tiers within the free space
     (counting what their files already hold), CPU tiers within the machine's memory."""
     warnings: list[str] = []
+    cfg.auth.load_secret()  # a missing file or variable fails here, naming it
     for i, tier in enumerate(cfg.tiers):
         key = f"tiers[{i}]"
         if tier.medium == "disk":

@@ -23,6 +23,9 @@ BYTES_BUCKETS = (4096.0, 65536.0, 1048576.0, 16777216.0, 268435456.0)
 # The vocabulary, shared with the vLLM route (kvoffload.integrations.vllm_stats).
 HIT_TOKENS = ("kvoffload_hit_tokens", "Prompt tokens served from a cache, by tier")
 HIT_BLOCKS = ("kvoffload_hit_blocks", "Offloaded blocks loaded, by tier")
+REJECTED_BLOCKS = ("kvoffload_tier_rejected_blocks",
+                   "Blocks a tier's read rejected and dropped (served as misses), by tier and reason: checksum, "
+                   "auth (MAC: not written with the shared secret), key, format, missing")
 FAILED_HIT_TOKENS = ("kvoffload_failed_hit_tokens", "Prompt tokens a tier's lookup promised whose load failed (recomputed)")
 #: transfer stats key -> (metric name, help); counters labelled by direction.
 TRANSFER_COUNTERS = {
@@ -73,6 +76,11 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
     for tier, n in conn.get("hit_blocks_by_tier", {}).items():
         blocks.add_metric([tier], n)
     yield blocks
+    rejected = CounterMetricFamily(*REJECTED_BLOCKS, labels=["tier", "reason"])
+    for tier, reasons in conn.get("tier_rejected_blocks", {}).items():
+        for reason, n in reasons.items():
+            rejected.add_metric([tier, reason], n)
+    yield rejected
     failed = CounterMetricFamily(*FAILED_HIT_TOKENS, labels=["tier"])
     for tier, n in conn.get("failed_hit_tokens_by_tier", {}).items():
         failed.add_metric([tier], n)

@@ -45,14 +45,28 @@ class SchedulerSideStats:
     tier_hits: Counter = field(default_factory=Counter)
     tier_hit_blocks: Counter = field(default_factory=Counter)
     tier_failed_hits: Counter = field(default_factory=Counter)
+    #: (tier, reason) -> blocks a read rejected (checksum, auth, key, format, missing).
+    tier_rejected: Counter = field(default_factory=Counter)
 
 
 def _merge(parts: list[Any]) -> Any:
     """One result for a job every rank ran: success only if all succeeded."""
     first = parts[0]
     bad = tuple(sorted({b for p in parts for b in p.bad_block_ids}))
+    rejected: dict[str, int] = {}
+    for p in parts:  # ranks reject their shards of the same blocks: count each block once
+        for reason, n in p.rejected:
+            rejected[reason] = max(rejected.get(reason, 0), n)
     return replace(first, success=all(p.success for p in parts), nbytes=sum(p.nbytes for p in parts),
-                   seconds=max(p.seconds for p in parts), bad_block_ids=bad, io_error=any(p.io_error for p in parts))
+                   seconds=max(p.seconds for p in parts), bad_block_ids=bad, io_error=any(p.io_error for p in parts),
+                   rejected=tuple(sorted(rejected.items())))
+
+
+def _by_tier(counts: Counter) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (tier, reason), n in counts.items():
+        out.setdefault(tier, {})[reason] = n
+    return out
 
 
 class OffloadingConnectorScheduler:
@@ -376,6 +390,8 @@ class OffloadingConnectorScheduler:
                 self.stats.corrupt_blocks += self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
             self._record_io(job.medium, result)
             tier = job.medium.lower()  # "cpu" / "disk", as stats() reports
+            for reason, n in result.rejected:
+                self.stats.tier_rejected[(tier, reason)] += n
             if result.success:
                 self.stats.blocks_loaded += len(hashes)
                 if job.hit_tokens:
@@ -436,6 +452,7 @@ class OffloadingConnectorScheduler:
             "hit_tokens_by_tier": dict(s.tier_hits),
             "hit_blocks_by_tier": dict(s.tier_hit_blocks),
             "failed_hit_tokens_by_tier": dict(s.tier_failed_hits),
+            "tier_rejected_blocks": _by_tier(s.tier_rejected),
             "tier_usage": {tier: list(used_cap) for tier, used_cap in self.manager.usage().items()},
             "jobs_in_flight": len(self._jobs),
             "demotions_queued": int(self.manager.has_pending_demotions()),

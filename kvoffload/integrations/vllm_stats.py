@@ -23,6 +23,7 @@ from kvoffload.metrics import (
     GAUGES,
     HIT_BLOCKS,
     HIT_TOKENS,
+    REJECTED_BLOCKS,
     SECONDS_BUCKETS,
     TIER_COUNTERS,
     TRANSFER_COUNTERS,
@@ -33,6 +34,7 @@ METRICS: dict[str, tuple[str, str]] = {
     HIT_TOKENS[0]: ("tier", HIT_TOKENS[1]),
     HIT_BLOCKS[0]: ("tier", HIT_BLOCKS[1]),
     FAILED_HIT_TOKENS[0]: ("tier", FAILED_HIT_TOKENS[1]),
+    REJECTED_BLOCKS[0]: ("tier,reason", REJECTED_BLOCKS[1]),  # several labels: their values joined by ","
     **{name: ("", doc) for name, doc in CONNECTOR_COUNTERS.values()},
     **{name: ("direction", doc) for name, doc in TRANSFER_COUNTERS.values()},
     **{name: ("tier", doc) for name, doc in TIER_COUNTERS.values()},
@@ -45,6 +47,8 @@ def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
         HIT_TOKENS[0]: dict(stats.get("hit_tokens_by_tier", {})),
         HIT_BLOCKS[0]: dict(stats.get("hit_blocks_by_tier", {})),
         FAILED_HIT_TOKENS[0]: dict(stats.get("failed_hit_tokens_by_tier", {})),
+        REJECTED_BLOCKS[0]: {f"{tier},{reason}": n for tier, reasons in stats.get("tier_rejected_blocks", {}).items()
+                             for reason, n in reasons.items()},
     }
     for key, (name, _) in CONNECTOR_COUNTERS.items():
         out[name] = {"": stats.get(key, 0)}
@@ -118,7 +122,7 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
         def extra(label: str) -> list[str]:
-            return [*labelnames, *([label] if label else [])]
+            return [*labelnames, *(label.split(",") if label else [])]
 
         self._counters = {name: self._counter_cls(name=name, documentation=doc, labelnames=extra(label))
                           for name, (label, doc) in METRICS.items()}
@@ -139,7 +143,7 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
                 continue  # from a newer kvoffload: ignored, not fatal
             for label, value in values.items():
                 if value > 0:
-                    counter.labels(*engine, *([label] if label else [])).inc(value)
+                    counter.labels(*engine, *(label.split(",") if label else [])).inc(value)
         for name, values in transfer_stats_data.get("g", {}).items():
             gauge = self._gauges.get(name)
             if gauge is None:

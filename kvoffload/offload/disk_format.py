@@ -2,12 +2,13 @@
 
     file header (4 KiB): magic, version, layout digest, block bytes, block tokens, slots
     slot i at HEADER_BYTES + i * (RECORD_HEADER + block_bytes):
-        record header (64 B): magic, key type, key length, key (<= 32 B), data xxh64, header xxh64
+        record header (64 B): magic, key type, key length, key (<= 32 B), tag (16 B), header xxh64
         data (block_bytes)
 
 A record is written with one positioned write. On open, record headers are scanned (their own
-checksum rejects torn or stale headers); the data checksum is verified on every read, so a
-torn or flipped block is detected before it could be served. The file name carries the layout
+checksum rejects torn or stale headers); the tag (a checksum of the data, or with a shared
+secret a MAC over namespace, key and data: ``kvoffload.auth``) is verified on every read, so a
+torn, flipped or planted block is detected before it could be served. The file name carries the layout
 digest, and the header repeats it: a cache written for another model or layout is never read.
 """
 
@@ -22,12 +23,12 @@ from dataclasses import dataclass
 import xxhash
 
 FILE_MAGIC = b"KVOFFLD\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a 16-byte tag (checksum or MAC) in place of the data xxh64
 HEADER_BYTES = 4096
 RECORD_HEADER = 64
 _REC_MAGIC = b"KVB1"
 _FILE_FMT = "<8sI32sQQQ"  # magic, version, digest, block_bytes, block_tokens, num_slots
-_REC_FMT = "<4sBB32sQ"  # magic, key type, key length, key, data checksum  (then header checksum)
+_REC_FMT = "<4sBB32s16s"  # magic, key type, key length, key, tag  (then header checksum)
 _KEY_BYTES, _KEY_INT = 1, 2
 _SEEK_DATA: int | None = getattr(os, "SEEK_DATA", None)
 _FS_BLOCK = 4096
@@ -87,28 +88,35 @@ class DiskLayout:
         return len(header) >= HEADER_BYTES and header[:HEADER_BYTES] == self.file_header()
 
 
-def record_header(key: Hashable, data_checksum: int) -> bytes:
+def record_header(key: Hashable, tag: bytes) -> bytes:
     kind, raw = encode_key(key)
-    body = struct.pack(_REC_FMT, _REC_MAGIC, kind, len(raw), raw.ljust(32, b"\0"), data_checksum)
+    body = struct.pack(_REC_FMT, _REC_MAGIC, kind, len(raw), raw.ljust(32, b"\0"), tag)
     return (body + struct.pack("<Q", xxhash.xxh64_intdigest(body))).ljust(RECORD_HEADER, b"\0")
 
 
-def parse_record_header(raw: bytes) -> tuple[Hashable, int] | None:
-    """(key, data checksum), or None for an empty, torn or foreign header."""
+def parse_record_header(raw: bytes) -> tuple[Hashable, bytes] | None:
+    """(key, tag), or None for an empty, torn or foreign header."""
     size = struct.calcsize(_REC_FMT)
     if len(raw) < size + 8 or raw[:4] != _REC_MAGIC:
         return None
     body, (check,) = raw[:size], struct.unpack("<Q", raw[size : size + 8])
     if xxhash.xxh64_intdigest(body) != check:
         return None
-    _, kind, length, key, data_checksum = struct.unpack(_REC_FMT, body)
+    _, kind, length, key, tag = struct.unpack(_REC_FMT, body)
     if kind not in (_KEY_BYTES, _KEY_INT) or length > 32:
         return None
-    return decode_key(kind, key[:length]), data_checksum
+    return decode_key(kind, key[:length]), tag
 
 
-def data_checksum(data: bytes | memoryview) -> int:
-    return xxhash.xxh64_intdigest(data)
+def data_checksum(data: bytes | memoryview) -> bytes:
+    """The tag of a record without a shared secret (what ``RecordTagger().tag`` computes)."""
+    return xxhash.xxh3_128_digest(data)
+
+
+def key_bytes(key: Hashable) -> bytes:
+    """The bytes a record's tag covers for ``key`` (its type and encoding)."""
+    kind, raw = encode_key(key)
+    return bytes([kind]) + raw
 
 
 def scan_records(fd: int, layout: DiskLayout) -> Iterator[tuple[int, Hashable, bool]]:

@@ -10,11 +10,13 @@ through ``kvoffload.registry.TIER_KINDS``: built-ins, the ``kvoffload.tiers`` en
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from kvoffload.auth import AuthConfig
 from kvoffload.config import TierConfig
 from kvoffload.namespace import KVNamespace
 from kvoffload.offload.abstract import Medium
@@ -37,6 +39,14 @@ class TierContext:
     rank: int  # this worker's rank (the scheduler side serves all ranks)
     events: bool  # emit KV events for blocks entering and leaving the tier
     namespace: KVNamespace | None = None  # what layout_digest covers, for log lines
+    auth: AuthConfig = field(default_factory=AuthConfig)  # authenticates the tier's records
+
+    def tier_digest(self, key_id: str) -> str:
+        """``layout_digest`` folded with the secret's id: replicas with another secret (a
+        rotation under way) keep disjoint records instead of rejecting each other's."""
+        if key_id == "none":
+            return self.layout_digest
+        return hashlib.sha256(f"{self.layout_digest}|auth={key_id}".encode()).hexdigest()[:16]
 
 
 class TierKind(ABC):

@@ -37,7 +37,7 @@ class CPUOffloadingSpec(OffloadingSpec):
         for i, tier in enumerate(self.config.tiers[1:], start=1):
             ctx = TierContext(tier, f"tiers[{i}]", blocks[i], self.offloaded_block_bytes, self.offloaded_block_size,
                               info.layout_digest, info.world_size, info.rank, self.config.metrics.events,
-                              info.namespace)
+                              info.namespace, self.config.auth)
             kinds.append(TIER_KINDS.load(tier.medium)(ctx))
         return kinds
 

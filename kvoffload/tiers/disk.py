@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from kvoffload.auth import RecordTagger
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.disk_format import DiskLayout
 from kvoffload.offload.disk_manager import DiskOffloadingManager, prepare_tier_dir, tier_file
 from kvoffload.offload.mediums import DiskLoadStoreSpec
-from kvoffload.tiers.base import TierKind
+from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.transfer.disk_io import DiskIO
 
 
@@ -14,9 +15,15 @@ class DiskTier(TierKind):
     medium = Medium.DISK
     spec_type = DiskLoadStoreSpec
 
+    def __init__(self, ctx: TierContext) -> None:
+        super().__init__(ctx)
+        secret = ctx.auth.load_secret()
+        self._tagger_args = (secret, ctx.auth.algorithm)
+        self._digest = ctx.tier_digest(RecordTagger(secret).key_id) if ctx.layout_digest else "unnamed"
+
     def layout(self) -> DiskLayout:
         c = self.ctx
-        return DiskLayout(digest=c.layout_digest or "unnamed", block_bytes=c.block_bytes, block_tokens=c.block_tokens,
+        return DiskLayout(digest=self._digest, block_bytes=c.block_bytes, block_tokens=c.block_tokens,
                           num_slots=c.num_slots, world_size=c.world_size)
 
     def _path(self) -> str:
@@ -31,4 +38,6 @@ class DiskTier(TierKind):
 
     def build_io(self) -> DiskIO:
         layout = self.layout().for_rank(self.ctx.rank)  # each rank reads and writes only its own file
-        return DiskIO(layout, tier_file(prepare_tier_dir(self._path(), f"{self.ctx.key}.path"), layout))
+        secret, algorithm = self._tagger_args
+        tagger = RecordTagger(secret, layout.file_digest, algorithm)
+        return DiskIO(layout, tier_file(prepare_tier_dir(self._path(), f"{self.ctx.key}.path"), layout), tagger)

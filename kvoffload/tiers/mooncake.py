@@ -10,9 +10,11 @@ its CPU victims, which is what makes the store useful to the other replicas.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kvoffload.auth import RecordTagger
 from kvoffload.config import TierConfig, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.offload.abstract import Medium
@@ -20,11 +22,13 @@ from kvoffload.offload.mediums import MooncakeLoadStoreSpec
 from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.offload.store_lookups import StoreLookups
-from kvoffload.tiers.base import TierKind
+from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.mooncake_options import OPTION_KEYS, MooncakeOptions, parse_options
 from kvoffload.tiers.mooncake_store import MooncakeStore
 from kvoffload.transfer.store_io import StoreIO
 from kvoffload.transfer.store_record import HEADER_BYTES
+
+logger = logging.getLogger(__name__)
 
 
 class MooncakeTier(TierKind):
@@ -53,11 +57,23 @@ class MooncakeTier(TierKind):
         options: MooncakeOptions = self.ctx.tier.options
         return options
 
+    def __init__(self, ctx: TierContext) -> None:
+        super().__init__(ctx)
+        self._secret = ctx.auth.load_secret()
+        self._tagger = RecordTagger(self._secret, "", ctx.auth.algorithm)  # the key name carries the namespace
+
     def keys(self) -> StoreKeys:
         c = self.ctx
-        return StoreKeys.of(c.layout_digest, c.block_tokens, c.block_bytes, c.world_size)
+        return StoreKeys.of(c.tier_digest(self._tagger.key_id), c.block_tokens, c.block_bytes, c.world_size)
 
     def build_manager(self) -> RemoteTierManager:
+        if not self._tagger.authenticated:
+            logger.warning("kvoffload: %s (mooncake) has no auth secret: any client of the store can plant KV that "
+                           "this engine serves; set auth.secret_file or auth.secret_env (see the README's security "
+                           "notes)", self.ctx.key)
+        else:
+            logger.info("kvoffload: %s (mooncake): records authenticated with %s, secret id %s", self.ctx.key,
+                        self._tagger.algorithm, self._tagger.key_id)
         store = MooncakeStore.connect(self.options, self.ctx.key, lend_segment=False)
         lookups = StoreLookups(store, self.keys())
         return RemoteTierManager(self.spec_type, lookups, self.ctx.num_slots, self.options.retry_after_s,
@@ -71,7 +87,7 @@ class MooncakeTier(TierKind):
                               f"block record; raise it to at least {format_bytes(64 * record)}")
         store = MooncakeStore.connect(opts, self.ctx.key, lend_segment=True)
         try:
-            return StoreIO(store, self.keys(), self.ctx.rank, self.ctx.block_bytes, opts.local_buffer)
+            return StoreIO(store, self.keys(), self.ctx.rank, self.ctx.block_bytes, opts.local_buffer, self._tagger)
         except BaseException:
             store.close()
             raise

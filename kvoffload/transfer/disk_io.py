@@ -1,20 +1,23 @@
-"""DiskIO: keyed records in one rank's tier file, written with a header (key, checksum) and
-checked on every read, so nothing torn, flipped or misplaced is ever served."""
+"""DiskIO: keyed records in one rank's tier file, written with a header (key, tag) and checked
+on every read, so nothing torn, flipped, misplaced or (with a shared secret) planted is served."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 
+from kvoffload.auth import RecordTagger
 from kvoffload.offload.abstract import BlockHash
-from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout, data_checksum, parse_record_header, record_header
+from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout, key_bytes, parse_record_header, record_header
 from kvoffload.transfer.handler import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
 
 
 class DiskIO(TierIO):
-    def __init__(self, layout: DiskLayout, path: str | os.PathLike) -> None:
+    def __init__(self, layout: DiskLayout, path: str | os.PathLike, tagger: RecordTagger | None = None) -> None:
         self.layout = layout
+        self.tagger = tagger or RecordTagger()
         self.path = str(path)
         self.name = f"disk tier {self.path}"
         # O_CREAT: the worker may start before the scheduler side creates and sizes the file
@@ -24,7 +27,7 @@ class DiskIO(TierIO):
     def write(self, blocks: Sequence[memoryview], slots: list[int], keys: list[BlockHash]) -> None:
         try:
             for data, slot, key in zip(blocks, slots, keys):
-                header = record_header(key, data_checksum(data))
+                header = record_header(key, self.tagger.tag(key_bytes(key), data))
                 written = os.pwritev(self.fd, [header, data], self.layout.offset(slot))
                 if written != RECORD_HEADER + len(data):
                     raise OSError(f"short write of slot {slot}: {written} bytes")
@@ -33,6 +36,7 @@ class DiskIO(TierIO):
 
     def read(self, slots: list[int], keys: list[BlockHash], out: Sequence[memoryview]) -> None:
         bad: list[int] = []
+        reasons: Counter[str] = Counter()
         header = bytearray(RECORD_HEADER)
         for slot, key, block in zip(slots, keys, out):
             try:
@@ -40,12 +44,19 @@ class DiskIO(TierIO):
             except OSError as exc:
                 raise BlockTransferError(f"{self.name}: read of slot {slot} failed: {exc}", [slot], io=True) from exc
             parsed = parse_record_header(bytes(header))
-            if n != RECORD_HEADER + len(block) or parsed is None or parsed[1] != data_checksum(block):
-                bad.append(slot)  # torn, truncated or flipped
+            if n != RECORD_HEADER + len(block) or parsed is None:
+                reason = "format"  # torn, truncated or never written
             elif parsed[0] != key:
-                bad.append(slot)  # an intact record of another block: misplaced, never served
+                reason = "key"  # an intact record of another block: misplaced, never served
+            elif not self.tagger.check(key_bytes(key), block, parsed[1]):
+                reason = self.tagger.failure_reason  # flipped, or written without the secret
+            else:
+                continue
+            bad.append(slot)
+            reasons[reason] += 1
         if bad:
-            raise BlockTransferError(f"{self.name}: records failed their checksum or key check: slots {bad[:8]}", bad)
+            raise BlockTransferError(f"{self.name}: records failed their checks ({dict(reasons)}): slots {bad[:8]}",
+                                     bad, reasons=dict(reasons))
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -28,15 +28,19 @@ class TransferResult:
     bad_block_ids: tuple[int, ...] = ()
     #: The copy failed with an I/O error (the tier's health counts these).
     io_error: bool = False
+    #: Bad source blocks by reason ("checksum", "auth", "key", "format", "missing"), for the
+    #: kvoffload_tier_rejected_blocks_total{tier,reason} counter.
+    rejected: tuple[tuple[str, int], ...] = ()
 
 
 class BlockTransferError(Exception):
     """A copy failed at known source slots; ``io``: an I/O error, else bad data or key."""
 
-    def __init__(self, message: str, slots: list[int], io: bool = False) -> None:
+    def __init__(self, message: str, slots: list[int], io: bool = False, reasons: dict[str, int] | None = None) -> None:
         super().__init__(message)
         self.slots = slots
         self.io = io
+        self.reasons = reasons or {}
 
 
 class OffloadingHandler(ABC):
@@ -82,13 +86,14 @@ class TrackedJobsHandler(OffloadingHandler):
                     del self._by_id[job_id]
                     err = handle.error()
                     bad: tuple[int, ...] = ()
+                    rejected: tuple[tuple[str, int], ...] = ()
                     io = isinstance(err, OSError)
                     if isinstance(err, BlockTransferError):
-                        bad, io = tuple(err.slots), err.io
+                        bad, io, rejected = tuple(err.slots), err.io, tuple(sorted(err.reasons.items()))
                     if err is not None:
                         self._log_failure(direction, err)
                     out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
-                                              direction, bad, io))
+                                              direction, bad, io, rejected))
         return out
 
     def _log_failure(self, direction: str, err: BaseException) -> None:

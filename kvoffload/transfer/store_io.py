@@ -15,10 +15,12 @@ transfer failure) is an I/O error and counts against the tier's health; a value 
 from __future__ import annotations
 
 import ctypes
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from kvoffload.auth import RecordTagger
 from kvoffload.kv_store import KeyValueStore
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.store_keys import StoreKeys
@@ -36,8 +38,10 @@ def _address(view: memoryview) -> int:
 
 
 class StoreIO(TierIO):
-    def __init__(self, store: KeyValueStore, keys: StoreKeys, rank: int, block_bytes: int, staging_bytes: int) -> None:
+    def __init__(self, store: KeyValueStore, keys: StoreKeys, rank: int, block_bytes: int, staging_bytes: int,
+                 tagger: RecordTagger | None = None) -> None:
         self.name = store.name
+        self.tagger = tagger or RecordTagger()
         self.store = store
         self.keys = keys
         self.rank = rank
@@ -80,7 +84,7 @@ class StoreIO(TierIO):
         for batch, rows in self._chunks(len(blocks)):
             batch_names = [names[i] for i in batch]
             if addrs is not None:  # header from the arena, the block from where it lies
-                headers = b"".join([make_header(names[i], blocks[i]) for i in batch])
+                headers = b"".join([make_header(names[i], blocks[i], self.tagger) for i in batch])
                 records[rows, :HEADER_BYTES] = np.frombuffer(headers, dtype=np.uint8).reshape(len(rows), HEADER_BYTES)
                 status = self.store.put_from_parts(
                     batch_names, [[self.arena.address(r), addrs[i]] for r, i in zip(rows, batch)],
@@ -88,7 +92,7 @@ class StoreIO(TierIO):
             else:  # the block copied next to its header, in registered memory
                 for row, i in zip(rows, batch):
                     records[row, HEADER_BYTES:] = np.frombuffer(blocks[i], dtype=np.uint8)
-                    write_header(records[row], names[i])
+                    write_header(records[row], names[i], self.tagger)
                 status = self.store.put_from(batch_names, [self.arena.address(r) for r in rows],
                                              [self.arena.record_bytes] * len(rows))
             for i, code in zip(batch, status):
@@ -109,6 +113,7 @@ class StoreIO(TierIO):
         records = self.arena.rows
         bad: list[int] = []
         damaged: list[str] = []
+        reasons: Counter[str] = Counter()
         io = False
         why = ""
         for batch, rows in self._chunks(len(slots)):
@@ -123,22 +128,27 @@ class StoreIO(TierIO):
             for row, i, code in zip(rows, batch, status):
                 if code != self.arena.record_bytes:
                     bad.append(slots[i])
-                    io = io or self.store.unreachable(code)
+                    unreachable = self.store.unreachable(code)
+                    io = io or unreachable
+                    if not unreachable:
+                        reasons["missing" if code < 0 else "format"] += 1
                     why = why or (f"status {code}" if code < 0 else f"{code}-byte value")
                     continue
                 payload = out[i] if addrs is not None else records[row, HEADER_BYTES:].data
-                problem = check_header(records[row, :HEADER_BYTES].tobytes(), payload, names[i])
+                problem = check_header(records[row, :HEADER_BYTES].tobytes(), payload, names[i], self.tagger)
                 if problem is not None:
                     bad.append(slots[i])
                     damaged.append(names[i])
                     self.num_rejected += 1
-                    why = why or problem
+                    reasons[problem[0]] += 1
+                    why = why or problem[1]
                 elif addrs is None:
                     np.copyto(np.frombuffer(out[i], dtype=np.uint8), records[row, HEADER_BYTES:])
         if damaged:
             self.store.remove(damaged)  # else every replica would keep finding and failing on them
         if bad:
-            raise BlockTransferError(f"{self.name}: {len(bad)} of {len(slots)} values unusable ({why})", bad, io=io)
+            raise BlockTransferError(f"{self.name}: {len(bad)} of {len(slots)} values unusable ({why})", bad, io=io,
+                                     reasons=dict(reasons))
 
     def close_memory(self) -> None:
         """Unregister the staging memory and every registered region (the store stays open)."""

@@ -56,11 +56,11 @@ def test_record_detects_flipped_bytes_other_keys_and_garbage():
     record[HEADER_BYTES:] = np.arange(128, dtype=np.uint8)
     write_header(record, "k1")
     assert check_record(record, "k1") is None
-    assert check_record(record, "k2") == "written under another key"
+    assert check_record(record, "k2") == ("key", "written under another key")
     flipped = record.copy()
     flipped[HEADER_BYTES + 5] ^= 1
-    assert check_record(flipped, "k1") == "payload checksum mismatch"
-    assert check_record(np.full_like(record, 7), "k1") == "not a kvoffload block record"
+    assert check_record(flipped, "k1") == ("checksum", "payload checksum mismatch")
+    assert check_record(np.full_like(record, 7), "k1") == ("format", "not a kvoffload block record")
 
 
 # ---- lookups -----------------------------------------------------------------------------
