@@ -215,7 +215,9 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, cache_salt: str | None = None) -> list[RequestOutput]:
+        """Run the prompts to completion. ``cache_salt`` (a tenant's secret, as vLLM's) enters
+        every block hash: only requests with the same salt share cached KV, in every tier."""
         single = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
         batch: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
         prompts = batch
@@ -230,7 +232,8 @@ class LLM:
         # i must not leave requests 0..i-1 running with nobody to collect them.
         checked = [self._check_request(p, sp, f"req-{self._num_requests + i}")
                    for i, (p, sp) in enumerate(zip(prompts, params))]
-        rids = [self._enqueue(f"req-{self._num_requests}", ids, sp) for ids, sp in zip(checked, params)]
+        rids = [self._enqueue(f"req-{self._num_requests}", ids, sp, cache_salt=cache_salt)
+                for ids, sp in zip(checked, params)]
         requests = {rid: self.scheduler.requests[rid] for rid in rids}
         self._open_groups.update(rids)
         self._run_until_done(set(rids), use_tqdm)

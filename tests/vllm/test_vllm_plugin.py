@@ -256,3 +256,13 @@ def test_weights_updated_in_place_then_reset_serve_no_old_kv(model, tmp_path, ti
     assert rounds[1]["tokens"] == fresh["tokens"]
     assert all(c == 0 for c in rounds[1]["cached"])
     assert rounds[2]["tokens"] == fresh["tokens"] and all(c >= 256 for c in rounds[2]["cached"])
+
+
+def test_cache_salt_separates_tenants_in_the_offload_tiers(model, plain, tmp_path):
+    tiers = [{"medium": "cpu", "capacity": "64MiB"},
+             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    rounds = run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 4,
+                      "salts": ["tenant-a", "tenant-b", None, "tenant-a"]})
+    assert [r["cached"] for r in rounds[:3]] == [[0, 0, 0]] * 3  # each round after a device reset
+    assert all(c >= 256 for c in rounds[3]["cached"])  # the same tenant's blocks, from kvoffload
+    assert all(r["tokens"] == plain[0]["tokens"] for r in rounds)

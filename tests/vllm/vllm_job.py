@@ -46,7 +46,8 @@ if __name__ == "__main__":
             llm.collective_rpc(scale_weights)
         if r or new_weights:
             assert llm.reset_prefix_cache(reset_connector=new_weights and spec.get("reset_connector", False))
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        salt = (spec.get("salts") or [None] * (r + 1))[r]
+        outs = llm.generate([{**p, "cache_salt": salt} if salt else p for p in prompts], params, use_tqdm=False)
         rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
                        "cached": [o.num_cached_tokens for o in outs]})
     if spec.get("metrics"):  # counters whose name starts with one of the prefixes, by labels
