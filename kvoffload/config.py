@@ -66,6 +66,16 @@ def _check_keys(raw: Mapping[str, Any], allowed: set[str], path: str) -> None:
         raise ConfigError(f"{where}: unknown key; allowed keys here: {', '.join(sorted(allowed))}")
 
 
+def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """A nested mapping (absent or null: empty); anything else is an error naming it."""
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: {value!r} must be a mapping of its keys (or left out)")
+    return value
+
+
 def _int(raw: Mapping[str, Any], key: str, default: int | None, path: str, minimum: int) -> int | None:
     value = raw.get(key, default)
     if value is None:
@@ -151,12 +161,12 @@ class OffloadConfig:
             raise ConfigError("tiers: required; list at least one tier, e.g. [{name: cpu, medium: cpu, capacity: 8GiB}]")
         tiers = _parse_tiers(raw["tiers"])
         threshold = _int(raw, "store_threshold", 0, "", 0)
-        transfer_raw = raw.get("transfer") or {}
+        transfer_raw = _section(raw, "transfer")
         _check_keys(transfer_raw, {"backend", "num_streams"}, "transfer")
         backend = transfer_raw.get("backend", "auto")
         if backend not in ("auto", "cuda", "cpu"):
             raise ConfigError(f"transfer.backend: {backend!r}; use auto, cuda or cpu")
-        metrics_raw = raw.get("metrics") or {}
+        metrics_raw = _section(raw, "metrics")
         _check_keys(metrics_raw, {"events", "prometheus_port"}, "metrics")
         events = metrics_raw.get("events", False)
         if not isinstance(events, bool):

@@ -95,6 +95,8 @@ def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"kv_connector_extra_config.config: {raw!r} must be a dict (the YAML schema inline)")
     path = extra.get("config_file")
+    if path is not None and not isinstance(path, str):
+        raise ConfigError(f"kv_connector_extra_config.config_file: {path!r} must be the path of a YAML file (a string)")
     if not path and not raw:
         raise ConfigError('kv_connector_extra_config needs "config_file" (a YAML path) or "config" (a dict)')
     if not path:

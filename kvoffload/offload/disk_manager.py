@@ -12,8 +12,10 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
+from kvoffload.config import format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.namespace import KVNamespace
 from kvoffload.offload.disk_format import DiskLayout, scan_records
@@ -103,8 +105,23 @@ class DiskOffloadingManager(LedgerTierManager):
         except BaseException:
             self.close()
             raise
+        self._warn_if_larger_than_free_space(directory)
         if namespace is not None:
             self._announce(directory, namespace)
+
+    def _warn_if_larger_than_free_space(self, directory: Path) -> None:
+        """The files are sparse: creating them succeeds whatever their size, and a tier larger
+        than the file system's free space fails only later, with ENOSPC, when it fills."""
+        try:
+            held = sum(os.fstat(fd).st_blocks * 512 for fd in self._fds)
+            free = shutil.disk_usage(directory).free + held
+        except OSError:
+            return
+        needed = self.layout.file_bytes * len(self._fds)
+        if needed > free:
+            logger.warning("kvoffload: disk tier %s: capacity %s exceeds the %s free on its file system; writes will "
+                           "fail (ENOSPC) and take the tier out of service once it fills: lower the tier's capacity "
+                           "or free space", self.path, format_bytes(needed), format_bytes(free))
 
     def _announce(self, directory: Path, namespace: KVNamespace) -> None:
         """One line naming the namespace opened, and one saying why caches of other namespaces

@@ -297,3 +297,16 @@ def prometheus_text(llm) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(llm.stats))
     return generate_latest(registry).decode()
+
+
+def test_a_tier_larger_than_the_free_space_warns_at_start_up(tmp_path, monkeypatch, caplog):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(2**30, 2**30 - 2**20, 2**20))
+    layout = DiskLayout("d", BLOCK_BYTES, 16, 4096)  # 32 MiB of records, 1 MiB free
+    with caplog.at_level("WARNING", logger="kvoffload"):
+        DiskOffloadingManager(tmp_path, layout).close()
+    (line,) = [r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()]
+    assert "capacity 32.25 MiB exceeds the 1.0" in line and "lower the tier's capacity" in line

@@ -43,6 +43,9 @@ def test_sizes(text, expected):
         ({**cpu(), "transfer": {"num_streams": 0}}, "transfer.num_streams: 0"),
         ({**cpu(), "metrics": {"prometheus_port": 70000}}, "metrics.prometheus_port: 70000"),
         ({**cpu(), "metrics": {"colour": 1}}, "metrics.colour: unknown key"),
+        ({**cpu(), "transfer": []}, r"transfer: \[\] must be a mapping"),
+        ({**cpu(), "metrics": "on"}, "metrics: 'on' must be a mapping"),
+        ({**cpu(), "auth": "hunter2"}, "auth: 'hunter2' must be a mapping"),
     ],
 )
 def test_invalid_configs_name_the_key(raw, key):

@@ -211,6 +211,9 @@ def test_tiers_need_a_dict_config():
         load_extra_config({})
     cfg = load_extra_config({"config": {"tiers": [{"medium": "cpu", "capacity": "1KiB"}]}})
     assert cfg.tiers[0].capacity_bytes == 1024
+    for bad in (123, ["a.yaml"]):  # was a raw TypeError from open()
+        with pytest.raises(ConfigError, match=r"kv_connector_extra_config.config_file: .* must be the path of a YAML"):
+            load_extra_config({"config_file": bad})
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])
