@@ -21,7 +21,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=100, help="how many cases to run (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first case; case i uses seed + i")
     parser.add_argument("--verbose", action="store_true", help="show the warnings the faults provoke")
+    parser.add_argument("--engine", choices=["bundled", "vllm"], default="bundled",
+                        help="bundled: random configurations in-process (default); vllm: HTTP chaos against a real "
+                             "vllm serve (client aborts, n=2, cache resets, corrupted disk records, both failure "
+                             "policies); needs vLLM installed")
+    parser.add_argument("--model", default=None, help="vllm: a checkpoint directory (default: a tiny random Llama)")
+    parser.add_argument("--duration", type=float, default=60.0, help="vllm: seconds of traffic per configuration")
+    parser.add_argument("--clients", type=int, default=64, help="vllm: concurrent streaming clients")
     args = parser.parse_args(argv)
+    if args.engine == "vllm":
+        if args.duration <= 0 or args.clients < 1:
+            parser.error(f"--duration {args.duration} / --clients {args.clients}: must be positive")
+        return _vllm_chaos(args.model, args.duration, args.clients, args.seed)
     if args.cases < 1:
         parser.error(f"--cases {args.cases}: must be >= 1")
     torch.set_num_threads(1)
@@ -44,3 +55,38 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print("failing seeds: " + " ".join(str(r.case.seed) for r in failures))
     return 1 if failures else 0
+
+
+def _vllm_chaos(model: str | None, duration: float, clients: int, seed: int) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from kvoffload.testing.vllm_chaos import ChaosConfig, configurations, reference_outputs, run_chaos
+
+    with tempfile.TemporaryDirectory(prefix="kvoffload-chaos-") as tmp:
+        work = Path(tmp)
+        if model is None:
+            model = str(work / "tiny-llama")
+            make_tiny_llama(model)
+        cfg = ChaosConfig(model=model, duration_s=duration, clients=clients, seed=seed)
+        print(f"vllm chaos: plain vLLM reference outputs for {model} ...", flush=True)
+        ref = reference_outputs(cfg, work)
+        reports = []
+        for name, tiers, policy, disk in configurations(work):
+            print(f"vllm chaos: {name}, {clients} clients for {duration:.0f} s ...", flush=True)
+            report = run_chaos(cfg, name, tiers, policy, work, ref, disk)
+            print(report.line(), flush=True)
+            for problem in (report.errors + report.mismatches)[:5]:
+                print(f"     {problem.splitlines()[0][:300]}")
+            reports.append(report)
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def make_tiny_llama(path: str) -> None:
+    """A 2-layer random Llama with transformers (nothing downloaded)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048)
+    LlamaForCausalLM(cfg).save_pretrained(path)

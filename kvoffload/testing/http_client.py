@@ -1,0 +1,105 @@
+"""One streaming completion against an OpenAI-compatible server, timed token by token.
+
+Token-id prompts (``/v1/completions`` with ``"prompt": [ids]`` and ``return_token_ids``), so
+no tokenizer is needed on either side. A client may disconnect after ``abort_after_s``: the
+connection is closed mid-stream, which is how vLLM learns of a client abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Completion:
+    """What one request saw: tokens per choice, when they came, how it ended."""
+
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    finish: dict[int, str | None] = field(default_factory=dict)
+    start: float = 0.0
+    #: Arrival time of every streamed token (all choices), relative to ``start``.
+    times: list[float] = field(default_factory=list)
+    cached_tokens: int | None = None
+    status: int = 0
+    error: str = ""
+    aborted: bool = False
+
+    @property
+    def ttft(self) -> float | None:
+        return self.times[0] if self.times else None
+
+    @property
+    def inter_token(self) -> list[float]:
+        return [b - a for a, b in zip(self.times, self.times[1:])]
+
+    @property
+    def ok(self) -> bool:
+        return not self.aborted and not self.error and self.status == 200 and "error" not in self.finish.values()
+
+
+async def stream_completion(session: Any, url: str, model: str, prompt: list[int], max_tokens: int,
+                            abort_after_s: float | None = None, n: int = 1, seed: int | None = None,
+                            timeout_s: float = 300.0) -> Completion:
+    """POST one streaming completion; greedy unless ``seed`` is given (sampled, reproducible)."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                            "return_token_ids": True, "n": n, "ignore_eos": True,
+                            "stream_options": {"include_usage": True}}
+    if seed is None:
+        body["temperature"] = 0.0
+    else:
+        body.update(temperature=1.0, seed=seed)
+    out = Completion(start=time.perf_counter())
+    try:
+        task = asyncio.ensure_future(_read(session, f"{url}/v1/completions", body, out))
+        if abort_after_s is None:
+            await asyncio.wait_for(task, timeout_s)
+        else:
+            done, _ = await asyncio.wait({task}, timeout=abort_after_s)
+            if not done:
+                task.cancel()  # closes the connection mid-stream: vLLM aborts the request
+                out.aborted = True
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+            else:
+                task.result()
+    except asyncio.TimeoutError:
+        out.error = f"no complete answer within {timeout_s:.0f} s"
+    except Exception as exc:  # noqa: BLE001 - a refused or reset connection is a result, not a crash
+        out.error = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+async def _read(session: Any, url: str, body: dict[str, Any], out: Completion) -> None:
+    async with session.post(url, json=body) as resp:
+        out.status = resp.status
+        if resp.status != 200:
+            out.error = (await resp.text())[:300]
+            return
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            chunk = json.loads(data)
+            if "error" in chunk:
+                out.error = str(chunk["error"])[:300]
+                return
+            now = time.perf_counter() - out.start
+            for choice in chunk.get("choices") or ():
+                ids = choice.get("token_ids") or []
+                out.tokens.setdefault(choice["index"], []).extend(ids)
+                out.times.extend([now] * len(ids))
+                if choice.get("finish_reason") is not None:
+                    out.finish[choice["index"]] = choice["finish_reason"]
+            usage = chunk.get("usage")
+            if usage:
+                details = usage.get("prompt_tokens_details") or {}
+                out.cached_tokens = details.get("cached_tokens") or 0

@@ -1,0 +1,115 @@
+"""A real ``vllm serve`` on a free loopback port, for the serving benchmark and the HTTP chaos
+run: started as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script looks
+for a package named ``vllm``), waited for on ``/health``, scraped on ``/metrics``, stopped with
+its engine processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """``with VllmServer(model, log_path, kv_transfer_config=...) as server: server.url``."""
+
+    def __init__(self, model: str, log_path: str | os.PathLike[str], kv_transfer_config: dict[str, Any] | None = None,
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+                 start_timeout_s: float = 400.0) -> None:
+        self.model = model
+        self.log_path = Path(log_path)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(self.port),
+                "--host", "127.0.0.1", "--skip-tokenizer-init", "--enforce-eager", "--seed", "0",
+                "--enable-prompt-tokens-details", "--gpu-memory-utilization", "0.1", *(extra_args or [])]
+        if kv_transfer_config is not None:
+            args += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        self.args = args
+        self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the server writes it until stop()
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)  # its own group: stop() ends the engine too
+        log.close()
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}) at start-up:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"vllm serve did not answer /health within {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.healthy()
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 120) -> dict[str, Any]:
+        req = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body or {}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode()
+        out: dict[str, Any] = json.loads(text) if text.strip() else {}
+        return out
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of ``/metrics`` by (name, labels without engine and model_name)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name")))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # the engine core and workers are in the same group: none outlives the server
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
