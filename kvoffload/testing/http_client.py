@@ -8,6 +8,7 @@ connection is closed mid-stream, which is how vLLM learns of a client abort.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -62,10 +63,8 @@ async def stream_completion(session: Any, url: str, model: str, prompt: list[int
             if not done:
                 task.cancel()  # closes the connection mid-stream: vLLM aborts the request
                 out.aborted = True
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
             else:
                 task.result()
     except asyncio.TimeoutError:

@@ -74,7 +74,7 @@ def prompt_pool(seed: int = 0, prefixes: int = 10, suffixes: int = 3) -> list[li
     """Prompts of 2-3 full blocks sharing 2-block prefixes: hits at every level."""
     rng = random.Random(seed)
     pool = []
-    for p in range(prefixes):
+    for _ in range(prefixes):
         prefix = [rng.randrange(1, 500) for _ in range(2 * BLOCK)]
         for s in range(suffixes):
             pool.append(prefix + [rng.randrange(1, 500) for _ in range(40 + s * BLOCK)])

@@ -5,6 +5,7 @@ its engine processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,12 +105,8 @@ class VllmServer:
             return
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # the engine core and workers are in the same group: none outlives the server
+        with contextlib.suppress(ProcessLookupError):  # the engine processes share its group: none outlives it
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
