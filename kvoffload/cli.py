@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     bench = sub.add_parser("bench", help="speed figures with baselines and ratios")
-    bench.add_argument("what", choices=["engine", "manager", "transfer", "e2e", "disk", "remote", "preemption", "chaos"])
+    bench.add_argument("what", choices=["engine", "manager", "transfer", "e2e", "disk", "remote", "preemption", "chaos", "serve"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark")
     bench.set_defaults(func=cmd_bench)
 

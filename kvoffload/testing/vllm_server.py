@@ -44,6 +44,18 @@ class VllmServer:
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @classmethod
+    def attach(cls, url: str, model: str = "") -> VllmServer:
+        """A server someone else runs: requests and scrapes only (``model``: asked of
+        ``/v1/models`` when empty)."""
+        server = cls.__new__(cls)
+        server.url, server.proc, server.log_path, server.args = url.rstrip("/"), None, Path("/dev/null"), []
+        if not model:
+            with urllib.request.urlopen(f"{server.url}/v1/models", timeout=30) as resp:
+                model = json.loads(resp.read())["data"][0]["id"]
+        server.model = model
+        return server
+
     def __enter__(self) -> VllmServer:
         self.start()
         return self

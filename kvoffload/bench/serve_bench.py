@@ -1,0 +1,395 @@
+"""kvoffload bench serve: does kvoffload make a real ``vllm serve`` faster, and what does it cost
+where it cannot help?
+
+Starts ``vllm serve`` once per configuration (plain vLLM with prefix caching, and each
+kvoffload configuration), all with the same engine settings and the same device cache size
+(``--num-gpu-blocks-override``: a connector must not change how much KV the device holds),
+checks from their start-up lines that nothing else differs, and drives each with the same
+workload of concurrent streaming clients over HTTP (token-id prompts, no tokenizer). Every
+repetition runs every configuration once, in a rotating order, after resetting its caches;
+ratios to plain vLLM are taken run by run. Reports TTFT p50/p95/p99 (all requests, and the
+returning turns of a chat), inter-token latency, request and token throughput, prefix hits by
+tier from ``/metrics``, and whether every response's tokens equal plain vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvoffload.bench.measure import Sample, add_reps, preamble
+from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace
+from kvoffload.testing.http_client import Completion, stream_completion
+from kvoffload.testing.vllm_server import VllmServer
+
+VLLM_BLOCK = 128  # vLLM's CPU backend block size (tokens)
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
+
+
+@dataclass(slots=True)
+class TurnResult:
+    sid: str
+    turn: int
+    completion: Completion
+
+
+@dataclass(slots=True)
+class RunResult:
+    config: str
+    turns: list[TurnResult]
+    wall_s: float
+    hits: dict[str, float] = field(default_factory=dict)
+
+    def ttfts(self, returning: bool = False) -> list[float]:
+        return [t.completion.ttft for t in self.turns if t.completion.ttft is not None and (t.turn > 0 or not returning)]
+
+    def figures(self) -> dict[str, float]:
+        all_t, ret = self.ttfts(), self.ttfts(returning=True)
+        itl = [x for t in self.turns for x in t.completion.inter_token]
+        out_tokens = sum(len(v) for t in self.turns for v in t.completion.tokens.values())
+        figs = {"ttft_p50_ms": _pct(all_t, 50) * 1e3, "ttft_p95_ms": _pct(all_t, 95) * 1e3,
+                "ttft_p99_ms": _pct(all_t, 99) * 1e3, "itl_mean_ms": (statistics.fmean(itl) * 1e3 if itl else 0.0),
+                "req_per_s": len(self.turns) / self.wall_s, "out_tok_per_s": out_tokens / self.wall_s}
+        if ret:
+            figs.update(ret_ttft_p50_ms=_pct(ret, 50) * 1e3, ret_ttft_p95_ms=_pct(ret, 95) * 1e3)
+        return figs
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))
+    return s[k]
+
+
+# ---- the model and the servers ---------------------------------------------------------------
+def write_model(path: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int) -> None:
+    """A Llama-shaped config.json for ``--load-format dummy``: random weights, real compute."""
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+           "intermediate_size": int(hidden * 8 / 3) // 64 * 64, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": hidden // heads,
+           "vocab_size": vocab, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+
+
+def configurations(names: list[str], cpu: str, disk: str, workdir: Path) -> dict[str, dict[str, Any] | None]:
+    tiers: dict[str, list[dict[str, Any]]] = {
+        "cpu": [{"medium": "cpu", "capacity": cpu}],
+        "cpu+disk": [{"medium": "cpu", "capacity": cpu},
+                     {"medium": "disk", "path": str(workdir / "disk"), "capacity": disk, "write_through": True}],
+    }
+    out: dict[str, dict[str, Any] | None] = {}
+    for name in names:
+        if name == "plain":
+            out[name] = None
+        elif name in tiers:
+            out[name] = {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
+                         "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"config": {"tiers": tiers[name]}}}
+        else:
+            raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk")
+    return out
+
+
+#: Differences a connector brings that change nothing for a model with one KV-cache group.
+_EXPECTED = {"disable_hybrid_kv_cache_manager"}
+
+
+def effective_differences(model: str, engine_kwargs: dict[str, Any],
+                          kv_configs: dict[str, dict[str, Any] | None]) -> tuple[list[str], list[str]]:
+    """vLLM's effective engine config for each configuration, built the way ``vllm serve``
+    builds it, compared with plain vLLM's field by field: (differences, expected ones)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def build(kv: dict[str, Any] | None) -> Any:
+        return EngineArgs(model=model, skip_tokenizer_init=True, enforce_eager=True, seed=0,
+                          gpu_memory_utilization=0.1, kv_transfer_config=kv, **engine_kwargs).create_engine_config()
+
+    base = build(None)
+    diffs: list[str] = []
+    expected: list[str] = []
+    for name, kv in kv_configs.items():
+        if kv is None:
+            continue
+        cfg = build(kv)
+        for section in ("scheduler_config", "cache_config", "parallel_config", "model_config", "compilation_config",
+                        "load_config", "device_config"):
+            a, b = getattr(base, section), getattr(cfg, section)
+            for key in vars(a):
+                try:
+                    same = bool(getattr(a, key) == getattr(b, key, None))
+                except Exception:  # noqa: BLE001 - fields without a usable ==: not compared
+                    continue
+                if not same:
+                    line = f"{name}: {section}.{key}={getattr(b, key, None)!r} (plain: {getattr(a, key)!r})"
+                    (expected if key in _EXPECTED else diffs).append(line)
+    return diffs, expected
+
+
+# ---- driving a workload --------------------------------------------------------------------
+async def run_workload(url: str, model: str, wl: Workload, progress: Any = None) -> tuple[list[TurnResult], float]:
+    import aiohttp
+
+    results: list[TurnResult] = []
+    gate = asyncio.Semaphore(wl.concurrency)
+    t0 = time.perf_counter()
+
+    async def session(s: Any, http: Any) -> None:
+        delay = s.start_s - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            history = list(s.prefix)
+            for i, turn in enumerate(s.turns):
+                if i and s.think_s:
+                    await asyncio.sleep(s.think_s)
+                prompt = history + list(turn)
+                c = await stream_completion(http, url, model, prompt, wl.max_tokens)
+                results.append(TurnResult(s.sid, i, c))
+                if progress is not None:
+                    progress.update(1)
+                if not c.ok:
+                    return
+                history = prompt + c.tokens.get(0, [])
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=wl.concurrency + 4)) as http:
+        await asyncio.gather(*(session(s, http) for s in wl.sessions))
+    return results, time.perf_counter() - t0
+
+
+def _hit_tokens(server: VllmServer) -> dict[str, float]:
+    m = server.metrics()
+    hits = {dict(labels).get("tier", "?"): v for (name, labels), v in m.items() if name == "kvoffload_hit_tokens_total"}
+    hits["device"] = m.get(("vllm:prefix_cache_hits_total", ()), 0.0)
+    return hits
+
+
+def _reset(server: VllmServer, external: bool) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.post(f"/reset_prefix_cache?reset_external={'true' if external else 'false'}").get("success"):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{server.url}: the prefix cache could not be reset (requests still running?)")
+
+
+def run_once(name: str, server: VllmServer, wl: Workload, progress: Any) -> RunResult:
+    _reset(server, external=True)  # every run starts cold: no tier holds the workload's blocks
+    before = _hit_tokens(server)
+    turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress))
+    time.sleep(1.5)  # counters reach /metrics with the engine's next stats report
+    after = _hit_tokens(server)
+    return RunResult(name, turns, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after})
+
+
+def tokens_by_turn(run: RunResult) -> dict[tuple[str, int], list[int]]:
+    return {(t.sid, t.turn): t.completion.tokens.get(0, []) for t in run.turns if t.completion.ok}
+
+
+# ---- report --------------------------------------------------------------------------------
+FIGURES = [("ttft_p50_ms", "TTFT p50 (ms)", True), ("ttft_p95_ms", "TTFT p95 (ms)", True),
+           ("ttft_p99_ms", "TTFT p99 (ms)", True), ("ret_ttft_p50_ms", "returning-turn TTFT p50 (ms)", True),
+           ("ret_ttft_p95_ms", "returning-turn TTFT p95 (ms)", True), ("itl_mean_ms", "inter-token mean (ms)", True),
+           ("req_per_s", "requests/s", False), ("out_tok_per_s", "output tokens/s", False)]
+
+
+def report(runs: dict[str, list[RunResult]]) -> tuple[str, dict[str, Any]]:
+    names = list(runs)
+    lines: list[str] = []
+    out: dict[str, Any] = {"configs": {}}
+    header = f"{'':32}" + "".join(f"{n:>22}" for n in names)
+    lines.append(header)
+    plain = runs.get("plain")
+    for key, label, lower_is_better in FIGURES:
+        samples = {n: Sample(tuple(r.figures().get(key, 0.0) for r in rs)) for n, rs in runs.items()}
+        if not any(s.median for s in samples.values()):
+            continue
+        lines.append(f"{label:32}" + "".join(f"{samples[n].fmt('.1f'):>22}" for n in names))
+        if plain is not None:
+            ratios = {}
+            for n in names:
+                if n == "plain":
+                    continue
+                # Run by run; "x better": plain/ours for latencies, ours/plain for rates.
+                ratios[n] = (samples["plain"].ratio(samples[n]) if lower_is_better else samples[n].ratio(samples["plain"]))
+            lines.append(f"{'  vs plain (x better)':32}" + "".join(
+                f"{(ratios[n].fmt('.2f') + 'x') if n in ratios else '':>22}" for n in names))
+            for n, r in ratios.items():
+                out["configs"].setdefault(n, {})[f"{key}_vs_plain"] = list(r.values)
+        for n, s in samples.items():
+            out["configs"].setdefault(n, {})[key] = list(s.values)
+    for n, rs in runs.items():
+        hits: dict[str, float] = {}
+        for run in rs:
+            for k, v in run.hits.items():
+                hits[k] = hits.get(k, 0) + v / len(rs)
+        lines.append(f"{'prefix hits/run ' + n:32}" + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(hits.items()) if v))
+        out["configs"].setdefault(n, {})["hit_tokens_per_run"] = hits
+    if plain is not None:
+        for n, rs in runs.items():
+            if n == "plain":
+                continue
+            same = sum(tokens_by_turn(a) == tokens_by_turn(b) for a, b in zip(plain, rs))
+            lines.append(f"tokens identical to plain vLLM   {n}: {same}/{len(rs)} runs")
+            out["configs"][n]["identical_runs"] = same
+    return "\n".join(lines), out
+
+
+def plot(runs: dict[str, list[RunResult]], path: Path, workload: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, rs in runs.items():
+        t = sorted(x * 1e3 for r in rs for x in r.ttfts())
+        axes[0].plot(t, [(i + 1) / len(t) for i in range(len(t))], label=name)
+        by_turn: dict[int, list[float]] = {}
+        for r in rs:
+            for tr in r.turns:
+                if tr.completion.ttft is not None:
+                    by_turn.setdefault(tr.turn, []).append(tr.completion.ttft * 1e3)
+        turns = sorted(by_turn)
+        axes[1].plot([k + 1 for k in turns], [statistics.median(by_turn[k]) for k in turns], marker="o", label=name)
+    axes[0].set(title=f"TTFT CDF ({workload})", xlabel="time to first token (ms)", ylabel="fraction of requests")
+    axes[1].set(title="median TTFT by turn", xlabel="turn", ylabel="ms")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- CLI -----------------------------------------------------------------------------------
+def build_workload(args: argparse.Namespace) -> Workload:
+    if args.workload == "chat":
+        return chat(args.conversations, args.turns, args.context, args.user_tokens, args.max_tokens, args.think,
+                    args.vocab, args.seed)
+    if args.workload == "rag":
+        return rag(args.documents, args.requests, args.context, args.user_tokens, args.max_tokens, args.zipf,
+                   args.clients, args.vocab, args.seed)
+    if args.workload == "noreuse":
+        return noreuse(args.requests, args.context, args.max_tokens, args.clients, args.vocab, args.seed)
+    path = Path(args.trace)
+    if not path.exists():
+        raise ValueError(f"--trace {path}: no such file; give the Mooncake conversation trace (JSONL, .gz)")
+    return trace(path, args.requests, max_tokens=args.max_tokens, clients=args.clients, vocab=args.vocab)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kvoffload bench serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workload", choices=["chat", "rag", "noreuse", "trace"], default="chat")
+    p.add_argument("--configs", default="plain,cpu,cpu+disk", help="comma-separated: plain, cpu, cpu+disk")
+    p.add_argument("--url", default=None, help="benchmark this running server instead (one configuration, no ratios)")
+    p.add_argument("--model", default=None, help="a checkpoint directory; default: a Llama-shaped config with dummy weights")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--dtype", default="float32", help="float32 keeps greedy tokens stable across batch mixes")
+    p.add_argument("--device-fraction", type=float, default=0.25,
+                   help="the device KV cache holds this fraction of the workload's working set")
+    p.add_argument("--cpu", default="2GiB", help="CPU tier capacity")
+    p.add_argument("--disk", default="4GiB", help="disk tier capacity (cpu+disk)")
+    p.add_argument("--conversations", type=int, default=16)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--context", type=int, default=1024, help="chat: opening context; rag: document; noreuse: prompt")
+    p.add_argument("--user-tokens", type=int, default=128, help="chat: tokens a turn adds; rag: question length")
+    p.add_argument("--think", type=float, default=0.5, help="chat: seconds between a conversation's turns")
+    p.add_argument("--documents", type=int, default=8)
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--requests", type=int, default=48, help="rag, noreuse, trace: requests per run")
+    p.add_argument("--clients", type=int, default=4, help="rag, noreuse, trace: concurrent clients")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--trace", default=str(TRACE), help="trace: the Mooncake conversation trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write every figure here")
+    p.add_argument("--plot", default=None, help="write the TTFT plots here (PNG)")
+    add_reps(p, default=3)
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error(f"--reps {args.reps}: must be >= 1")
+    if not 0 < args.device_fraction <= 1:
+        p.error(f"--device-fraction {args.device_fraction}: must be in (0, 1]")
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        print("error: bench serve needs aiohttp and vLLM (pip install 'kvoffload[vllm]')", file=sys.stderr)
+        return 2
+    wl = build_workload(args)
+    print(preamble(args.reps))
+    with tempfile.TemporaryDirectory(prefix="kvoffload-serve-") as tmp:
+        return _run(args, wl, Path(tmp))
+
+
+def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
+    from tqdm import tqdm
+
+    total_turns = sum(len(s.turns) for s in wl.sessions)
+    if args.url:
+        server = VllmServer.attach(args.url, args.model or "")
+        with tqdm(total=total_turns * args.reps, desc="requests", unit="req") as bar:
+            attached = {"url": [run_once("url", server, wl, bar) for _ in range(args.reps)]}
+        print(report(attached)[0])
+        return 0
+    model = args.model
+    engine: dict[str, Any] = {"dtype": args.dtype, "max_num_seqs": max(8, wl.concurrency)}
+    if model is None:
+        model = str(work / "model")
+        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
+        engine["load_format"] = "dummy"
+    max_len = math.ceil((wl.max_context + 1) / VLLM_BLOCK) * VLLM_BLOCK
+    ws_blocks = math.ceil(wl.working_set_tokens / VLLM_BLOCK)
+    device_blocks = max(math.ceil(args.device_fraction * ws_blocks), max_len // VLLM_BLOCK + 2)
+    engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
+    extra = [a for k, v in engine.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    configs = configurations(args.configs.split(","), args.cpu, args.disk, work)
+    diffs, expected = effective_differences(model, engine, configs)
+    for line in diffs:
+        print(f"warning: engine settings differ: {line}")
+    for line in expected:
+        print(f"note: {line} (no effect with a single KV-cache group)")
+    print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total_turns} requests, concurrency {wl.concurrency}, "
+          f"working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; device cache {device_blocks} blocks "
+          f"({device_blocks / ws_blocks:.0%}); model {model}")
+    servers: dict[str, VllmServer] = {}
+    try:
+        for name, kv in configs.items():
+            print(f"starting vllm serve: {name} ...", flush=True)
+            servers[name] = VllmServer(model, work / f"{name.replace('+', '_')}.log", kv, extra_args=extra)
+            servers[name].start()
+        runs: dict[str, list[RunResult]] = {n: [] for n in servers}
+        names = list(servers)
+        with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
+            for rep in range(args.reps):
+                for name in names[rep % len(names):] + names[: rep % len(names)]:
+                    runs[name].append(run_once(name, servers[name], wl, bar))
+    finally:
+        for s in servers.values():
+            s.stop()
+    text, data = report(runs)
+    print(text)
+    data.update(workload=wl.name, device_blocks=device_blocks, working_set_blocks=ws_blocks, reps=args.reps,
+                command=" ".join(sys.argv))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1))
+    if args.plot:
+        plot(runs, Path(args.plot), wl.name)
+        print(f"plot: {args.plot}")
+    return 0

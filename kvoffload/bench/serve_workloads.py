@@ -1,0 +1,100 @@
+"""Workloads of the serving benchmark, as sessions of turns in token ids (no tokenizer).
+
+A session is a conversation: its first prompt is ``prefix + turns[0]``, every later prompt is
+the previous prompt, the model's answer to it and the next turn. Single-turn workloads are
+sessions of one turn. Sessions start at ``start_s`` (trace replay) or as soon as a client is
+free, and wait ``think_s`` between turns.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    sid: str
+    prefix: tuple[int, ...]
+    turns: tuple[tuple[int, ...], ...]
+    start_s: float = 0.0
+    think_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    sessions: tuple[Session, ...]
+    max_tokens: int
+    #: Sessions in flight at once (chat: every conversation; others: the client count).
+    concurrency: int
+    #: Tokens every session's history can reach: sizes the device cache and max_model_len.
+    max_context: int
+    #: Distinct tokens the workload's prompts cover (its working set).
+    working_set_tokens: int
+
+
+def _tokens(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(1, vocab) for _ in range(n))
+
+
+def chat(conversations: int = 16, turns: int = 4, context: int = 1024, user: int = 128, max_tokens: int = 16,
+         think_s: float = 0.5, vocab: int = 32000, seed: int = 0) -> Workload:
+    """Multi-turn chat: each conversation opens on its own ``context`` tokens (a system prompt
+    and documents) and adds ``user`` tokens a turn; returning turns reuse everything before."""
+    rng = random.Random(seed)
+    sessions = tuple(Session(f"c{c}", _tokens(rng, context, vocab),
+                             tuple(_tokens(rng, user, vocab) for _ in range(turns)), think_s=think_s)
+                     for c in range(conversations))
+    final = context + turns * (user + max_tokens)
+    return Workload("chat", sessions, max_tokens, conversations, final, conversations * final)
+
+
+def rag(documents: int = 8, requests: int = 48, doc_tokens: int = 1024, question: int = 64, max_tokens: int = 16,
+        zipf: float = 1.1, clients: int = 4, vocab: int = 32000, seed: int = 0) -> Workload:
+    """Shared long prefixes (system prompts, RAG documents) with Zipf popularity, each request
+    a unique question after one of them."""
+    rng = random.Random(seed)
+    docs = [_tokens(rng, doc_tokens, vocab) for _ in range(documents)]
+    weights = [1.0 / (i + 1) ** zipf for i in range(documents)]
+    sessions = tuple(Session(f"r{i}", rng.choices(docs, weights)[0], (_tokens(rng, question, vocab),))
+                     for i in range(requests))
+    ctx = doc_tokens + question + max_tokens
+    return Workload("rag", sessions, max_tokens, clients, ctx, documents * doc_tokens + requests * question)
+
+
+def noreuse(requests: int = 48, prompt: int = 1024, max_tokens: int = 16, clients: int = 4, vocab: int = 32000,
+            seed: int = 0) -> Workload:
+    """Unique prompts: nothing to reuse, what offloading costs when it cannot help."""
+    rng = random.Random(seed)
+    sessions = tuple(Session(f"u{i}", (), (_tokens(rng, prompt, vocab),)) for i in range(requests))
+    return Workload("noreuse", sessions, max_tokens, clients, prompt + max_tokens, requests * prompt)
+
+
+def trace(path: str | Path, requests: int = 64, block_tokens: int = 32, max_blocks: int = 48, max_tokens: int = 16,
+          time_scale: float = 0.05, clients: int = 8, vocab: int = 32000) -> Workload:
+    """Mooncake conversation trace replay: each ``hash_id`` (a 512-token block of the trace,
+    chained over its prefix) becomes ``block_tokens`` tokens drawn from the id, so equal ids give
+    equal tokens and shared prefixes stay shared; prompts are cut to ``max_blocks`` blocks and
+    arrivals are the trace's timestamps times ``time_scale``."""
+    import gzip
+    import json
+
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    sessions: list[Session] = []
+    seen: set[int] = set()
+    with opener(p, "rt") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            ids = rec["hash_ids"][:max_blocks]
+            seen.update(ids)
+            tokens = tuple(t for h in ids for t in _tokens(random.Random(h), block_tokens, vocab))
+            sessions.append(Session(f"t{len(sessions)}", (), (tokens,), start_s=rec["timestamp"] / 1000 * time_scale))
+            if len(sessions) >= requests:
+                break
+    ctx = max_blocks * block_tokens + max_tokens
+    return Workload("trace", tuple(sessions), max_tokens, clients, ctx, len(seen) * block_tokens)
