@@ -29,14 +29,15 @@ class VllmServer:
 
     def __init__(self, model: str, log_path: str | os.PathLike[str], kv_transfer_config: dict[str, Any] | None = None,
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 start_timeout_s: float = 400.0) -> None:
+                 start_timeout_s: float = 400.0, gpu_memory_utilization: float = 0.1) -> None:
         self.model = model
         self.log_path = Path(log_path)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(self.port),
                 "--host", "127.0.0.1", "--skip-tokenizer-init", "--enforce-eager", "--seed", "0",
-                "--enable-prompt-tokens-details", "--gpu-memory-utilization", "0.1", *(extra_args or [])]
+                "--enable-prompt-tokens-details", "--gpu-memory-utilization", str(gpu_memory_utilization),
+                *(extra_args or [])]
         if kv_transfer_config is not None:
             args += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
         self.args = args
@@ -71,7 +72,9 @@ class VllmServer:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}) at start-up:\n{self.log_tail()}")
+                errors = [line for line in self.log_tail(200_000).splitlines() if "Error:" in line][-3:]
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}) at start-up (log: {self.log_path}):\n"
+                                   + "\n".join(errors or [self.log_tail()]))
             if self.healthy():
                 return
             time.sleep(1)
@@ -105,7 +108,7 @@ class VllmServer:
         return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name")))): s.value
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 
-    def log_tail(self, chars: int = 3000) -> str:
+    def log_tail(self, chars: int = 6000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
