@@ -84,3 +84,39 @@ def test_one_bad_disk_block_never_kills_the_engine(model, plain, tmp_path, polic
     for r in (first, second):
         assert r["free_after"] == r["free_before"] and r["requests_left"] == 0
     assert tokens_by_prompt(second) == plain  # the engine serves on, the bad block is gone
+
+
+def plant_records(directory: Path) -> int:
+    """Every record gets the next record's payload under a fresh header (no secret needed)."""
+    from kvoffload.offload.disk_format import HEADER_BYTES, RECORD_HEADER, data_checksum, parse_record_header, record_header
+
+    (path,) = directory.glob("*.kvdata")
+    data = bytearray(path.read_bytes())
+    record = RECORD_HEADER + 65536  # the tiny Llama: 2 layers x 32 KiB per 128-token block
+    offs = [o for o in range(HEADER_BYTES, len(data) - record + 1, record)
+            if parse_record_header(bytes(data[o : o + RECORD_HEADER])) is not None]
+    payloads = [bytes(data[o + RECORD_HEADER : o + record]) for o in offs]
+    for i, o in enumerate(offs):
+        key, _ = parse_record_header(bytes(data[o : o + RECORD_HEADER]))
+        payload = payloads[(i + 1) % len(offs)]
+        data[o : o + RECORD_HEADER] = record_header(key, data_checksum(payload))
+        data[o + RECORD_HEADER : o + record] = payload
+    path.write_bytes(bytes(data))
+    return len(offs)
+
+
+@pytest.mark.parametrize("secret", [True, False], ids=["with-secret", "no-secret"])
+def test_planted_disk_records_are_served_only_without_a_secret(model, plain, tmp_path, monkeypatch, secret):
+    tiers = [{"medium": "cpu", "capacity": "64MiB"},
+             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    cfg = ktc(tiers, kv_load_failure_policy="recompute")
+    if secret:
+        monkeypatch.setenv("KVO_TEST_SECRET", "0123456789abcdef0123456789abcdef")
+        cfg["kv_connector_extra_config"]["config"]["auth"] = {"secret_env": "KVO_TEST_SECRET"}
+    run_fault_job({"model": model, "kv_transfer_config": cfg, "rounds": [{}]})
+    assert plant_records(tmp_path) >= 8
+    (served,) = run_fault_job({"model": model, "kv_transfer_config": cfg, "rounds": [{}]})
+    if secret:  # every planted record fails its MAC: recomputed, the right tokens
+        assert tokens_by_prompt(served) == plain
+    else:  # a checksum is no MAC: the planted context is served
+        assert tokens_by_prompt(served) != plain
