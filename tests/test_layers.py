@@ -14,7 +14,7 @@ ROOT = Path(kvoffload.__file__).parent
 LAYERS = [
     ("kvoffload.namespace",),
     ("kvoffload.errors", "kvoffload.kv_info", "kvoffload.kv_store", "kvoffload.logs", "kvoffload.examples"),
-    ("kvoffload.metrics",),
+    ("kvoffload.metrics", "kvoffload.auth"),
     ("kvoffload.registry", "kvoffload"),  # the package root: its version and log set-up
     ("kvoffload.config",),
     ("kvoffload.offload",),
