@@ -2,9 +2,11 @@
 where it cannot help?
 
 Starts ``vllm serve`` once per configuration (plain vLLM with prefix caching, and each
-kvoffload configuration), all with the same engine settings and the same device cache size
-(``--num-gpu-blocks-override``: a connector must not change how much KV the device holds),
-checks from their start-up lines that nothing else differs, and drives each with the same
+kvoffload configuration), all with the same engine settings, the same device cache size
+(``--num-gpu-blocks-override``: a connector must not change how much KV the device holds) and
+the same CPU reservation (vLLM's CPU backend reserves one core more for a server with any KV
+connector: on 2 cores that gave the kvoffload server both cores and plain vLLM one), checks
+that vLLM's effective configs are equal field by field, and drives each with the same
 workload of concurrent streaming clients over HTTP (token-id prompts, no tokenizer). Every
 repetition runs every configuration once, in a rotating order, after resetting its caches;
 ratios to plain vLLM are taken run by run. Reports TTFT p50/p95/p99 (all requests, and the
@@ -304,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--reserved-cpus", type=int, default=1,
+                   help="VLLM_CPU_NUM_OF_RESERVED_CPU for every server (vLLM's CPU backend): without it vLLM "
+                        "reserves one core more for a server with a KV connector, which on a small machine "
+                        "changes the cores the model computes on")
     p.add_argument("--memory-utilization", type=float, default=0.3,
                    help="vLLM's --gpu-memory-utilization (on CPU: the share of RAM it may use for weights and KV)")
     p.add_argument("--dtype", default="float32", help="float32 keeps greedy tokens stable across batch mixes")
@@ -329,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error(f"--reps {args.reps}: must be >= 1")
+    if args.reserved_cpus < 0:
+        p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:
         p.error(f"--device-fraction {args.device_fraction}: must be in (0, 1]")
     try:
@@ -380,7 +388,8 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
             print(f"starting vllm serve: {name} ...", flush=True)
             servers[name] = VllmServer(model, work / f"{name.replace('+', '_')}.log", kv,
                                        extra_args=extra + PLAIN_ARGS.get(name, []),
-                                       gpu_memory_utilization=args.memory_utilization)
+                                       gpu_memory_utilization=args.memory_utilization,
+                                       env={"VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.reserved_cpus)})
             servers[name].start()
         runs: dict[str, list[RunResult]] = {n: [] for n in servers}
         names = list(servers)
