@@ -35,10 +35,6 @@ class AuthConfig:
     secret_env: str | None = None
     algorithm: str = "hmac-sha256"
 
-    @property
-    def enabled(self) -> bool:
-        return self.secret_file is not None or self.secret_env is not None
-
     def load_secret(self) -> bytes | None:
         """The secret's bytes, or None when none is configured; a one-line ConfigError naming
         the file or variable when it cannot be read or is too short to be a secret."""
@@ -61,9 +57,6 @@ class AuthConfig:
             raise ConfigError(f"{source} holds {len(secret)} bytes; a secret needs at least {_MIN_SECRET_BYTES} "
                               "(e.g. the output of: openssl rand -hex 32)")
         return secret
-
-    def tagger(self, namespace: str) -> RecordTagger:
-        return RecordTagger(self.load_secret(), namespace, self.algorithm)
 
 
 def parse_auth(raw: object) -> AuthConfig:

@@ -87,10 +87,9 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
-        #: Tokens a request will have computed once its external load lands.
-        self._pending_computed: dict[str, int] = {}
-        #: (device, external) hit tokens of a request whose load is in flight.
-        self._pending_hits: dict[str, tuple[int, int]] = {}
+        #: Requests whose external load is in flight: (tokens computed once it lands, device hit
+        #: tokens, external hit tokens). They count against max_num_seqs.
+        self._pending_loads: dict[str, tuple[int, int, int]] = {}
         #: Request id -> the group it advances with (beam search sets this); default: itself.
         self.group_of: Callable[[str], str] = lambda rid: rid
         self.stats = SchedulerStats()
@@ -118,8 +117,7 @@ class Scheduler:
             awaiting_load = rid not in self.finished_recving_kv_req_ids and rid not in self.failed_recving_kv_req_ids
             self.finished_recving_kv_req_ids.discard(rid)
             self.failed_recving_kv_req_ids.discard(rid)
-            self._pending_computed.pop(rid, None)  # it no longer counts against max_num_seqs
-            self._pending_hits.pop(rid, None)
+            self._pending_loads.pop(rid, None)  # it no longer counts against max_num_seqs
         request.status = RequestStatus.FINISHED_ABORTED
         self._free_request(request, delay_free=awaiting_load)
 
@@ -177,7 +175,7 @@ class Scheduler:
         skipped: deque[Request] = deque()
         if not preempted:
             # Requests loading external KV hold blocks, so they count against max_num_seqs.
-            num_loading = len(self._pending_computed)
+            num_loading = len(self._pending_loads)
             # Once the head cannot be admitted, only requests whose load has landed are still
             # resumed: they hold their blocks already, and only running them frees those blocks
             # (else a blocked head waits forever for blocks held behind it).
@@ -260,8 +258,7 @@ class Scheduler:
                     )
                 self.waiting.popleft()
                 if load_async:  # hits count once the load lands (a failed one serves nothing)
-                    self._pending_computed[request.request_id] = num_computed
-                    self._pending_hits[request.request_id] = (num_local, num_external)
+                    self._pending_loads[request.request_id] = (num_computed, num_local, num_external)
                     num_loading += 1
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     skipped.append(request)
@@ -354,19 +351,18 @@ class Scheduler:
             # Recompute everything the load should have delivered: keep only local hits.
             self.failed_recving_kv_req_ids.discard(rid)
             self.stats.failed_loads += 1
-            self.stats.failed_external_hit_tokens += self._pending_hits.pop(rid, (0, 0))[1]
+            self.stats.failed_external_hit_tokens += self._pending_loads.pop(rid, (0, 0, 0))[2]
             self.kv_cache_manager.free(request)
             request.num_computed_tokens = 0
             request.status = RequestStatus.WAITING
-            self._pending_computed.pop(rid, None)
             return True
         if rid not in self.finished_recving_kv_req_ids:
             return False
         self.finished_recving_kv_req_ids.discard(rid)
-        num_local, num_external = self._pending_hits.pop(rid, (0, 0))
+        pending_computed, num_local, num_external = self._pending_loads.pop(rid)
         self.stats.device_hit_tokens += num_local
         self.stats.external_hit_tokens += num_external
-        num_computed = min(self._pending_computed.pop(rid), request.num_tokens - 1)
+        num_computed = min(pending_computed, request.num_tokens - 1)
         self.kv_cache_manager.cache_blocks(request, num_computed)
         request.num_computed_tokens = num_computed
         request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING

@@ -18,7 +18,7 @@ class DiskTier(TierKind):
     def __init__(self, ctx: TierContext) -> None:
         super().__init__(ctx)
         secret = ctx.auth.load_secret()
-        self._tagger_args = (secret, ctx.auth.algorithm)
+        self._secret = secret
         self._digest = ctx.tier_digest(RecordTagger(secret).key_id) if ctx.layout_digest else "unnamed"
 
     def layout(self) -> DiskLayout:
@@ -38,6 +38,5 @@ class DiskTier(TierKind):
 
     def build_io(self) -> DiskIO:
         layout = self.layout().for_rank(self.ctx.rank)  # each rank reads and writes only its own file
-        secret, algorithm = self._tagger_args
-        tagger = RecordTagger(secret, layout.file_digest, algorithm)
+        tagger = RecordTagger(self._secret, layout.file_digest, self.ctx.auth.algorithm)
         return DiskIO(layout, tier_file(prepare_tier_dir(self._path(), f"{self.ctx.key}.path"), layout), tagger)
