@@ -3,16 +3,37 @@
 Pinning one huge buffer can take seconds and fail outright; chunks of a few hundred MiB pin
 quickly and let the tier start before all of it is touched. A row holds one engine block's
 page; an offloaded block is ``block_size_factor`` consecutive rows.
+
+Unpinned chunks are faulted in when the tier is built (``MADV_POPULATE_WRITE``), as pinning
+does for pinned ones: a server that reports ready then serves at full speed. Left to the first
+copies, the kernel's page zeroing cost 25x the copy itself: measured in a vLLM CPU server, 5.4%
+of the worker's CPU time went to ``clear_page`` in the store threads, on the core the model
+computes on, 0.2% to the memmove. Done on a thread beside a serving engine instead, it took the
+same core for seconds.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 DEFAULT_CHUNK_BYTES = 256 << 20
+#: Linux >= 5.14: populate (fault in, writable) without touching the contents.
+MADV_POPULATE_WRITE = 23
+#: Chunks smaller than this are left to fault in on first use (tests, tiny tiers).
+PREFAULT_MIN_BYTES = 64 << 20
+#: Pages populated per call: the kernel holds the address-space lock for a call, and a long
+#: hold would stall other threads' ``munmap`` (vLLM's workers start several engines' threads).
+PREFAULT_STEP_BYTES = 4 << 20
+
+logger = logging.getLogger(__name__)
 
 
 class HostBlockBuffer:
@@ -31,6 +52,12 @@ class HostBlockBuffer:
             n = min(remaining, self.rows_per_chunk)
             self.chunks.append(torch.empty((n, row_bytes), dtype=torch.uint8, pin_memory=pin))
             remaining -= n
+        #: Bytes faulted in at construction (0: small, pinned, or a kernel without the call).
+        self.prefaulted = 0
+        if not pin and self.nbytes >= PREFAULT_MIN_BYTES:
+            t0 = time.perf_counter()
+            self.prefaulted = prefault(self.chunks)
+            logger.debug("host buffer: %d MiB faulted in in %.2f s", self.prefaulted >> 20, time.perf_counter() - t0)
 
     @property
     def nbytes(self) -> int:
@@ -54,3 +81,27 @@ class HostBlockBuffer:
 
     def row(self, r: int) -> torch.Tensor:
         return self.chunks[r // self.rows_per_chunk][r % self.rows_per_chunk]
+
+
+def prefault(chunks: list[torch.Tensor]) -> int:
+    """Fault every whole page of ``chunks`` in; returns the bytes populated (0 where the kernel
+    or libc lacks ``MADV_POPULATE_WRITE``: the pages then fault in on first use). Contents
+    are left as they are."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return 0
+    madvise = ctypes.CDLL(libc_name, use_errno=True).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    page = mmap.PAGESIZE
+    done = 0
+    for chunk in chunks:
+        start = -(-chunk.data_ptr() // page) * page  # madvise needs a page-aligned start
+        end = (chunk.data_ptr() + chunk.numel()) // page * page
+        if end <= start:
+            continue
+        for lo in range(start, end, PREFAULT_STEP_BYTES):
+            n = min(PREFAULT_STEP_BYTES, end - lo)
+            if madvise(lo, n, MADV_POPULATE_WRITE) != 0:
+                return done
+            done += n
+    return done
