@@ -280,8 +280,11 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.eviction_policy: {policy!r} needs the future of the trace (offline, `kvoffload sim` "
                               "only); use lru, arc or an online policy here")
         path = raw.get("path")
+        if medium == "disk" and path is None:
+            path = str(default_cache_dir())
         if medium == "disk" and not path:
-            raise ConfigError(f"{key}.path: a disk tier needs a directory path, e.g. /var/cache/kvoffload")
+            raise ConfigError(f"{key}.path: {path!r}; give a directory, or leave path out for the per-user cache "
+                              f"directory ({default_cache_dir()})")
         if path is not None and (not isinstance(path, str) or "\0" in path or len(path) > 4000):
             raise ConfigError(f"{key}.path: {str(path)[:60]!r} is not a usable directory path; give a string path")
         if medium == "cpu" and path is not None:
@@ -293,10 +296,22 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
                               "through to; remove it from the cpu tier")
         tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
-                                path=os.path.expanduser(path) if path is not None else None,
+                                path=os.path.expanduser(os.path.expandvars(path)) if path is not None else None,
                                 write_through=write_through, options=options))
         above = kind
     return tuple(tiers)
+
+
+def default_cache_dir() -> Path:
+    """Where a disk tier without a ``path`` keeps its file: ``$KVOFFLOAD_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/kvoffload``, else ``~/.cache/kvoffload`` (per user: users never share a file).
+    The directory and its parents are created when the tier opens."""
+    explicit = os.environ.get("KVOFFLOAD_CACHE_DIR")
+    if explicit:
+        return Path(os.path.expanduser(explicit))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(os.path.expanduser(xdg)) if xdg and os.path.isabs(os.path.expanduser(xdg)) else Path.home() / ".cache"
+    return base / "kvoffload"
 
 
 def _check_medium(medium: Any, i: int, key: str) -> Any:

@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 from kvoffload.cli import main
-from kvoffload.config import OffloadConfig
+from kvoffload.config import OffloadConfig, default_cache_dir
 from kvoffload.examples import known_examples, resolve_config
 
 
@@ -19,7 +19,7 @@ def test_packaged_examples_resolve_by_name_and_paths_pass_through(tmp_path):
     assert resolve_config(str(own)) == str(own)
     assert resolve_config("nope.yaml") == "nope.yaml"  # left for the loader's one-line error
     disk = OffloadConfig.from_yaml(resolve_config("cpu_disk"))
-    assert not disk.tiers[1].path.startswith("~") and disk.tiers[1].path.endswith("/.cache/kvoffload")
+    assert disk.tiers[1].path == str(default_cache_dir()) and not disk.tiers[1].path.startswith("~")
 
 
 def test_run_with_no_arguments_compares_with_the_cpu_example(capsys):

@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kvoffload.config import format_bytes
+from kvoffload.config import default_cache_dir, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.namespace import KVNamespace
 from kvoffload.offload.disk_format import DiskLayout, scan_records
@@ -64,14 +64,17 @@ def _cmdline(pid: str) -> str:
 
 
 def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
-    """Create the leaf directory if its parent exists; fail clearly otherwise."""
+    """Create the leaf directory if its parent exists; fail clearly otherwise. The per-user cache
+    directory (:func:`default_cache_dir`) is ours: it is created with its parents, private to its
+    user, as on a fresh HOME without ``~/.cache``."""
 
     p = Path(path)
     if not p.exists():
-        if not p.parent.is_dir():
+        ours = p == default_cache_dir()
+        if not ours and not p.parent.is_dir():
             raise ConfigError(f"{key}: {str(p)!r} does not exist and neither does its parent; create it first")
         try:
-            p.mkdir()
+            p.mkdir(mode=0o700, parents=True) if ours else p.mkdir()
         except OSError as exc:
             raise ConfigError(f"{key}: cannot create {str(p)!r} ({exc.strerror}); pick a writable directory") from exc
     if not p.is_dir():
