@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.measure import Sample, add_reps, preamble
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, positive_int, preamble
 from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace
 from kvoffload.testing.http_client import Completion, stream_completion
 from kvoffload.testing.vllm_server import VllmServer
 
 VLLM_BLOCK = 128  # vLLM's CPU backend block size (tokens)
+BUNDLED_BLOCK = 16  # the bundled engine's default block size
+BUNDLED_BATCH_TOKENS = 2048
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
 
 
@@ -86,12 +88,18 @@ def write_model(path: Path, layers: int, hidden: int, heads: int, kv_heads: int,
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
-def configurations(names: list[str], cpu: str, disk: str, workdir: Path) -> dict[str, dict[str, Any] | None]:
-    tiers: dict[str, list[dict[str, Any]]] = {
+def tier_sets(cpu: str, disk: str, workdir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The tiers of each kvoffload configuration (the same for both engines)."""
+    return {
         "cpu": [{"medium": "cpu", "capacity": cpu}],
         "cpu+disk": [{"medium": "cpu", "capacity": cpu},
                      {"medium": "disk", "path": str(workdir / "disk"), "capacity": disk, "write_through": True}],
     }
+
+
+def configurations(names: list[str], cpu: str, disk: str, workdir: Path) -> dict[str, dict[str, Any] | None]:
+    """vLLM's ``--kv-transfer-config`` of each configuration named (None: plain vLLM)."""
+    tiers = tier_sets(cpu, disk, workdir)
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
         if name in PLAIN_ARGS:
@@ -208,7 +216,7 @@ FIGURES = [("ttft_p50_ms", "TTFT p50 (ms)", True), ("ttft_p95_ms", "TTFT p95 (ms
            ("req_per_s", "requests/s", False), ("out_tok_per_s", "output tokens/s", False)]
 
 
-def report(runs: dict[str, list[RunResult]]) -> tuple[str, dict[str, Any]]:
+def report(runs: dict[str, list[RunResult]], engine: str = "vLLM") -> tuple[str, dict[str, Any]]:
     names = list(runs)
     lines: list[str] = []
     out: dict[str, Any] = {"configs": {}}
@@ -245,7 +253,7 @@ def report(runs: dict[str, list[RunResult]]) -> tuple[str, dict[str, Any]]:
             if n == "plain":
                 continue
             same = sum(tokens_by_turn(a) == tokens_by_turn(b) for a, b in zip(plain, rs))
-            lines.append(f"tokens identical to plain vLLM   {n}: {same}/{len(rs)} runs")
+            lines.append(f"tokens identical to plain {engine:6} {n}: {same}/{len(rs)} runs")
             out["configs"][n]["identical_runs"] = same
     return "\n".join(lines), out
 
@@ -295,10 +303,12 @@ def build_workload(args: argparse.Namespace) -> Workload:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvoffload bench serve", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = bench_parser("serve", __doc__)
     p.add_argument("--workload", choices=["chat", "rag", "noreuse", "trace"], default="chat")
     p.add_argument("--configs", default="plain,cpu,cpu+disk", help="comma-separated: plain, cpu, cpu+disk")
+    p.add_argument("--engine", choices=["vllm", "bundled"], default="vllm",
+                   help="vllm: vllm serve over HTTP; bundled: kvoffload's own engine, in process")
+    p.add_argument("--threads", type=positive_int, default=1, help="--engine bundled: torch CPU threads")
     p.add_argument("--url", default=None, help="benchmark this running server instead (one configuration, no ratios)")
     p.add_argument("--model", default=None, help="a checkpoint directory; default: a Llama-shaped config with dummy weights")
     p.add_argument("--layers", type=int, default=8)
@@ -333,12 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="write the TTFT plots here (PNG)")
     add_reps(p, default=3)
     args = p.parse_args(argv)
-    if args.reps < 1:
-        p.error(f"--reps {args.reps}: must be >= 1")
     if args.reserved_cpus < 0:
         p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:
         p.error(f"--device-fraction {args.device_fraction}: must be in (0, 1]")
+    if args.engine == "bundled":
+        if args.url:
+            p.error("--url measures a running vLLM server; drop it for --engine bundled")
+        wl = build_workload(args)
+        print(preamble(args.reps))
+        with tempfile.TemporaryDirectory(prefix="kvoffload-serve-") as tmp:
+            return _run_bundled(args, wl, Path(tmp))
     try:
         import aiohttp  # noqa: F401
     except ImportError:
@@ -400,13 +415,70 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     finally:
         for s in servers.values():
             s.stop()
-    text, data = report(runs)
+    return _finish(args, wl, runs, device_blocks, ws_blocks)
+
+
+def _finish(args: argparse.Namespace, wl: Workload, runs: dict[str, list[RunResult]], device_blocks: int,
+            ws_blocks: int) -> int:
+    text, data = report(runs, "vLLM" if args.engine == "vllm" else "engine")
     print(text)
-    data.update(workload=wl.name, device_blocks=device_blocks, working_set_blocks=ws_blocks, reps=args.reps,
-                command=" ".join(sys.argv))
+    data.update(engine=args.engine, workload=wl.name, device_blocks=device_blocks, working_set_blocks=ws_blocks,
+                reps=args.reps, command=" ".join(sys.argv))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1))
     if args.plot:
         plot(runs, Path(args.plot), wl.name)
         print(f"plot: {args.plot}")
     return 0
+
+
+def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
+    """The same workload on the bundled engine: one engine per configuration, reset before each
+    run, as the vLLM servers are."""
+    import torch
+    from tqdm import tqdm
+
+    from kvoffload.bench.serve_bundled import run_bundled
+    from kvoffload.engine.config import EngineConfig
+    from kvoffload.engine.llm import LLM
+
+    torch.set_num_threads(args.threads)
+    model, load_format = args.model, "auto"
+    if model is None:
+        model, load_format = str(work / "model"), "dummy"
+        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
+    names = list(dict.fromkeys("plain" if n == "plain-default" else n for n in args.configs.split(",")))
+    tiers = tier_sets(args.cpu, args.disk, work)
+    for name in names:
+        if name != "plain" and name not in tiers:
+            raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk")
+    max_len = math.ceil((wl.max_context + 1) / BUNDLED_BLOCK) * BUNDLED_BLOCK
+    ws_blocks = math.ceil(wl.working_set_tokens / BUNDLED_BLOCK)
+    device_blocks = max(math.ceil(args.device_fraction * ws_blocks), max_len // BUNDLED_BLOCK + 2)
+    total_turns = sum(len(s.turns) for s in wl.sessions)
+    print(f"workload {wl.name} on the bundled engine: {len(wl.sessions)} sessions, {total_turns} requests, "
+          f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {BUNDLED_BLOCK} tokens; device cache "
+          f"{device_blocks} blocks ({device_blocks / ws_blocks:.0%}); {args.threads} thread(s)")
+    engines: dict[str, LLM] = {}
+    try:
+        for name in names:
+            engines[name] = LLM(EngineConfig(
+                model=model, load_format=load_format, dtype=args.dtype, block_size=BUNDLED_BLOCK,
+                num_gpu_blocks=device_blocks + 1, max_model_len=max_len, max_num_seqs=max(8, wl.concurrency),
+                max_num_batched_tokens=BUNDLED_BATCH_TOKENS,
+                kv_offload={"tiers": tiers[name]} if name in tiers else None))
+        runs: dict[str, list[RunResult]] = {n: [] for n in names}
+        with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
+            for rep in range(args.reps):
+                for name in names[rep % len(names):] + names[: rep % len(names)]:
+                    llm = engines[name]
+                    if not llm.reset_prefix_cache(reset_connector=True):  # every run starts cold
+                        raise RuntimeError(f"{name}: the prefix cache could not be reset (blocks still in use)")
+                    before = dict(llm.stats()["prefix_hit_tokens"])
+                    turns, wall = run_bundled(llm, wl, bar)
+                    hits = {k: v - before.get(k, 0) for k, v in llm.stats()["prefix_hit_tokens"].items()}
+                    runs[name].append(RunResult(name, [TurnResult(*t) for t in turns], wall, hits))
+    finally:
+        for llm in engines.values():
+            llm.close()
+    return _finish(args, wl, runs, device_blocks, ws_blocks)

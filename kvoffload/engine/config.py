@@ -29,6 +29,9 @@ class EngineConfig:
     watermark: float = 0.0
     #: On preemption: recompute (free the blocks) or swap (offload the KV, restore on resume).
     preemption_mode: str = "recompute"
+    #: "auto": a checkpoint directory's weights; "dummy": seeded random weights of its shape
+    #: (config.json only), as vLLM's ``--load-format dummy``: real compute, no download.
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "max_num_seqs")
@@ -50,6 +53,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.watermark={self.watermark}: must be in [0, 1), e.g. 0.01")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"EngineConfig.scheduling_policy={self.scheduling_policy!r}: use 'fcfs' or 'priority'")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"EngineConfig.load_format={self.load_format!r}: use 'auto' or 'dummy'")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}: use float32, float16 or bfloat16")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

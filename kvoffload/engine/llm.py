@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import time
 from collections.abc import Sequence
@@ -39,6 +40,16 @@ _MAX_IDLE_STEPS = 100_000
 
 
 class LLM:
+    """The bundled engine: paged KV, prefix caching, chunked prefill, preemption, and offload to
+    the tiers of ``EngineConfig.kv_offload`` through the offloading connector.
+
+    ``generate(prompts, SamplingParams(...))`` runs prompts (token-id lists or strings) to
+    completion and returns one :class:`RequestOutput` each; ``add_request`` + ``step`` +
+    ``output_token_ids`` + ``collect`` drive it request by request (a server loop, streaming).
+    ``stats()`` reports hits by tier and transfer counters; ``close()`` (or ``with LLM(...)``)
+    drains in-flight copies and closes the tiers.
+    """
+
     def __init__(self, config: EngineConfig | None = None, *, record_logits: bool = False, **overrides: Any) -> None:
         if config is None:
             config = EngineConfig(**overrides)
@@ -50,6 +61,8 @@ class LLM:
             self.model_config = ModelConfig.tiny(config.model)
         else:
             self.model_config = ModelConfig.from_pretrained(config.model)
+            if config.load_format == "dummy":
+                self.model_config = dataclasses.replace(self.model_config, checkpoint_dir=None)
         self.kv_info = engine_kv_info(config, self.model_config)
         self.scheduler_connector: KVConnectorBase | None = None
         self.worker_connector: KVConnectorBase | None = None
@@ -166,7 +179,9 @@ class LLM:
             raise RuntimeError("LLM is closed; create a new one")
         rid = request_id if request_id is not None else f"req-{self._num_requests}"
         token_ids = self._check_request(prompt, params, rid)
-        return self._enqueue(rid, token_ids, params, priority, cache_salt)
+        self._enqueue(rid, token_ids, params, priority, cache_salt)
+        self._open_groups.add(rid)  # step() reports it done; collect() hands its output over
+        return rid
 
     def _enqueue(self, rid: str, token_ids: list[int], params: SamplingParams, priority: int = 0,
                  cache_salt: str | None = None) -> str:
@@ -212,6 +227,23 @@ class LLM:
         for rid in done:
             self._open_groups.discard(rid)
         return done
+
+    def output_token_ids(self, request_id: str) -> list[int]:
+        """The tokens request ``request_id`` has generated so far (running or finished): what a
+        streaming caller that drives :meth:`step` itself sends on; empty for an unknown id."""
+        request = self.scheduler.requests.get(request_id) or self._finished.get(request_id)
+        return list(request.output_token_ids) if request is not None else []
+
+    def collect(self, request_id: str) -> RequestOutput:
+        """The output of a request :meth:`step` reported done, which the engine then forgets."""
+        if request_id not in self._finished:
+            raise KeyError(f"request {request_id!r} has not finished; call step() until it reports it done")
+        self._record_finished(request_id)
+        out = self._to_output(self._finished[request_id])
+        for member in [request_id, *self._children.pop(request_id, [])]:
+            self._finished.pop(member, None)
+        self.beams.forget(request_id)
+        return out
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

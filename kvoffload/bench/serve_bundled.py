@@ -1,0 +1,81 @@
+"""The serving benchmark's workloads on the bundled engine, in process (``--engine bundled``).
+
+The same sessions, concurrency, think times and arrival times as over HTTP, driven by one loop
+that calls :meth:`LLM.step` itself: a request is submitted when its client is free (and its
+think time is over), and each token's time is taken right after the step that produced it, so
+TTFT and inter-token latency mean what they mean for a streaming server, without the HTTP and
+process hops. Every run builds a fresh engine: each starts cold, like a reset server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.bench.serve_workloads import Session, Workload
+from kvoffload.engine.llm import LLM
+from kvoffload.engine.sampling_params import SamplingParams
+from kvoffload.testing.http_client import Completion
+
+#: Idle waits (nothing in flight, next arrival or think time ahead) sleep at most this long.
+_IDLE_SLEEP_S = 0.005
+
+
+@dataclass(slots=True)
+class _Client:
+    """One session in flight: which turn, its history, the request now running."""
+
+    session: Session
+    turn: int = 0
+    history: list[int] = field(default_factory=list)
+    ready_at: float = 0.0
+    rid: str | None = None
+    prompt: list[int] = field(default_factory=list)
+    completion: Completion = field(default_factory=Completion)
+
+
+def run_bundled(llm: LLM, wl: Workload, progress: Any = None) -> tuple[list[tuple[str, int, Completion]], float]:
+    """Run ``wl`` on ``llm``; returns (session id, turn, what the client saw) per request, and the wall time."""
+    waiting = deque(sorted(wl.sessions, key=lambda s: s.start_s))
+    clients: list[_Client] = []
+    results: list[tuple[str, int, Completion]] = []
+    t0 = time.perf_counter()
+    while waiting or clients:
+        now = time.perf_counter() - t0
+        while waiting and len(clients) < wl.concurrency and waiting[0].start_s <= now:
+            s = waiting.popleft()
+            clients.append(_Client(s, history=list(s.prefix), ready_at=now))
+        for c in clients:
+            if c.rid is None and c.ready_at <= now:
+                c.prompt = c.history + list(c.session.turns[c.turn])
+                c.rid = f"{c.session.sid}/{c.turn}"
+                c.completion = Completion(start=now)
+                llm.add_request(c.prompt, SamplingParams(max_tokens=wl.max_tokens), c.rid)
+        if not any(c.rid for c in clients):
+            upcoming = [c.ready_at for c in clients] + ([waiting[0].start_s] if waiting else [])
+            time.sleep(min(_IDLE_SLEEP_S, max(0.0, min(upcoming) - now)))
+            continue
+        done = set(llm.step())
+        now = time.perf_counter() - t0
+        for c in list(clients):
+            if c.rid is None:
+                continue
+            times = c.completion.times
+            times.extend([now - c.completion.start] * (len(llm.output_token_ids(c.rid)) - len(times)))
+            if c.rid not in done:
+                continue
+            out = llm.collect(c.rid)
+            c.completion.tokens = {0: out.token_ids}
+            c.completion.finish = {0: out.finish_reason}
+            c.completion.status = 200
+            c.completion.cached_tokens = out.num_cached_tokens
+            results.append((c.session.sid, c.turn, c.completion))
+            if progress is not None:
+                progress.update(1)
+            c.history, c.rid, c.turn = c.prompt + out.token_ids, None, c.turn + 1
+            c.ready_at = now + c.session.think_s
+            if c.turn == len(c.session.turns):
+                clients.remove(c)
+    return results, time.perf_counter() - t0

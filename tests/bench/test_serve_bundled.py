@@ -1,0 +1,96 @@
+"""``kvoffload bench serve --engine bundled``: the serving workloads on the bundled engine, with
+a streaming view of each request, identical tokens with and without offload, and hits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvoffload.bench import serve_bench
+from kvoffload.bench.serve_bundled import run_bundled
+from kvoffload.bench.serve_workloads import chat
+from kvoffload.engine.config import EngineConfig
+from kvoffload.engine.llm import LLM
+from kvoffload.engine.sampling_params import SamplingParams
+
+TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--vocab", "500"]
+
+
+def _engine(tmp_path, kv_offload=None) -> LLM:
+    model = tmp_path / "model"
+    serve_bench.write_model(model, 2, 64, 4, 2, 500)
+    return LLM(EngineConfig(model=str(model), load_format="dummy", block_size=16, num_gpu_blocks=24,
+                            max_model_len=512, max_num_seqs=8, kv_offload=kv_offload))
+
+
+def test_streaming_view_and_collect_equal_generate(tmp_path):
+    llm = _engine(tmp_path)
+    prompt = list(range(3, 40))
+    expected = llm.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids
+    rid = llm.add_request(prompt, SamplingParams(max_tokens=6, ignore_eos=True), "s")
+    seen: list[int] = []
+    done: list[str] = []
+    while not done:
+        done = llm.step()
+        now = llm.output_token_ids(rid)
+        assert now[: len(seen)] == seen and len(now) <= len(seen) + 1  # one token a step, never rewritten
+        seen = now
+    assert done == ["s"] and seen == expected
+    out = llm.collect("s")
+    assert out.token_ids == expected and out.finish_reason == "length" and out.ttft_s is not None
+    assert llm.output_token_ids("s") == []  # forgotten
+    with pytest.raises(KeyError, match="'s' has not finished"):
+        llm.collect("s")
+    llm.close()
+
+
+def test_dummy_weights_need_only_a_config_and_a_valid_load_format(tmp_path):
+    with pytest.raises(ValueError, match="load_format='fast'"):
+        EngineConfig(load_format="fast")
+    serve_bench.write_model(tmp_path, 2, 64, 4, 2, 500)
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        LLM(EngineConfig(model=str(tmp_path)))  # "auto" still wants the weights
+    llm = LLM(EngineConfig(model=str(tmp_path), load_format="dummy", num_gpu_blocks=16))
+    assert llm.model_config.num_hidden_layers == 2 and llm.model_config.checkpoint_dir is None
+    llm.close()
+
+
+def test_chat_on_the_bundled_engine_hits_the_cpu_tier_with_identical_tokens(tmp_path):
+    wl = chat(conversations=4, turns=3, context=96, user=16, max_tokens=4, think_s=0.0, vocab=500, seed=1)
+    runs = {}
+    for name, kv in (("plain", None), ("cpu", {"tiers": [{"medium": "cpu", "capacity": "16MiB"}]})):
+        llm = _engine(tmp_path / name, kv)
+        turns, wall = run_bundled(llm, wl)
+        runs[name] = (turns, llm.stats())
+        llm.close()
+        assert wall > 0 and len(turns) == 12
+        for sid, turn, c in turns:
+            assert c.ok and len(c.tokens[0]) == 4 and len(c.times) == 4
+            assert c.times == sorted(c.times) and c.ttft > 0
+    tokens = {name: {(s, t): c.tokens[0] for s, t, c in turns} for name, (turns, _) in runs.items()}
+    assert tokens["plain"] == tokens["cpu"]
+    # 24 device blocks hold about one conversation: returning turns reload the rest from CPU.
+    assert runs["cpu"][1]["prefix_hit_tokens"]["cpu"] > 0
+    assert runs["plain"][1]["prefix_hit_tokens"].get("cpu", 0) == 0
+
+
+def test_the_cli_runs_the_bundled_engine_end_to_end(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = serve_bench.main(["--engine", "bundled", "--workload", "chat", "--conversations", "3", "--turns", "2",
+                           "--context", "64", "--user-tokens", "16", "--max-tokens", "3", "--think", "0",
+                           "--configs", "plain,cpu", "--cpu", "16MiB", "--reps", "2", "--json", str(out), *TINY])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "returning-turn TTFT p50" in text and "tokens identical to plain engine cpu: 2/2 runs" in text
+    data = json.loads(out.read_text())
+    assert data["engine"] == "bundled" and data["configs"]["cpu"]["identical_runs"] == 2
+    assert len(data["configs"]["cpu"]["ttft_p50_ms_vs_plain"]) == 2
+
+
+def test_the_cli_refuses_what_the_bundled_engine_cannot_do(capsys):
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--engine", "bundled", "--url", "http://127.0.0.1:1"])
+    assert "--url measures a running vLLM server" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="'mooncake'"):
+        serve_bench.main(["--engine", "bundled", "--configs", "plain,mooncake", "--reps", "1", *TINY])
