@@ -25,6 +25,7 @@ LAYERS = [
     ("kvoffload.traces", "kvoffload.workload", "kvoffload.report", "kvoffload.integrations"),
     ("kvoffload.testing",),
     ("kvoffload.bench",),
+    ("kvoffload.cache_cli",),
     ("kvoffload.cli",),
     ("kvoffload.__main__",),
 ]

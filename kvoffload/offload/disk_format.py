@@ -88,6 +88,25 @@ class DiskLayout:
         return len(header) >= HEADER_BYTES and header[:HEADER_BYTES] == self.file_header()
 
 
+def parse_file_header(raw: bytes) -> tuple[DiskLayout, str] | None:
+    """(layout, the digest its records are tagged under) of a tier file's header; None for a
+    file of another format or version. Rank and world size come from the file digest."""
+    size = struct.calcsize(_FILE_FMT)
+    if len(raw) < size or raw[:8] != FILE_MAGIC:
+        return None
+    _, version, digest_raw, block_bytes, block_tokens, num_slots = struct.unpack(_FILE_FMT, raw[:size])
+    if version != FORMAT_VERSION:
+        return None
+    file_digest = digest_raw.rstrip(b"\0").decode(errors="replace")
+    digest, rank, world = file_digest, 0, 1
+    if "|r" in file_digest:
+        digest, _, where = file_digest.partition("|r")
+        r, _, w = where.partition("/")
+        if r.isdigit() and w.isdigit():
+            rank, world = int(r), int(w)
+    return DiskLayout(digest, block_bytes, block_tokens, num_slots, rank, world), file_digest
+
+
 def record_header(key: Hashable, tag: bytes) -> bytes:
     kind, raw = encode_key(key)
     body = struct.pack(_REC_FMT, _REC_MAGIC, kind, len(raw), raw.ljust(32, b"\0"), tag)

@@ -37,12 +37,18 @@ def tier_file(path: str | Path, layout: DiskLayout) -> Path:
 
 def lock_holder(path: Path) -> str:
     """Who holds the lock on ``path``, from /proc/locks: "process 1234 (python3 -m vllm...)"."""
+    return find_lock_holder(path) or "another process"
+
+
+def find_lock_holder(path: Path) -> str | None:
+    """The process holding an flock on ``path`` ("process 1234 (cmdline)"), None when none
+    does (or /proc/locks cannot tell)."""
     try:
         st = os.stat(path)
         with open("/proc/locks") as f:
             lines = f.read().splitlines()
     except OSError:
-        return "another process"
+        return None
     inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     for line in lines:
         fields = line.split()
@@ -50,7 +56,7 @@ def lock_holder(path: Path) -> str:
             pid = next((f for f in fields[4:6] if f.isdigit()), "")
             if pid:
                 return f"process {pid} ({_cmdline(pid)})"
-    return "another process"
+    return None
 
 
 def _cmdline(pid: str) -> str:

@@ -1,0 +1,167 @@
+"""What disk tiers left in a directory, for ``kvoffload cache``: list, verify, clear.
+
+Works on the files, not through an engine, so it also explains caches that no running engine
+opens any more (another model, another layout, a rotated secret). A file an engine holds (its
+lock) is shown as in use and never removed: clearing takes the lock first, as an engine would.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvoffload.auth import RecordTagger
+from kvoffload.offload.disk_format import (
+    HEADER_BYTES,
+    RECORD_HEADER,
+    DiskLayout,
+    key_bytes,
+    parse_file_header,
+    parse_record_header,
+    scan_records,
+)
+from kvoffload.offload.disk_manager import find_lock_holder
+
+TIER_GLOB = "kvoffload-*.kvdata"
+NAMESPACE_GLOB = "kvoffload-*.namespace.json"
+
+
+@dataclass(slots=True)
+class CacheFile:
+    """One tier file: its layout, what it holds and who holds it."""
+
+    path: Path
+    layout: DiskLayout | None  # None: another format or version (never read by an engine)
+    file_digest: str = ""
+    records: int = 0
+    torn: int = 0  # record headers cut short or torn (dropped when an engine opens the file)
+    disk_bytes: int = 0  # allocated on disk (the file is sparse)
+    last_used: float = 0.0  # last write (mtime)
+    holder: str | None = None  # the engine process holding the file, if any
+    namespace: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.layout.num_slots * self.layout.block_bytes if self.layout else 0
+
+    def as_dict(self) -> dict[str, object]:
+        lay = self.layout
+        return {"path": str(self.path), "digest": lay.digest if lay else None, "rank": lay.rank if lay else None,
+                "world_size": lay.world_size if lay else None, "block_bytes": lay.block_bytes if lay else None,
+                "block_tokens": lay.block_tokens if lay else None, "slots": lay.num_slots if lay else None,
+                "records": self.records, "torn": self.torn, "disk_bytes": self.disk_bytes,
+                "capacity_bytes": self.capacity_bytes, "last_used": self.last_used, "in_use_by": self.holder,
+                "namespace": self.namespace}
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    path: Path
+    intact: int = 0
+    failed: Counter[str] = field(default_factory=Counter)  # reason -> records
+
+
+def list_files(directory: Path) -> list[CacheFile]:
+    """Every tier file in ``directory``, with its namespace where its sidecar names it."""
+    namespaces = _namespaces(directory)
+    out: list[CacheFile] = []
+    for path in sorted(directory.glob(TIER_GLOB)):
+        try:
+            st = path.stat()
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            parsed = parse_file_header(os.pread(fd, HEADER_BYTES, 0))
+            entry = CacheFile(path, parsed[0] if parsed else None, parsed[1] if parsed else "",
+                              disk_bytes=st.st_blocks * 512, last_used=st.st_mtime, holder=find_lock_holder(path))
+            if entry.layout is not None:
+                for _, key, intact in scan_records(fd, entry.layout):
+                    if key is not None and intact:
+                        entry.records += 1
+                    else:
+                        entry.torn += 1
+                entry.namespace = namespaces.get(entry.layout.digest, {})
+        finally:
+            os.close(fd)
+        out.append(entry)
+    return out
+
+
+def verify_file(entry: CacheFile, tagger: RecordTagger | None = None) -> VerifyResult:
+    """Read every record and check its tag, as a load would. ``tagger``: the tier's secret
+    (``auth:``), for files written with one; default: the plain checksum."""
+    result = VerifyResult(entry.path)
+    lay = entry.layout
+    if lay is None:
+        result.failed["format"] += 1
+        return result
+    check = tagger or RecordTagger(None, entry.file_digest)
+    fd = os.open(entry.path, os.O_RDONLY)
+    try:
+        for slot, key, intact in scan_records(fd, lay):
+            if key is None or not intact:
+                result.failed["format"] += 1
+                continue
+            raw = os.pread(fd, lay.record_bytes, lay.offset(slot))
+            parsed = parse_record_header(raw[:RECORD_HEADER])
+            data = raw[RECORD_HEADER:]
+            if parsed is None or len(data) != lay.block_bytes:
+                result.failed["format"] += 1
+            elif check.check(key_bytes(key), data, parsed[1]):
+                result.intact += 1
+            else:
+                result.failed[check.failure_reason] += 1
+    finally:
+        os.close(fd)
+    return result
+
+
+def clear_files(entries: list[CacheFile]) -> tuple[list[Path], list[str]]:
+    """Remove the files (and namespace sidecars no file uses any more); returns (removed,
+    refusals). A file is removed only under its lock, so never from under an engine."""
+    removed: list[Path] = []
+    refused: list[str] = []
+    for entry in entries:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                refused.append(f"{entry.path}: in use by {find_lock_holder(entry.path) or 'another process'}; "
+                               "stop that engine first")
+                continue
+            entry.path.unlink()
+            removed.append(entry.path)
+        finally:
+            os.close(fd)
+    for directory in {e.path.parent for e in entries}:
+        live = {p.name.split("-")[1] for p in directory.glob(TIER_GLOB)}
+        for side in directory.glob(NAMESPACE_GLOB):
+            if _sidecar_digest(side) not in live:
+                side.unlink(missing_ok=True)
+                removed.append(side)
+    return removed, refused
+
+
+def _sidecar_digest(path: Path) -> str:
+    return path.name[len("kvoffload-"):-len(".namespace.json")]
+
+
+def _namespaces(directory: Path) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for side in directory.glob(NAMESPACE_GLOB):
+        try:
+            data = json.loads(side.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out[_sidecar_digest(side)] = {str(k): str(v) for k, v in data.items()}
+    return out
