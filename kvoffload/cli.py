@@ -13,6 +13,19 @@ from typing import Any
 from kvoffload import __version__
 from kvoffload.logs import LEVELS, configure_cli
 
+#: ``kvoffload bench NAME``: what each measures, against what.
+BENCHMARKS = {
+    "serve": "a real vllm serve (or the bundled engine) over HTTP: TTFT, throughput vs plain vLLM",
+    "e2e": "the bundled engine's chat workload with and without CPU offload",
+    "engine": "engine overheads: schedule() per step, prefix lookup per block, model tokens/s",
+    "manager": "block-ledger speed and memory vs the textbook OrderedDict design (--vs-vllm: vLLM's)",
+    "transfer": "device <-> host block copies: batched vs a per-block loop vs one contiguous copy",
+    "disk": "disk-tier record I/O vs sequential file I/O; restart recovery time",
+    "remote": "the Mooncake tier's store and load paths vs the raw store calls",
+    "preemption": "swap vs recompute preemption on a workload that forces it",
+    "chaos": "random engines, tiers and faults: every output checked against a reference",
+}
+
 
 def _engine_config(args: argparse.Namespace, kv_offload: Any):
     from kvoffload.engine import EngineConfig
@@ -107,6 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 same = same and tokens == base_tokens
         print(format_table(columns))
         print(f"outputs identical to the run without offload: {'yes' if same else 'NO'}")
+        print("timings are one run of each column; `kvoffload bench e2e` repeats them (median ± spread)")
         return 0 if same else 1
     print(format_table(columns))
     return 0
@@ -123,10 +137,20 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     from kvoffload.config import ConfigError, OffloadConfig, check_environment, describe
     from kvoffload.examples import resolve_config
 
+    path = resolve_config(args.file)
+    if args.block_size < 1:
+        print(f"error: --block-size {args.block_size}: must be a positive number of tokens", file=sys.stderr)
+        return 2
     try:
-        cfg = OffloadConfig.from_yaml(resolve_config(args.file))
-        warnings = check_environment(cfg)
-        text = describe(cfg, block_bytes=args.block_bytes)
+        cfg = OffloadConfig.from_yaml(path)
+        block_bytes = args.block_bytes
+        if args.model is not None:
+            block_bytes = _model_block_bytes(args.model, args.block_size) * cfg.block_size_factor(args.block_size)
+        try:
+            warnings = check_environment(cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        text = describe(cfg, block_bytes=block_bytes, engine_block_size=args.block_size)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -134,6 +158,30 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     return 0
+
+
+def _model_block_bytes(model: str, block_size: int) -> int:
+    """Bytes of one engine block of KV for a checkpoint's ``config.json`` (K and V, every layer)."""
+    import json
+    from pathlib import Path
+
+    from kvoffload.config import ConfigError
+
+    p = Path(model)
+    cfg_file = p / "config.json" if p.is_dir() else p
+    try:
+        raw = json.loads(cfg_file.read_text())
+        raw = raw.get("text_config", raw)  # multimodal checkpoints nest the language model's
+        heads = raw["num_attention_heads"]
+        kv_heads = raw.get("num_key_value_heads") or heads
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+        layers = raw["num_hidden_layers"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--model {model}: cannot read the KV shape from {cfg_file} ({type(exc).__name__}: "
+                          f"{exc}); give a checkpoint directory or its config.json") from None
+    dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
+    width = 4 if "32" in dtype else 2
+    return 2 * layers * kv_heads * head_dim * width * block_size
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -149,23 +197,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kvoffload's log level (default: $KVOFFLOAD_LOG_LEVEL, else warning)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the bundled engine on a multi-turn chat workload and report")
+    from kvoffload.bench.measure import DefaultsFormatter
+
+    run = sub.add_parser("run", help="run the bundled engine on a multi-turn chat workload and report",
+                         description="Run the bundled engine on a multi-turn chat workload without offload and "
+                                     "with --config's tiers, and print both side by side.",
+                         formatter_class=DefaultsFormatter)
     run.add_argument("--model", default="tiny", help="tiny | small | path to a Llama checkpoint directory")
     run.add_argument("--config", default="cpu",
                      help="offload YAML, or a packaged example by name (cpu, cpu_disk, mooncake, research_arc; default: cpu);"
                           " compared side by side with a run without offload")
     run.add_argument("--no-offload", action="store_true", help="ignore --config and run without offload")
     run.add_argument("--num-gpu-blocks", type=int, default=64, help="device KV cache size in blocks")
-    run.add_argument("--block-size", type=int, default=16)
-    run.add_argument("--max-model-len", type=int, default=4096)
-    run.add_argument("--max-num-batched-tokens", type=int, default=512)
-    run.add_argument("--max-num-seqs", type=int, default=3)
-    run.add_argument("--conversations", type=int, default=12)
-    run.add_argument("--turns", type=int, default=3)
-    run.add_argument("--system-tokens", type=int, default=256)
-    run.add_argument("--user-tokens", type=int, default=48)
-    run.add_argument("--max-tokens", type=int, default=16)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--block-size", type=int, default=16, help="tokens per engine KV block")
+    run.add_argument("--max-model-len", type=int, default=4096, help="longest prompt + output, in tokens")
+    run.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens one engine step may compute")
+    run.add_argument("--max-num-seqs", type=int, default=3, help="requests running at once")
+    run.add_argument("--conversations", type=int, default=12, help="chats in the workload")
+    run.add_argument("--turns", type=int, default=3, help="turns per chat")
+    run.add_argument("--system-tokens", type=int, default=256, help="each chat's own system prompt, in tokens")
+    run.add_argument("--user-tokens", type=int, default=48, help="tokens a user turn adds")
+    run.add_argument("--max-tokens", type=int, default=16, help="tokens generated per turn")
+    run.add_argument("--seed", type=int, default=0, help="workload and weights seed")
     run.add_argument("--threads", type=int, default=1,
                      help="torch CPU threads (default 1: the bundled models are small, and with more threads "
                           "they run several times slower whenever anything else uses the machine)")
@@ -178,8 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="swap: offload a preempted request's KV and restore it (needs --config)")
     run.set_defaults(func=cmd_run)
 
-    bench = sub.add_parser("bench", help="speed figures with baselines and ratios")
-    bench.add_argument("what", choices=["engine", "manager", "transfer", "e2e", "disk", "remote", "preemption", "chaos", "serve"])
+    benches = "\n".join(f"  {name:<11} {text}" for name, text in BENCHMARKS.items())
+    bench = sub.add_parser("bench", help="speed figures with baselines and ratios",
+                           description="Each benchmark prints our figure, a baseline measured in the same run and "
+                                       "the ratio, as a median with its spread. `kvoffload bench NAME --help` lists "
+                                       "its options.\n\n" + benches,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("what", choices=list(BENCHMARKS), metavar="NAME", help="one of: " + ", ".join(BENCHMARKS))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark")
     bench.set_defaults(func=cmd_bench)
 
@@ -187,12 +245,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("rest", nargs=argparse.REMAINDER)
     sim.set_defaults(func=cmd_sim)
 
+    from kvoffload.cache_cli import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
+
     config = sub.add_parser("config", help="offload config tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    check = config_sub.add_parser("check", help="validate a YAML file and print the resolved tiers")
+    check = config_sub.add_parser("check", help="validate a YAML file and print the resolved tiers",
+                                  formatter_class=DefaultsFormatter)
     check.add_argument("file")
     check.add_argument("--block-bytes", type=int, default=None,
-                       help="bytes per offloaded block (default: the bundled tiny model at block size 16)")
+                       help="bytes per offloaded block (default: the bundled tiny model, or --model's)")
+    check.add_argument("--model", default=None,
+                       help="a checkpoint directory (or its config.json): size blocks for its KV shape and dtype")
+    check.add_argument("--block-size", type=int, default=16,
+                       help="the engine's block size in tokens (vLLM: 16 on GPU, 128 on its CPU backend)")
     check.set_defaults(func=cmd_config_check)
     return parser
 

@@ -19,6 +19,7 @@ import yaml
 
 from kvoffload.auth import AuthConfig, parse_auth
 from kvoffload.errors import ConfigError, UnknownPluginError
+from kvoffload.examples import resolve_config
 from kvoffload.registry import POLICIES, SPECS, TIER_KINDS
 
 _UNITS = {
@@ -38,6 +39,8 @@ def parse_size(value: Any, key: str) -> int:
     if isinstance(value, int):
         size = value
     elif isinstance(value, str):
+        if _SIZE_RE.match(value.strip().lstrip("-+")) and value.strip().startswith("-"):
+            raise ConfigError(f"{key}: size must be positive, got {value!r}")
         m = _SIZE_RE.match(value)
         unit = m.group(2).lower() if m else None
         if m is None or unit not in _UNITS:
@@ -194,11 +197,12 @@ class OffloadConfig:
 
     @classmethod
     def coerce(cls, value: OffloadConfig | str | Path | Mapping[str, Any]) -> OffloadConfig:
-        """Accept an OffloadConfig, a YAML path or a dict (as EngineConfig.kv_offload does)."""
+        """Accept an OffloadConfig, a YAML path, a packaged example's name (``"cpu_disk"``) or a
+        dict (as EngineConfig.kv_offload does)."""
         if isinstance(value, OffloadConfig):
             return value
         if isinstance(value, (str, Path)):
-            return cls.from_yaml(value)
+            return cls.from_yaml(resolve_config(str(value)))
         if isinstance(value, Mapping):
             try:
                 return cls.from_dict(value)
@@ -317,6 +321,9 @@ def default_cache_dir() -> Path:
 def _check_medium(medium: Any, i: int, key: str) -> Any:
     """tiers[0] is the host (cpu) tier; every later tier is a registered tier kind (returned)."""
     if i == 0:
+        if medium != "cpu" and not (isinstance(medium, str) and medium in TIER_KINDS.known()):
+            raise ConfigError(f"{key}.medium: {medium!r} is not a medium; the first tier is cpu, later ones one of "
+                              f"{', '.join(TIER_KINDS.known())}")
         if medium != "cpu":
             raise ConfigError(f"{key}.medium: {medium!r}; the first (fastest) tier must be cpu: every other tier's "
                               "loads pass through host memory")
@@ -344,8 +351,11 @@ def check_environment(cfg: OffloadConfig) -> list[str]:
             p = Path(tier.path)
             try:
                 target = p if p.exists() else p.parent
+                if p == default_cache_dir():  # ours: created with its parents at start-up
+                    target = next(a for a in (p, *p.parents) if a.exists())
                 if not target.is_dir():
-                    raise ConfigError(f"{key}.path: {tier.path!r} needs an existing directory or parent; create it first")
+                    raise ConfigError(f"{key}.path: {tier.path!r} does not exist and neither does its parent; "
+                                      "create it first")
                 if not os.access(target, os.W_OK | os.X_OK):
                     raise ConfigError(f"{key}.path: {str(target)!r} is not writable; fix its permissions or pick another path")
                 held = sum(f.stat().st_blocks * 512 for f in p.glob("*.kvdata")) if p.exists() else 0

@@ -57,17 +57,28 @@ def load_trace(path: str, fmt: str, limit: int | None) -> tuple[list[list], list
     raise ValueError(f"--format {fmt!r}: use auto, mooncake, weka, arc or synthetic")
 
 
-def parse_capacities(spec: str, unique_blocks: int) -> list[int]:
+def parse_capacities(spec: str, unique_blocks: int, block_bytes: int | None = None) -> list[int]:
+    """Capacities in blocks: shares of the trace's unique blocks (``5%``), block counts, or
+    sizes (``1GiB``) divided by ``block_bytes``."""
+    from kvoffload.config import ConfigError, parse_size
+
     out = []
     for part in spec.split(","):
         part = part.strip()
         if part.endswith("%"):
             out.append(max(1, int(unique_blocks * float(part[:-1]) / 100)))
+        elif part.isdigit():
+            out.append(int(part))
         else:
             try:
-                out.append(int(part))
-            except ValueError:
-                raise ValueError(f"--capacities entry {part!r}: use a share like 5% or a block count") from None
+                size = parse_size(part, "--capacities")
+            except ConfigError:
+                raise ValueError(f"--capacities entry {part!r}: use a share like 5%, a block count, or a size "
+                                 "like 1GiB (with --block-bytes)") from None
+            if block_bytes is None:
+                raise ValueError(f"--capacities entry {part!r} is a size: give --block-bytes (bytes per offloaded "
+                                 "block of your model) to turn it into blocks")
+            out.append(max(1, size // block_bytes))
     return out
 
 
@@ -88,10 +99,10 @@ def _run(job: tuple[str, int, int, bool | None]) -> dict:
 
 
 def run_experiment(path: str, fmt: str, policies: list[str], capacities: str, thresholds: list[int], factor: int,
-                   limit: int | None, workers: int) -> tuple[list[dict], int]:
+                   limit: int | None, workers: int, block_bytes: int | None = None) -> tuple[list[dict], int]:
     _init(path, fmt, limit, factor)
     unique = len({b for r in _TRACE["reqs"] for b in r})
-    caps = parse_capacities(capacities, unique)
+    caps = parse_capacities(capacities, unique, block_bytes)
     jobs: list[tuple[str, int, int, bool | None]] = [(p, c, t, None) for c in caps for t in thresholds for p in policies]
     jobs += [(BASELINE[0], c, BASELINE[1], BASELINE[2]) for c in caps]
     from tqdm import tqdm
@@ -145,15 +156,22 @@ def write_outputs(results: list[dict], out: Path, title: str, unique_blocks: int
     fig, ax = plt.subplots(figsize=(9, 4.8))
     policies = sorted({r["policy"] for r in results})
     thresholds = sorted({r["store_threshold"] for r in results})
-    colours = plt.get_cmap("tab10")
+    online = [p for p in policies if p != "belady"]
+    colours = plt.get_cmap("tab10" if len(online) <= 10 else "tab20")
+    markers = "osD^v<>pPX*h"
     for (policy, threshold) in sorted({(r["policy"], r["store_threshold"]) for r in results}):
         rows = sorted((r for r in results if r["policy"] == policy and r["store_threshold"] == threshold),
                       key=lambda r: r["capacity"])
-        label = policy if threshold < 2 else f"{policy}, store on sighting {threshold}"
         xs = [100 * r["capacity"] / unique_blocks if unique_blocks else r["capacity"] for r in rows]
+        ys = [100 * r["block_hit_ratio"] for r in rows]
+        if policy == "belady" and threshold < 2:
+            # The offline optimum: a bound no online policy reaches, drawn as one (not another line).
+            ax.plot(xs, ys, color="black", linewidth=2.2, linestyle=(0, (1, 1)), label="MIN (Belady): upper bound")
+            continue
+        label = policy if threshold < 2 else f"{policy}, store on sighting {threshold}"
         style = _THRESHOLD_STYLES[thresholds.index(threshold) % len(_THRESHOLD_STYLES)]
-        ax.plot(xs, [100 * r["block_hit_ratio"] for r in rows], label=label, linestyle=style,
-                color=colours(policies.index(policy) % 10), marker="o" if threshold < 2 else "s",
+        i = online.index(policy) if policy in online else len(online)
+        ax.plot(xs, ys, label=label, linestyle=style, color=colours(i % colours.N), marker=markers[i % len(markers)],
                 markerfacecolor="white" if threshold >= 2 else None)
     ax.set_xscale("log")
     ticks = sorted({100 * r["capacity"] / unique_blocks if unique_blocks else r["capacity"] for r in results})
@@ -196,18 +214,31 @@ def format_results(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SAMPLE_TRACE = "mooncake_conversation_1500.jsonl.gz"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvoffload sim", description=__doc__)
-    parser.add_argument("--trace", required=True, help="trace file, or 'synthetic'")
+    parser.add_argument("--trace", required=True,
+                        help="trace file; 'mooncake-sample' (1,500 requests of the Mooncake conversation trace, "
+                             "shipped with the package); or 'synthetic'")
     parser.add_argument("--format", default="auto", choices=["auto", "mooncake", "weka", "arc", "synthetic"])
     parser.add_argument("--policies", default="lru,arc,s3fifo,sieve,belady")
-    parser.add_argument("--capacities", default="1%,5%,10%,20%")
+    parser.add_argument("--capacities", default="1%,5%,10%,20%",
+                        help="comma list: shares of the trace's unique blocks (5%%), block counts, or sizes (1GiB, "
+                             "with --block-bytes)")
+    parser.add_argument("--block-bytes", type=int, default=None,
+                        help="bytes per offloaded block of your model (kvoffload config check --model prints it)")
     parser.add_argument("--store-threshold", default="0", help="comma list, e.g. 0,2 (>= 2 enables the filter)")
     parser.add_argument("--block-size-factor", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="sim-out")
     args = parser.parse_args(argv)
+    if args.trace == "mooncake-sample":
+        from importlib import resources
+
+        args.trace = str(resources.files("kvoffload") / "examples" / "traces" / SAMPLE_TRACE)
     if args.trace != "synthetic" and not os.path.exists(args.trace):
         parser.error(f"--trace {args.trace!r} does not exist")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -216,8 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     for p in policies:
         get_policy_class(p)  # unknown names fail before any replay
     thresholds = [int(t) for t in args.store_threshold.split(",")]
+    try:
+        parse_capacities(args.capacities, 1, args.block_bytes)  # its errors before the trace is read
+    except ValueError as exc:
+        parser.error(str(exc))
     results, unique = run_experiment(args.trace, args.format, policies, args.capacities, thresholds,
-                                     args.block_size_factor, args.limit, args.workers)
+                                     args.block_size_factor, args.limit, args.workers, args.block_bytes)
     print(f"trace {args.trace}: {unique:,} unique blocks")
     print(format_results(results))
     print(GLOSSARY)

@@ -6,19 +6,19 @@ seed and configuration (``--seed S --cases 1`` reruns exactly that case).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import resource
 import time
 
 import torch
 
+from kvoffload.bench.measure import bench_parser
 from kvoffload.testing.chaos import describe, draw_case, run_case
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvoffload bench chaos", description=__doc__)
-    parser.add_argument("--cases", type=int, default=100, help="how many cases to run (default 100)")
+    parser = bench_parser("chaos", __doc__)
+    parser.add_argument("--cases", type=int, default=100, help="how many cases to run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first case; case i uses seed + i")
     parser.add_argument("--verbose", action="store_true", help="show the warnings the faults provoke")
     parser.add_argument("--engine", choices=["bundled", "vllm"], default="bundled",
@@ -42,13 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
     t0 = time.perf_counter()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for i in range(args.cases):
-        result = run_case(draw_case(args.seed + i), reference)
-        if not result.ok:
-            failures.append(result)
-            print(f"FAIL seed={result.case.seed}: {result.error.splitlines()[0]}\n     {describe(result.case)}", flush=True)
-        if (i + 1) % 25 == 0:
-            print(f"... {i + 1}/{args.cases} cases, {len(failures)} failed", flush=True)
+    from tqdm import tqdm
+
+    with tqdm(total=args.cases, desc="cases", unit="case") as bar:
+        for i in range(args.cases):
+            result = run_case(draw_case(args.seed + i), reference)
+            if not result.ok:
+                failures.append(result)
+                tqdm.write(f"FAIL seed={result.case.seed}: {result.error.splitlines()[0]}\n     {describe(result.case)}")
+            bar.update(1)
+            bar.set_postfix(failed=len(failures))
     elapsed = time.perf_counter() - t0
     rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     print(f"chaos: {args.cases} cases, {len(failures)} failed, {elapsed:.0f} s, peak RSS +{rss:.0f} MiB")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from kvoffload.bench.measure import Sample, add_reps, preamble
+from tqdm import tqdm
+
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.report import percentile
 from kvoffload.workload import ChatWorkload, run_chat_workload
@@ -20,11 +21,11 @@ def run(wl: ChatWorkload, blocks: int, kv_offload: dict | None, model: str) -> t
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="kvoffload bench e2e")
-    parser.add_argument("--model", default="small")
-    parser.add_argument("--num-gpu-blocks", type=int, default=96)
-    parser.add_argument("--conversations", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=4)
+    parser = bench_parser("e2e", __doc__)
+    parser.add_argument("--model", default="small", help="tiny, small, or a Llama checkpoint directory")
+    parser.add_argument("--num-gpu-blocks", type=int, default=96, help="device KV cache, in blocks of 16 tokens")
+    parser.add_argument("--conversations", type=int, default=16, help="chats, each on its own 256-token prompt")
+    parser.add_argument("--turns", type=int, default=4, help="turns per chat (64 user tokens, 16 generated each)")
     add_reps(parser, default=3)
     args = parser.parse_args(argv)
     wl = ChatWorkload(conversations=args.conversations, turns=args.turns, system_tokens=256, user_tokens=64, max_tokens=16)
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.conversations} chats x {args.turns} turns; {preamble(args.reps)}")
     timings: dict[str, dict[str, list[float]]] = {"base": {}, "off": {}}
     identical = True
-    for _ in range(args.reps):  # alternating, so drift hits both alike
+    for _ in tqdm(range(args.reps), desc="runs (each: no offload, then cpu offload)", unit="rep"):
+        # alternating, so drift hits both alike
         base_tokens, base, base_s = run(wl, args.num_gpu_blocks, None, args.model)
         off_tokens, off, off_s = run(wl, args.num_gpu_blocks, offload, args.model)
         identical = identical and base_tokens == off_tokens

@@ -6,13 +6,12 @@ the printed ratio says how much of a step the scheduler costs on this machine.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import time
 
 import torch
 
-from kvoffload.bench.measure import Sample, add_reps, interleaved, preamble
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, interleaved, preamble
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.outputs import ModelRunnerOutput
@@ -78,7 +77,7 @@ def bench_model(model: str = "tiny", num_reqs: int = 32, prompt_len: int = 128, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="kvoffload bench engine", description=__doc__)
+    parser = bench_parser("engine", __doc__)
     add_reps(parser, default=3)
     args = parser.parse_args(argv)
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads; "

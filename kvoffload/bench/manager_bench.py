@@ -6,12 +6,11 @@ prefix (prepare + complete), store of the rest (prepare + complete).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from kvoffload.bench.baseline_manager import TextbookManager
 from kvoffload.bench.ledger_replay import bytes_per_block, replay
-from kvoffload.bench.measure import Sample, add_reps, preamble
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.traces import load_mooncake, synthetic_prefix_workload
 
@@ -39,7 +38,7 @@ def run(name: str, requests: list[list[int]], capacity: int, reps: int = 3) -> N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="kvoffload bench manager")
+    parser = bench_parser("manager", __doc__)
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--trace", type=Path, default=MOONCAKE)

@@ -10,6 +10,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +64,44 @@ def load_warning() -> str | None:
     return None
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option and the value on error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "default" in text or action.default is None else super()._get_help_string(action) or ""
+
+
+class _BenchParser(argparse.ArgumentParser):
+    """Every option gets a help line, so ``--help`` shows its default even where no text was given."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args and str(args[0]).startswith("-") and not kwargs.get("help"):
+            kwargs["help"] = str(args[-1]).lstrip("-").replace("-", " ")  # "(default: ...)" needs a help text
+        return super().add_argument(*args, **kwargs)
+
+
+def bench_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's parser: its module docstring's first paragraph as the description (doc
+    markup dropped), every option's default in ``--help``."""
+    summary = (doc or "").split("\n\n")[0].replace("``", "").replace("`", "")
+    return _BenchParser(prog=f"kvoffload bench {name}", description=summary, formatter_class=DefaultsFormatter)
+
+
 def add_reps(parser: argparse.ArgumentParser, default: int = 5) -> None:
-    parser.add_argument("--reps", type=int, default=default, help=f"runs per figure (median ± half-range; default {default})")
+    parser.add_argument("--reps", type=positive_int, default=default,
+                        help="runs per figure (median ± half-range)")
 
 
 def preamble(reps: int) -> str:

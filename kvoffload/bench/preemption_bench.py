@@ -3,10 +3,9 @@ device cache): prefill tokens computed, throughput, p95 TTFT, side by side."""
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from kvoffload.bench.measure import Sample, add_reps, preamble
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.report import percentile
 
@@ -22,7 +21,7 @@ def run(mode: str, prompts: list[list[int]], blocks: int, max_tokens: int) -> tu
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="kvoffload bench preemption")
+    parser = bench_parser("preemption", __doc__)
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--prompt-tokens", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=96)

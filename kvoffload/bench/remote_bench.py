@@ -5,12 +5,11 @@ same bytes from registered memory, and the scheduler's lookup of a 64-block requ
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import numpy as np
 
-from kvoffload.bench.measure import Sample, preamble, timed
+from kvoffload.bench.measure import Sample, bench_parser, positive_int, preamble, timed
 from kvoffload.offload.mediums import MooncakeLoadStoreSpec
 from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
@@ -103,12 +102,12 @@ def bench_lookup(store: MooncakeStore, blocks: int, reps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="kvoffload bench remote")
+    parser = bench_parser("remote", __doc__)
     parser.add_argument("--master", default=None, help="host:port of a running mooncake_master (default: start one)")
     parser.add_argument("--metadata-server", default=None, help="its metadata URL (with --master)")
     parser.add_argument("--total-mib", type=int, default=32, help="bytes per path per repetition")
     parser.add_argument("--batch", type=int, default=64, help="blocks per call (one transfer job)")
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--reps", type=positive_int, default=9, help="runs per figure (median ± half-range)")
     args = parser.parse_args(argv)
     master = None
     if args.master is None:

@@ -11,13 +11,12 @@ scatter of many rows), which is what the CPU backend runs. Per-layer KV: each la
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from kvoffload.bench.measure import Sample, add_reps, interleaved, preamble, timed
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, interleaved, preamble, timed
 from kvoffload.transfer.device_host_handler import host_copy_groups
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
@@ -111,7 +110,7 @@ def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: t
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="kvoffload bench transfer")
+    parser = bench_parser("transfer", __doc__)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the GPU path")
     parser.add_argument("--total-mib", type=int, default=None, help="bytes per measurement (default 128 cpu, 1024 cuda)")
     parser.add_argument("--layers", type=int, default=None,

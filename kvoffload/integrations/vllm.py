@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+from kvoffload.examples import resolve_config
 from kvoffload.integrations.vllm_namespace import vllm_namespace
 from kvoffload.integrations.vllm_stats import (
     DeltaTracker,
@@ -89,7 +90,8 @@ class _ConnectorOutputView:
 
 
 def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
-    """Our config from ``kv_connector_extra_config``: ``config_file`` (YAML) and/or inline
+    """Our config from ``kv_connector_extra_config``: ``config_file`` (YAML, or a packaged
+    example's name) and/or inline
     ``config``; with both, the inline top-level keys replace the file's."""
     raw = extra.get("config") or {}
     if not isinstance(raw, dict):
@@ -101,6 +103,7 @@ def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
         raise ConfigError('kv_connector_extra_config needs "config_file" (a YAML path) or "config" (a dict)')
     if not path:
         return OffloadConfig.from_dict(raw)
+    path = resolve_config(path)  # a packaged example by name ("vllm_tiers") works from any directory
     base = OffloadConfig.from_yaml(path)  # validates the file on its own, errors name the file
     if not raw:
         return base

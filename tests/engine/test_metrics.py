@@ -76,3 +76,28 @@ def test_kv_events_through_the_public_accessor():
         assert events and events[0].medium == "CPU" and not events[0].removed and events[0].block_size == 16
         assert sum(len(e.block_hashes) for e in events) == 6  # the request's full blocks, stored once
         assert llm.take_kv_events() == []
+
+
+def test_the_grafana_dashboard_plots_only_metrics_a_scrape_has(tmp_path):
+    """The shipped dashboard (kvoffload/examples/grafana_dashboard.json) against a real scrape of
+    an engine with a CPU and a disk tier: a renamed metric must not leave an empty panel."""
+    import json
+    import re
+    from importlib import resources
+
+    dash = json.loads((resources.files("kvoffload") / "examples" / "grafana_dashboard.json").read_text())
+    wanted = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"kvoffload_[a-z_]+", t["expr"])}
+    assert len(dash["panels"]) >= 8 and "kvoffload_hit_tokens_total" in wanted
+    port = _free_port()
+    offload = {"tiers": [{"medium": "cpu", "capacity": 40 * BLOCK_BYTES},
+                         {"medium": "disk", "capacity": 400 * BLOCK_BYTES, "path": str(tmp_path)}],
+               "metrics": {"prometheus_port": port}}
+    wl = ChatWorkload(conversations=6, turns=2, system_tokens=128, user_tokens=32, max_tokens=4)
+    with LLM(EngineConfig(num_gpu_blocks=40, max_num_seqs=3, max_num_batched_tokens=256, kv_offload=offload)) as llm:
+        run_chat_workload(llm, wl)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    names = set()
+    for family in text_string_to_metric_families(text):  # declared families count: a labelled one
+        names |= {s.name for s in family.samples}         # (rejected reads) has samples only once used
+        names.add(family.name + ("_total" if family.type == "counter" else ""))
+    assert wanted <= names, sorted(wanted - names)

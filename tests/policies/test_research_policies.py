@@ -1,6 +1,7 @@
 """Research policies: the CachePolicy contract, hand-computed hits, Belady optimality, scans,
 the ARC paper's numbers, and simulator/connector agreement."""
 
+import json
 import random
 from pathlib import Path
 
@@ -209,3 +210,24 @@ def test_sim_prints_replay_speed_against_a_same_run_baseline(tmp_path, capsys):
     for row in rows:
         assert float(row[-2]) > 0 and row[-1].endswith("x") and float(row[-1][:-1]) > 0
     assert "x py-LRU: that speed over LRU on the Python ledger" in out
+
+
+def test_sim_capacities_take_sizes_with_a_block_size():
+    from kvoffload_policies.experiment import parse_capacities
+
+    assert parse_capacities("1%, 100, 1MiB", 1000, block_bytes=65536) == [10, 100, 16]
+    with pytest.raises(ValueError, match="'1GiB' is a size: give --block-bytes"):
+        parse_capacities("1GiB", 1000)
+    with pytest.raises(ValueError, match="'lots': use a share like 5%"):
+        parse_capacities("lots", 1000)
+
+
+def test_sim_runs_the_packaged_sample_from_anywhere(tmp_path, monkeypatch, capsys):
+    from kvoffload_policies.experiment import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--trace", "mooncake-sample", "--policies", "lru,belady", "--capacities", "2%,4MiB",
+                 "--block-bytes", "65536", "--workers", "1", "--limit", "300", "--out", "o"]) == 0
+    out = capsys.readouterr().out
+    assert "mooncake_conversation_1500.jsonl.gz" in out and "belady" in out
+    assert {r["capacity"] for r in json.loads((tmp_path / "o" / "results.json").read_text())} >= {64}

@@ -119,7 +119,7 @@ def test_config_check_catches_what_start_up_would(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(_disk_cfg(tmp_path / "missing" / "deeper")))
     assert main(["config", "check", str(cfg)]) == 2
-    assert "needs an existing directory" in capsys.readouterr().err
+    assert "does not exist and neither does its parent" in capsys.readouterr().err
     cfg.write_text(yaml.safe_dump(_disk_cfg(tmp_path, capacity="1000TiB")))
     assert main(["config", "check", str(cfg)]) == 2
     assert "exceeds the free space" in capsys.readouterr().err

@@ -216,6 +216,16 @@ def test_tiers_need_a_dict_config():
             load_extra_config({"config_file": bad})
 
 
+def test_packaged_vllm_examples_load_by_name(tmp_path, monkeypatch):
+    from kvoffload.integrations.vllm import load_extra_config
+
+    monkeypatch.chdir(tmp_path)  # not the checkout: the names resolve to the installed package
+    tiers = load_extra_config({"config_file": "vllm_tiers"})
+    assert [t.medium for t in tiers.tiers] == ["cpu", "disk"] and tiers.tiers[1].write_through
+    spec = load_extra_config({"config_file": "vllm_spec", "config": {"store_threshold": 3}})
+    assert spec.store_threshold == 3 and spec.tiers[0].eviction_policy == "arc"
+
+
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 @pytest.mark.parametrize("capacity", [100_000, 1200, 300])
 def test_same_trace_same_hits_as_vllms_manager(policy, capacity):
