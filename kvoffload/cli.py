@@ -121,9 +121,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_table(columns))
         print(f"outputs identical to the run without offload: {'yes' if same else 'NO'}")
         print("timings are one run of each column; `kvoffload bench e2e` repeats them (median ± spread)")
+        _write_json(args.json, columns, same)
         return 0 if same else 1
     print(format_table(columns))
+    _write_json(args.json, columns, None)
     return 0
+
+
+def _write_json(path: str | None, columns: dict[str, dict[str, Any]], identical: bool | None) -> None:
+    """The report's columns as JSON (numbers as numbers), for scripts."""
+    if path is None:
+        return
+    import json
+
+    def value(v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.rstrip("%")
+            try:
+                return float(text) / (100 if v.endswith("%") else 1)
+            except ValueError:
+                return v
+        return v
+
+    data = {"columns": {name: {k: value(v) for k, v in col.items()} for name, col in columns.items()},
+            "outputs_identical": identical}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -227,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replicas", type=int, default=1,
                      help="run N offload replicas one after another, each a fresh engine with its own CPU tier "
                           "(a shared tier such as mooncake lets the later ones hit what the first computed)")
+    run.add_argument("--json", default=None, metavar="FILE", help="also write the report's columns here as JSON")
     run.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
                      help="swap: offload a preempted request's KV and restore it (needs --config)")
     run.set_defaults(func=cmd_run)

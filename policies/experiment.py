@@ -141,10 +141,10 @@ def write_outputs(results: list[dict], out: Path, title: str, unique_blocks: int
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "results.json", out / "results.csv"]
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=sorted({k for r in results for k in r}))
+    with open(out / "results.csv", "w", newline="") as f:  # one row per replay: the per-window series stay in JSON
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in results for k in r} - {"window_hit_ratios"}))
         w.writeheader()
-        w.writerows(results)
+        w.writerows({k: v for k, v in r.items() if k != "window_hit_ratios"} for r in results)
     try:
         import matplotlib
 
@@ -186,7 +186,40 @@ def write_outputs(results: list[dict], out: Path, title: str, unique_blocks: int
     fig.tight_layout()
     fig.savefig(out / "hit_ratio.png", dpi=120)
     written.append(out / "hit_ratio.png")
+    plt.close(fig)
+    written += _plot_over_time(plt, results, out, title, online, colours, markers, thresholds)
     return written
+
+
+def _plot_over_time(plt: Any, results: list[dict], out: Path, title: str, online: list[str], colours: Any,
+                    markers: str, thresholds: list[int]) -> list[Path]:
+    """Block hit ratio in each slice of the trace, at the largest capacity replayed."""
+    rows = [r for r in results if r.get("window_hit_ratios")]
+    if not rows:
+        return []
+    cap = max(r["capacity"] for r in rows)
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for r in sorted((r for r in rows if r["capacity"] == cap), key=lambda r: (r["policy"], r["store_threshold"])):
+        series = r["window_hit_ratios"]
+        xs = [100 * (i + 0.5) / len(series) for i in range(len(series))]
+        ys = [100 * v for v in series]
+        if r["policy"] == "belady" and r["store_threshold"] < 2:
+            ax.plot(xs, ys, color="black", linewidth=2.2, linestyle=(0, (1, 1)), label="MIN (Belady): upper bound")
+            continue
+        i = online.index(r["policy"]) if r["policy"] in online else len(online)
+        style = _THRESHOLD_STYLES[thresholds.index(r["store_threshold"]) % len(_THRESHOLD_STYLES)]
+        label = r["policy"] if r["store_threshold"] < 2 else f"{r['policy']}, store on sighting {r['store_threshold']}"
+        ax.plot(xs, ys, label=label, linestyle=style, color=colours(i % colours.N), marker=markers[i % len(markers)],
+                markersize=4, markerfacecolor="white" if r["store_threshold"] >= 2 else None)
+    ax.set_xlabel("position in the trace (% of its requests)")
+    ax.set_ylabel("block hit ratio in that slice (%)")
+    ax.set_title(f"{title.replace(' vs capacity', ' over time')}, capacity {cap:,} blocks", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(out / "hit_ratio_over_time.png", dpi=120)
+    plt.close(fig)
+    return [out / "hit_ratio_over_time.png"]
 
 
 GLOSSARY = ("gap→MIN: MIN's block hit ratio minus this row's, in points (MIN is the offline optimum at that "

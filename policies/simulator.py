@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.forwarding import ForwardingOffloadingManager
@@ -30,6 +30,9 @@ class SimResult:
     blocks_written: int
     blocks_evicted: int
     seconds: float
+    #: Block hit ratio in each of ``WINDOWS`` equal slices of the trace (by request), in order:
+    #: how a policy warms up and follows shifts in the workload.
+    window_hit_ratios: list[float] = field(default_factory=list)
 
     @property
     def block_hit_ratio(self) -> float:
@@ -44,6 +47,10 @@ class SimResult:
         d.update(block_hit_ratio=self.block_hit_ratio, token_hit_ratio=self.token_hit_ratio,
                  refs_per_s=self.block_refs / self.seconds if self.seconds else 0.0)
         return d
+
+
+#: Slices of the trace that ``window_hit_ratios`` reports.
+WINDOWS = 20
 
 
 def group_blocks(requests: Sequence[Sequence[Hashable]], factor: int) -> list[list[Hashable]]:
@@ -81,6 +88,9 @@ def replay(
     if hasattr(pol, "set_future") and advance is not None:
         pol.set_future(requests)
     hit_blocks = hit_tokens = total_tokens = written = evicted = refs = 0
+    n = len(requests)
+    win_hits = [0] * WINDOWS
+    win_refs = [0] * WINDOWS
     t0 = time.perf_counter()
     for r, hashes in enumerate(requests):
         if advance is not None:
@@ -108,8 +118,13 @@ def replay(
         hit_blocks += hits
         hit_tokens += min(hits * tokens_per_block, length)
         total_tokens += length
+        w = r * WINDOWS // n
+        win_hits[w] += hits
+        win_refs[w] += len(hashes)
+    seconds = time.perf_counter() - t0
+    windows = [h / c if c else 0.0 for h, c in zip(win_hits, win_refs)]
     return SimResult(policy, capacity, store_threshold, len(requests), refs, hit_blocks, hit_tokens, total_tokens,
-                     written, evicted, time.perf_counter() - t0)
+                     written, evicted, seconds, windows)
 
 
 class OpRecorder(ForwardingOffloadingManager):

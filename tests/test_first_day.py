@@ -78,3 +78,29 @@ def test_the_package_is_typed():
     assert (ROOT / "kvoffload" / "py.typed").is_file()
     code = "import importlib.resources as r; print(r.files('kvoffload').joinpath('py.typed').is_file())"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "True"
+
+
+def test_run_writes_its_report_as_json_for_scripts(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["run", "--conversations", "3", "--turns", "2", "--max-tokens", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "timings are one run of each column" in text
+    data = json.loads(out.read_text())
+    assert data["outputs_identical"] is True and set(data["columns"]) == {"no offload", "offload"}
+    off = data["columns"]["offload"]
+    assert off["prompt tokens"] == data["columns"]["no offload"]["prompt tokens"] > 0
+    assert isinstance(off["TTFT p50 (ms)"], float) and 0 < off["prefix-cache hit rate"] <= 1
+
+
+def test_stats_record_is_the_stats_dict_typed():
+    from kvoffload.engine import LLM, EngineConfig, EngineStats, SamplingParams
+
+    with LLM(EngineConfig(num_gpu_blocks=32, kv_offload="cpu")) as llm:
+        prompt = list(range(1, 120))
+        llm.generate(prompt, SamplingParams(max_tokens=2))
+        llm.reset_prefix_cache()  # the second request can only hit the CPU tier
+        llm.generate(prompt, SamplingParams(max_tokens=2))
+        raw, rec = llm.stats(), llm.stats_record()
+    assert isinstance(rec, EngineStats) and rec.requests == raw["requests"] == 2
+    assert rec.prefix_hit_tokens == raw["prefix_hit_tokens"] and rec.offload_hit_tokens == raw["prefix_hit_tokens"]["cpu"] > 0
+    assert rec.prompt_hit_tokens <= rec.prompt_tokens and rec.external_hit_tokens >= rec.offload_hit_tokens

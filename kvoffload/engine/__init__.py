@@ -4,5 +4,6 @@ from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.llm import LLM
 from kvoffload.engine.outputs import RequestOutput
 from kvoffload.engine.sampling_params import SamplingParams
+from kvoffload.engine.stats import EngineStats
 
-__all__ = ["LLM", "EngineConfig", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "EngineStats", "RequestOutput", "SamplingParams"]

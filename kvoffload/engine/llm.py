@@ -24,6 +24,7 @@ from kvoffload.engine.request import Request, RequestStatus
 from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler import Scheduler
 from kvoffload.engine.single_type_manager import cdiv
+from kvoffload.engine.stats import EngineStats
 from kvoffload.engine.tokenizer import ByteTokenizer
 from kvoffload.metrics import MetricsServer
 
@@ -46,8 +47,8 @@ class LLM:
     ``generate(prompts, SamplingParams(...))`` runs prompts (token-id lists or strings) to
     completion and returns one :class:`RequestOutput` each; ``add_request`` + ``step`` +
     ``output_token_ids`` + ``collect`` drive it request by request (a server loop, streaming).
-    ``stats()`` reports hits by tier and transfer counters; ``close()`` (or ``with LLM(...)``)
-    drains in-flight copies and closes the tiers.
+    ``stats()`` reports hits by tier and transfer counters (``stats_record()``: the same, typed);
+    ``close()`` (or ``with LLM(...)``) drains in-flight copies and closes the tiers.
     """
 
     def __init__(self, config: EngineConfig | None = None, *, record_logits: bool = False, **overrides: Any) -> None:
@@ -376,6 +377,10 @@ class LLM:
             "connector": connector_stats,
             "transfer": worker_stats,
         }
+
+    def stats_record(self) -> EngineStats:
+        """:meth:`stats` as a typed record whose fields say what each counter counts."""
+        return EngineStats.from_dict(self.stats())
 
     def take_kv_events(self) -> list[Any]:
         """KV events (blocks stored into / removed from an offload tier) since the last call,

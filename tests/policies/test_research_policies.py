@@ -230,4 +230,9 @@ def test_sim_runs_the_packaged_sample_from_anywhere(tmp_path, monkeypatch, capsy
                  "--block-bytes", "65536", "--workers", "1", "--limit", "300", "--out", "o"]) == 0
     out = capsys.readouterr().out
     assert "mooncake_conversation_1500.jsonl.gz" in out and "belady" in out
-    assert {r["capacity"] for r in json.loads((tmp_path / "o" / "results.json").read_text())} >= {64}
+    results = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert {r["capacity"] for r in results} >= {64}
+    for r in results:  # one ratio per slice of the trace
+        assert len(r["window_hit_ratios"]) == 20 and all(0 <= v <= 1 for v in r["window_hit_ratios"])
+    assert (tmp_path / "o" / "hit_ratio_over_time.png").stat().st_size > 10_000
+    assert "window_hit_ratios" not in (tmp_path / "o" / "results.csv").read_text().splitlines()[0]
