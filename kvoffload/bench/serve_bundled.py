@@ -21,6 +21,8 @@ from kvoffload.testing.http_client import Completion
 
 #: Idle waits (nothing in flight, next arrival or think time ahead) sleep at most this long.
 _IDLE_SLEEP_S = 0.005
+#: Steps in a row without a new token or a finished request before the run is declared stuck.
+_MAX_STALLED_STEPS = 100_000
 
 
 @dataclass(slots=True)
@@ -41,6 +43,7 @@ def run_bundled(llm: LLM, wl: Workload, progress: Any = None) -> tuple[list[tupl
     waiting = deque(sorted(wl.sessions, key=lambda s: s.start_s))
     clients: list[_Client] = []
     results: list[tuple[str, int, Completion]] = []
+    stalled = 0
     t0 = time.perf_counter()
     while waiting or clients:
         now = time.perf_counter() - t0
@@ -59,11 +62,14 @@ def run_bundled(llm: LLM, wl: Workload, progress: Any = None) -> tuple[list[tupl
             continue
         done = set(llm.step())
         now = time.perf_counter() - t0
+        progressed = bool(done)
         for c in list(clients):
             if c.rid is None:
                 continue
             times = c.completion.times
-            times.extend([now - c.completion.start] * (len(llm.output_token_ids(c.rid)) - len(times)))
+            new = len(llm.output_token_ids(c.rid)) - len(times)
+            progressed = progressed or new > 0
+            times.extend([now - c.completion.start] * new)
             if c.rid not in done:
                 continue
             out = llm.collect(c.rid)
@@ -78,4 +84,8 @@ def run_bundled(llm: LLM, wl: Workload, progress: Any = None) -> tuple[list[tupl
             c.ready_at = now + c.session.think_s
             if c.turn == len(c.session.turns):
                 clients.remove(c)
+        stalled = 0 if progressed else stalled + 1
+        if stalled > _MAX_STALLED_STEPS:
+            stuck = sorted(c.rid for c in clients if c.rid)
+            raise RuntimeError(f"the engine made no progress for {_MAX_STALLED_STEPS} steps; requests {stuck[:5]}")
     return results, time.perf_counter() - t0

@@ -27,7 +27,7 @@ import torch
 DEFAULT_CHUNK_BYTES = 256 << 20
 #: Linux >= 5.14: populate (fault in, writable) without touching the contents.
 MADV_POPULATE_WRITE = 23
-#: Chunks smaller than this are left to fault in on first use (tests, tiny tiers).
+#: Buffers smaller than this are left to fault in on first use (tests, tiny tiers).
 PREFAULT_MIN_BYTES = 64 << 20
 #: Pages populated per call: the kernel holds the address-space lock for a call, and a long
 #: hold would stall other threads' ``munmap`` (vLLM's workers start several engines' threads).

@@ -94,3 +94,22 @@ def test_the_cli_refuses_what_the_bundled_engine_cannot_do(capsys):
     assert "--url measures a running vLLM server" in capsys.readouterr().err
     with pytest.raises(ValueError, match="'mooncake'"):
         serve_bench.main(["--engine", "bundled", "--configs", "plain,mooncake", "--reps", "1", *TINY])
+
+
+def test_a_stuck_engine_fails_the_run_instead_of_hanging(monkeypatch):
+    from kvoffload.bench import serve_bundled
+
+    class Stuck:  # accepts requests, never produces a token
+        def add_request(self, prompt, params, rid):
+            return rid
+
+        def step(self):
+            return []
+
+        def output_token_ids(self, rid):
+            return []
+
+    monkeypatch.setattr(serve_bundled, "_MAX_STALLED_STEPS", 50)
+    wl = chat(conversations=2, turns=1, context=8, user=2, max_tokens=2, think_s=0.0, vocab=50)
+    with pytest.raises(RuntimeError, match=r"no progress for 50 steps; requests \['c0/0', 'c1/0'\]"):
+        run_bundled(Stuck(), wl)  # type: ignore[arg-type]
