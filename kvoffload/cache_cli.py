@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvoffload.config import OffloadConfig
-    from kvoffload.tiers.disk_cache import CacheFile
+    from kvoffload.tiers.disk.inventory import CacheFile
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +74,7 @@ def _describe(entry: CacheFile) -> str:
 def cmd_cache(args: argparse.Namespace) -> int:
     from kvoffload.auth import RecordTagger
     from kvoffload.config import ConfigError
-    from kvoffload.tiers.disk_cache import clear_files, list_files, verify_file
+    from kvoffload.tiers.disk.inventory import clear_files, list_files, verify_file
 
     try:
         dirs, cfg = _directories(args)

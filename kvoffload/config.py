@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,11 +283,12 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.eviction_policy: {policy!r} needs the future of the trace (offline, `kvoffload sim` "
                               "only); use lru, arc or an online policy here")
         path = raw.get("path")
-        if medium == "disk" and path is None:
-            path = str(default_cache_dir())
-        if medium == "disk" and not path:
-            raise ConfigError(f"{key}.path: {path!r}; give a directory, or leave path out for the per-user cache "
-                              f"directory ({default_cache_dir()})")
+        default_path = kind.default_path() if kind is not None else None
+        if default_path is not None:  # a kind that keeps files: a path, or its default
+            if path is None:
+                path = default_path
+            if not path:
+                raise ConfigError(f"{key}.path: {path!r}; give a directory, or leave path out for the default ({default_path})")
         if path is not None and (not isinstance(path, str) or "\0" in path or len(path) > 4000):
             raise ConfigError(f"{key}.path: {str(path)[:60]!r} is not a usable directory path; give a string path")
         if medium == "cpu" and path is not None:
@@ -346,26 +346,7 @@ def check_environment(cfg: OffloadConfig) -> list[str]:
     cfg.auth.load_secret()  # a missing file or variable fails here, naming it
     for i, tier in enumerate(cfg.tiers):
         key = f"tiers[{i}]"
-        if tier.medium == "disk":
-            assert tier.path is not None
-            p = Path(tier.path)
-            try:
-                target = p if p.exists() else p.parent
-                if p == default_cache_dir():  # ours: created with its parents at start-up
-                    target = next(a for a in (p, *p.parents) if a.exists())
-                if not target.is_dir():
-                    raise ConfigError(f"{key}.path: {tier.path!r} does not exist and neither does its parent; "
-                                      "create it first")
-                if not os.access(target, os.W_OK | os.X_OK):
-                    raise ConfigError(f"{key}.path: {str(target)!r} is not writable; fix its permissions or pick another path")
-                held = sum(f.stat().st_blocks * 512 for f in p.glob("*.kvdata")) if p.exists() else 0
-                free = shutil.disk_usage(target).free + held
-            except OSError as exc:
-                raise ConfigError(f"{key}.path: {tier.path[:200]!r} is not usable ({exc.strerror}); pick another path") from None
-            if tier.capacity_bytes > free:
-                raise ConfigError(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} exceeds the free space at "
-                                  f"{tier.path} ({format_bytes(free)}); lower the capacity or free space")
-        elif tier.medium == "cpu":
+        if tier.medium == "cpu":
             if hasattr(os, "sysconf"):
                 ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
                 if tier.capacity_bytes > ram:

@@ -91,3 +91,38 @@ def test_the_engine_knows_only_the_connector_contract():
         for line, name in _imports(path):
             assert not name.startswith(("kvoffload.offload", "kvoffload.transfer", "kvoffload.tiers")), (
                 f"{path.name}:{line} imports {name}")
+
+
+def test_each_tier_kind_lives_in_its_own_package():
+    """A tier kind is one package, ``kvoffload.tiers.<kind>``, registered as ``<kind>.kind``:
+    nothing of a built-in kind is spread over the offload, transfer or tiers layers."""
+    from kvoffload.registry import TIER_KINDS
+
+    kinds = TIER_KINDS.known()
+    assert {"disk", "mooncake"} <= set(kinds)
+    for kind in kinds:
+        cls = TIER_KINDS.load(kind)
+        assert cls.__module__ == f"kvoffload.tiers.{kind}.kind", (kind, cls.__module__)
+        package = ROOT / "tiers" / kind
+        for path in ROOT.rglob(f"*{kind}*.py"):
+            inside = package in path.parents
+            allowed = path.parent.name in ("bench", "testing")  # benchmarks and test harnesses of a kind
+            assert inside or allowed, f"{path.relative_to(ROOT)}: {kind} code outside kvoffload/tiers/{kind}/"
+
+
+def test_nothing_outside_testing_names_a_test_only_medium():
+    import kvoffload.testing.memory_tier as memory_tier
+
+    test_only = ("REMOTE", "RemoteLoadStoreSpec", "MemoryTier", "memory_tier")
+    assert memory_tier.REMOTE == "REMOTE"
+    for path in ROOT.rglob("*.py"):
+        if "testing" in path.relative_to(ROOT).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {a.name.rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                  for a in n.names}
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        found = [t for t in test_only if t in names or t in strings]
+        assert not found, f"{path.relative_to(ROOT)} names {found}"

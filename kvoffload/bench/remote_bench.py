@@ -15,8 +15,8 @@ from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.testing.mooncake_master import MooncakeMaster
-from kvoffload.tiers.mooncake_options import parse_options
-from kvoffload.tiers.mooncake_store import MooncakeStore
+from kvoffload.tiers.mooncake.options import parse_options
+from kvoffload.tiers.mooncake.store import MooncakeStore
 from kvoffload.transfer.store_io import StoreIO
 
 

@@ -17,24 +17,41 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import ClassVar
 
 import numpy as np
 
 BlockHash = Hashable
 
 
-class Medium(str, Enum):
-    """Where a LoadStoreSpec's slots live. A ``str`` enum: ``Medium.CPU == "CPU"``, so events
-    and stats keep their plain names."""
+class Medium(str):
+    """Where a LoadStoreSpec's slots live, as a plain string (``Medium.CPU == "CPU"``), so events
+    and stats keep their plain names. The set is open: GPU and CPU are the engine's and the host
+    tier's; every other medium is registered beside the spec of the tier kind that owns it
+    (``DISK = Medium.register("DISK")``), so a new kind changes nothing here."""
 
-    GPU = "GPU"
-    CPU = "CPU"
-    DISK = "DISK"
-    REMOTE = "REMOTE"
-    MOONCAKE = "MOONCAKE"
+    GPU: ClassVar[Medium]
+    CPU: ClassVar[Medium]
+    _registered: ClassVar[dict[str, Medium]] = {}
 
-    def __str__(self) -> str:
-        return self.value
+    @classmethod
+    def register(cls, name: str) -> Medium:
+        """The medium called ``name`` (upper case, as events carry it); the same object for the
+        same name, so a kind registered twice (a re-import) is one medium."""
+        if not name or not name.isupper() or not name.replace("_", "").isalnum():
+            raise ValueError(f"medium name {name!r}: use upper-case letters, digits and _ (e.g. 'NVME')")
+        return cls._registered.setdefault(name, cls(name))
+
+    @classmethod
+    def registered(cls) -> tuple[Medium, ...]:
+        return tuple(cls._registered.values())
+
+    def __repr__(self) -> str:
+        return f"Medium({str.__str__(self)!r})"
+
+
+Medium.GPU = Medium.register("GPU")
+Medium.CPU = Medium.register("CPU")
 
 
 class LoadStoreSpec(ABC):

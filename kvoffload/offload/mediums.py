@@ -8,6 +8,11 @@ import numpy as np
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium
 
+#: The built-in secondary tiers' mediums (kvoffload.tiers.disk, kvoffload.tiers.mooncake),
+#: registered beside their specs: the specs are public API (``kvoffload.offload``).
+DISK = Medium.register("DISK")
+MOONCAKE = Medium.register("MOONCAKE")
+
 
 class GPULoadStoreSpec(LoadStoreSpec):
     """Device KV-cache block ids (the engine's blocks, not offloaded-block slots)."""
@@ -45,17 +50,7 @@ class DiskLoadStoreSpec(KeyedLoadStoreSpec):
 
     @staticmethod
     def medium() -> Medium:
-        return Medium.DISK
-
-
-class RemoteLoadStoreSpec(KeyedLoadStoreSpec):
-    """Slots of a shared remote tier (a store other engine replicas read too)."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def medium() -> Medium:
-        return Medium.REMOTE
+        return DISK
 
 
 class MooncakeLoadStoreSpec(KeyedLoadStoreSpec):
@@ -66,4 +61,4 @@ class MooncakeLoadStoreSpec(KeyedLoadStoreSpec):
 
     @staticmethod
     def medium() -> Medium:
-        return Medium.MOONCAKE
+        return MOONCAKE

@@ -137,7 +137,7 @@ def _outputs(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list
 
 def _mutate(path: str, how: str, rng: random.Random) -> None:
     """Flip bytes inside one record's data, or copy one intact record over another's slot."""
-    from kvoffload.offload.disk_format import HEADER_BYTES, RECORD_HEADER
+    from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER
 
     files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".kvdata")]
     for name in files:

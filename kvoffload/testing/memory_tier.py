@@ -8,11 +8,24 @@ import threading
 from collections.abc import Sequence
 
 from kvoffload.offload.abstract import BlockHash, Medium
-from kvoffload.offload.mediums import RemoteLoadStoreSpec
+from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.offload.secondary import LedgerTierManager
 from kvoffload.tiers.base import TierKind
 from kvoffload.transfer.handler import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
+
+#: The test-only medium: registered here, named nowhere outside kvoffload.testing.
+REMOTE = Medium.register("REMOTE")
+
+
+class RemoteLoadStoreSpec(KeyedLoadStoreSpec):
+    """Slots of the in-memory test tier (a stand-in for a store other replicas read)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def medium() -> Medium:
+        return REMOTE
 
 
 class MemoryTierManager(LedgerTierManager):
@@ -44,7 +57,7 @@ class MemoryIO(TierIO):
 
 
 class MemoryTier(TierKind):
-    medium = Medium.REMOTE
+    medium = REMOTE
     spec_type = RemoteLoadStoreSpec
     #: The IO the last worker built, so a test can look inside.
     last_io: MemoryIO | None = None

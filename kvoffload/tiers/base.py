@@ -71,6 +71,12 @@ class TierKind(ABC):
         return None
 
     @classmethod
+    def default_path(cls) -> str | None:
+        """A kind that keeps files takes ``path``; this is it when the config leaves it out.
+        None: the kind takes no path."""
+        return None
+
+    @classmethod
     def check_environment(cls, tier: TierConfig, key: str) -> list[str]:
         """What would fail at start-up on this machine (raise ConfigError) or looks risky
         (returned as warnings), for ``kvoffload config check``."""

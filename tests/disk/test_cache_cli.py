@@ -13,7 +13,7 @@ from kvoffload.cli import main
 from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.llm import LLM
 from kvoffload.engine.sampling_params import SamplingParams
-from kvoffload.offload.disk_format import RECORD_HEADER, parse_file_header
+from kvoffload.tiers.disk.format import RECORD_HEADER, parse_file_header
 
 PROMPTS = [[(i * 37 + j) % 250 + 1 for j in range(160)] for i in range(6)]
 

@@ -62,6 +62,6 @@ def test_env_vars_expand_and_explicit_paths_still_need_their_parent(tmp_path, mo
     with pytest.raises(ConfigError, match="neither does its parent"):
         LLM(EngineConfig(num_gpu_blocks=32, kv_offload=raw))
     raw["tiers"][1]["path"] = ""
-    with pytest.raises(ConfigError, match="leave path out for the per-user cache directory"):
+    with pytest.raises(ConfigError, match="leave path out for the default"):
         OffloadConfig.from_dict(raw)
     assert not os.path.exists(tmp_path / "missing")

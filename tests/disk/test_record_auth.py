@@ -9,7 +9,7 @@ import pytest
 from kvoffload.auth import AuthConfig, RecordTagger, parse_auth
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.errors import ConfigError
-from kvoffload.offload.disk_format import HEADER_BYTES, RECORD_HEADER, data_checksum, parse_record_header, record_header
+from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, data_checksum, parse_record_header, record_header
 
 PROMPTS = [[(i * 29 + j * 7) % 250 + 1 for j in range(96)] for i in range(3)]
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)

@@ -106,8 +106,8 @@ def test_master_killed_between_and_during_rounds_then_restarted(master, baseline
 
 
 def _raw_client(master):
-    from kvoffload.tiers.mooncake_options import parse_options
-    from kvoffload.tiers.mooncake_store import MooncakeStore
+    from kvoffload.tiers.mooncake.options import parse_options
+    from kvoffload.tiers.mooncake.store import MooncakeStore
 
     return MooncakeStore.connect(parse_options(master.tier(segment=0), "test"), "test", lend_segment=False)
 

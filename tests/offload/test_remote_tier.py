@@ -11,7 +11,7 @@ import pytest
 
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.abstract import LookupResult, Medium
-from kvoffload.offload.mediums import MooncakeLoadStoreSpec
+from kvoffload.offload.mediums import MOONCAKE, MooncakeLoadStoreSpec
 from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys, UnkeyableHashError, hash_text
 from kvoffload.offload.store_lookups import StoreLookups
@@ -73,11 +73,11 @@ def test_lookup_asks_the_store_once_for_the_run_the_local_tiers_miss():
     cpu.complete_store(out.block_hashes_to_store)
     chain = TieredOffloadingManager(cpu, _manager(store))
     found = chain.lookup_prefix(hashes)
-    assert found.media == [Medium.CPU] * 8 + [Medium.MOONCAKE] * 32
+    assert found.media == [Medium.CPU] * 8 + [MOONCAKE] * 32
     assert found.stop is LookupResult.MISS
     assert store.calls == [("exists", 56)]  # one batch: blocks 8..63, every rank's key
     segments = chain.prepare_load_segments(hashes[:40])
-    assert [(spec.medium(), len(h)) for spec, h in segments] == [(Medium.CPU, 8), (Medium.MOONCAKE, 32)]
+    assert [(spec.medium(), len(h)) for spec, h in segments] == [(Medium.CPU, 8), (MOONCAKE, 32)]
     assert segments[1][0].block_hashes == hashes[8:40]
 
 
@@ -137,7 +137,7 @@ def test_store_errors_take_the_tier_out_then_back_in_service():
     assert chain.lookup_prefix(hashes).hits == 0 and len(store.calls) == calls  # not asked while out
     store.down = False
     time.sleep(0.25)
-    assert chain.lookup_prefix(hashes).media == [Medium.MOONCAKE]
+    assert chain.lookup_prefix(hashes).media == [MOONCAKE]
 
 
 def test_stores_are_not_repeated_and_failed_ones_are_forgotten():

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager
-from kvoffload.offload.disk_format import DiskLayout
-from kvoffload.offload.disk_manager import DiskOffloadingManager
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.tiers.disk.format import DiskLayout
+from kvoffload.tiers.disk.ledger import DiskOffloadingManager
 
 HASHES = st.integers(min_value=0, max_value=6)
 CPU, DISK = 4, 6

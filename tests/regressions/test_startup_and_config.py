@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from kvoffload.cli import main
 from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.engine import LLM, EngineConfig
-from kvoffload.offload import disk_format
 from kvoffload.offload.cpu_manager import MAX_QUEUED_EVENTS, CPUOffloadingManager
-from kvoffload.offload.disk_format import DiskLayout, data_checksum, record_header
-from kvoffload.offload.disk_manager import DiskOffloadingManager, DiskTierError
+from kvoffload.tiers.disk import format as disk_format
+from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
+from kvoffload.tiers.disk.ledger import DiskOffloadingManager, DiskTierError
 
 
 def _disk_cfg(path, capacity="8MiB"):

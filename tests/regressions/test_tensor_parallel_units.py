@@ -10,10 +10,10 @@ from kvoffload.config import OffloadConfig
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState
-from kvoffload.offload.disk_format import DiskLayout, data_checksum, record_header
-from kvoffload.offload.disk_manager import DiskOffloadingManager, tier_file
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
+from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
+from kvoffload.tiers.disk.ledger import DiskOffloadingManager, tier_file
 from kvoffload.transfer.handler import TransferResult
 
 

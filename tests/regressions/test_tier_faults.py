@@ -8,10 +8,10 @@ import torch
 
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
-from kvoffload.offload.disk_format import HEADER_BYTES, RECORD_HEADER, DiskLayout
-from kvoffload.offload.disk_manager import DiskOffloadingManager
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
+from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout
+from kvoffload.tiers.disk.ledger import DiskOffloadingManager
 
 torch.set_num_threads(1)
 BLOCK_BYTES = 8192
@@ -123,7 +123,7 @@ def test_eio_from_the_real_disk_reader_is_bounded_and_recomputed(tmp_path, monke
     # read drops its block, three in a row take the tier out of service, tokens stay identical.
     import errno
 
-    from kvoffload.transfer import disk_io as disk_handler
+    from kvoffload.tiers.disk import io as disk_handler
 
     prompts = _prompts(5)
     params = SamplingParams(max_tokens=40, ignore_eos=True)

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvoffload.offload import CPUOffloadingManager
-from kvoffload.offload.disk_format import DiskLayout
-from kvoffload.offload.disk_manager import DiskOffloadingManager
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.testing.memory_tier import MemoryTierManager
+from kvoffload.tiers.disk.format import DiskLayout
+from kvoffload.tiers.disk.ledger import DiskOffloadingManager
 
 HASHES = st.integers(min_value=0, max_value=9)
 CAP = {"CPU": 3, "DISK": 3, "REMOTE": 4}

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from kvoffload.config import ConfigError, OffloadConfig
-from kvoffload.tiers.mooncake_options import parse_options
-from kvoffload.tiers.mooncake_store import MooncakeStore
+from kvoffload.tiers.mooncake.options import parse_options
+from kvoffload.tiers.mooncake.store import MooncakeStore
 
 GOOD = {"name": "shared", "medium": "mooncake", "master": "127.0.0.1:50051",
         "metadata_server": "http://127.0.0.1:8080/metadata"}

@@ -6,9 +6,8 @@ import time
 
 import torch
 
-from kvoffload.offload.abstract import Medium
-from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec, RemoteLoadStoreSpec
-from kvoffload.testing.memory_tier import MemoryIO
+from kvoffload.offload.mediums import DISK, CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
+from kvoffload.testing.memory_tier import REMOTE, MemoryIO, RemoteLoadStoreSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
 from kvoffload.transfer.secondary_handler import SecondaryTierHandler
@@ -45,9 +44,9 @@ def test_a_staged_victim_is_read_before_the_write_that_reuses_its_slot():
     host_fences, disk_fences, remote_fences = SlotFences(), SlotFences(), SlotFences()
     disk_io, remote_io = SlowReads(0.3), MemoryIO()
     disk_io.records[0] = ("old", b"\x01" * kv.page_bytes)  # the victim, in disk slot 0
-    disk = SecondaryTierHandler(Medium.DISK, disk_io, kv, host, 1, kv.page_bytes, host_fences, disk_fences)
-    remote = SecondaryTierHandler(Medium.REMOTE, remote_io, kv, host, 1, kv.page_bytes, host_fences, remote_fences,
-                                  upstream={Medium.DISK: (disk_io, disk_fences)})
+    disk = SecondaryTierHandler(DISK, disk_io, kv, host, 1, kv.page_bytes, host_fences, disk_fences)
+    remote = SecondaryTierHandler(REMOTE, remote_io, kv, host, 1, kv.page_bytes, host_fences, remote_fences,
+                                  upstream={DISK: (disk_io, disk_fences)})
     # The order the connector submits a step's demotions: the victim out first, then the write.
     assert remote.transfer_async(1, (DiskLoadStoreSpec([0], ["old"]), RemoteLoadStoreSpec([0], ["old"])))
     assert disk.transfer_async(2, (CPULoadStoreSpec([0]), DiskLoadStoreSpec([0], ["new"])))
@@ -83,7 +82,7 @@ def test_refused_and_failed_copies_are_logged_once_per_cause(caplog):
     kv = canonicalize([torch.randn(2, num_blocks, 4, 2, 8) for _ in range(2)], num_blocks)
     host = HostBlockBuffer(2, kv.page_bytes)
     io = FailingReads()
-    tier = SecondaryTierHandler(Medium.REMOTE, io, kv, host, 1, kv.page_bytes, SlotFences(), SlotFences())
+    tier = SecondaryTierHandler(REMOTE, io, kv, host, 1, kv.page_bytes, SlotFences(), SlotFences())
     worker = OffloadingWorker()
     worker.register_handler(RemoteLoadStoreSpec, GPULoadStoreSpec, tier)
     worker.register_handler(CPULoadStoreSpec, RemoteLoadStoreSpec, tier)

@@ -9,10 +9,11 @@ from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.abstract import LookupResult, Medium
-from kvoffload.offload.disk_format import DiskLayout
-from kvoffload.offload.disk_manager import DiskOffloadingManager
+from kvoffload.offload.mediums import DISK
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
-from kvoffload.testing.memory_tier import MemoryTier, MemoryTierManager
+from kvoffload.testing.memory_tier import REMOTE, MemoryTier, MemoryTierManager
+from kvoffload.tiers.disk.format import DiskLayout
+from kvoffload.tiers.disk.ledger import DiskOffloadingManager
 from kvoffload.workload import ChatWorkload, run_chat_workload
 
 MEMORY = "kvoffload.testing.memory_tier:MemoryTier"
@@ -45,22 +46,22 @@ def test_victims_move_down_the_chain_each_read_before_its_slot_is_reused(chain):
     _store(mgr, [3, 4])  # evicts 1, 2 from CPU slots 0, 1 → disk slots 0, 1
     (d,) = mgr.take_demotions()
     assert (d.block_hashes, d.src.medium(), d.src.block_ids.tolist(), d.dst.medium(), d.dst.block_ids.tolist(),
-            d.dst.block_hashes) == ([1, 2], Medium.CPU, [0, 1], Medium.DISK, [0, 1], [1, 2])
+            d.dst.block_hashes) == ([1, 2], Medium.CPU, [0, 1], DISK, [0, 1], [1, 2])
     _land(mgr, [d])
     _store(mgr, [5, 6])  # evicts 3, 4 → disk, which evicts 1, 2 → remote
     first, second = mgr.take_demotions()
     # The disk victims' copy comes first: it reads disk slots 0, 1 before 3, 4 are written there.
     assert (first.block_hashes, first.src.medium(), first.src.block_ids.tolist(), first.src.block_hashes,
-            first.dst.medium(), first.dst.block_ids.tolist()) == ([1, 2], Medium.DISK, [0, 1], [1, 2], Medium.REMOTE,
+            first.dst.medium(), first.dst.block_ids.tolist()) == ([1, 2], DISK, [0, 1], [1, 2], REMOTE,
                                                                   [0, 1])
     assert (second.block_hashes, second.src.block_ids.tolist(), second.dst.medium(), second.dst.block_ids.tolist()) == (
-        [3, 4], [1, 0], Medium.DISK, [1, 0])  # freed slots are reused last-freed first
+        [3, 4], [1, 0], DISK, [1, 0])  # freed slots are reused last-freed first
     _land(mgr, [first, second])
     found = mgr.lookup_prefix([5, 3, 1, 9])
-    assert (found.media, found.stop) == ([Medium.CPU, Medium.DISK, Medium.REMOTE], LookupResult.MISS)
+    assert (found.media, found.stop) == ([Medium.CPU, DISK, REMOTE], LookupResult.MISS)
     segments = mgr.prepare_load_segments([5, 6, 3, 1, 2])
     assert [(s.medium(), s.block_ids.tolist(), h) for s, h in segments] == [
-        (Medium.CPU, [0, 1], [5, 6]), (Medium.DISK, [1], [3]), (Medium.REMOTE, [0, 1], [1, 2])]
+        (Medium.CPU, [0, 1], [5, 6]), (DISK, [1], [3]), (REMOTE, [0, 1], [1, 2])]
     for spec, hashes in segments:
         mgr.complete_load(hashes, spec.medium())
     assert not np.any(remote.ledger.ref_cnt[:2]) and not np.any(disk.ledger.ref_cnt[:2])
@@ -80,7 +81,7 @@ def test_write_through_copies_each_landing_block_down(tmp_path):
     mgr = TieredOffloadingManager(cpu, remote, write_through=[True])
     _store(mgr, [1, 2])
     (d,) = mgr.take_demotions()
-    assert (d.src.medium(), d.dst.medium(), d.block_hashes) == (Medium.CPU, Medium.REMOTE, [1, 2])
+    assert (d.src.medium(), d.dst.medium(), d.block_hashes) == (Medium.CPU, REMOTE, [1, 2])
 
 
 def test_one_tier_per_medium():

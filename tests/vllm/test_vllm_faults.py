@@ -88,7 +88,7 @@ def test_one_bad_disk_block_never_kills_the_engine(model, plain, tmp_path, polic
 
 def plant_records(directory: Path) -> int:
     """Every record gets the next record's payload under a fresh header (no secret needed)."""
-    from kvoffload.offload.disk_format import HEADER_BYTES, RECORD_HEADER, data_checksum, parse_record_header, record_header
+    from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, data_checksum, parse_record_header, record_header
 
     (path,) = directory.glob("*.kvdata")
     data = bytearray(path.read_bytes())

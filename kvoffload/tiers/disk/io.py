@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from kvoffload.auth import RecordTagger
 from kvoffload.offload.abstract import BlockHash
-from kvoffload.offload.disk_format import RECORD_HEADER, DiskLayout, key_bytes, parse_record_header, record_header
+from kvoffload.tiers.disk.format import RECORD_HEADER, DiskLayout, key_bytes, parse_record_header, record_header
 from kvoffload.transfer.handler import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.auth import RecordTagger
-from kvoffload.offload.disk_format import (
+from kvoffload.tiers.disk.format import (
     HEADER_BYTES,
     RECORD_HEADER,
     DiskLayout,
@@ -24,7 +24,7 @@ from kvoffload.offload.disk_format import (
     parse_record_header,
     scan_records,
 )
-from kvoffload.offload.disk_manager import find_lock_holder
+from kvoffload.tiers.disk.ledger import find_lock_holder
 
 TIER_GLOB = "kvoffload-*.kvdata"
 NAMESPACE_GLOB = "kvoffload-*.namespace.json"

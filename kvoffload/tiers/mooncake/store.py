@@ -17,7 +17,7 @@ from typing import Any
 
 from kvoffload.errors import ConfigError, StoreUnavailableError
 from kvoffload.kv_store import KeyValueStore
-from kvoffload.tiers.mooncake_options import MooncakeOptions
+from kvoffload.tiers.mooncake.options import MooncakeOptions
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from kvoffload.config import default_cache_dir, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.namespace import KVNamespace
-from kvoffload.offload.disk_format import DiskLayout, scan_records
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.secondary import LedgerTierManager
+from kvoffload.tiers.disk.format import DiskLayout, scan_records
 
 logger = logging.getLogger(__name__)
 

@@ -17,14 +17,13 @@ from typing import Any
 from kvoffload.auth import RecordTagger
 from kvoffload.config import TierConfig, format_bytes
 from kvoffload.errors import ConfigError
-from kvoffload.offload.abstract import Medium
-from kvoffload.offload.mediums import MooncakeLoadStoreSpec
+from kvoffload.offload.mediums import MOONCAKE, MooncakeLoadStoreSpec
 from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.tiers.base import TierContext, TierKind
-from kvoffload.tiers.mooncake_options import OPTION_KEYS, MooncakeOptions, parse_options
-from kvoffload.tiers.mooncake_store import MooncakeStore
+from kvoffload.tiers.mooncake.options import OPTION_KEYS, MooncakeOptions, parse_options
+from kvoffload.tiers.mooncake.store import MooncakeStore
 from kvoffload.transfer.store_io import StoreIO
 from kvoffload.transfer.store_record import HEADER_BYTES
 
@@ -32,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 class MooncakeTier(TierKind):
-    medium = Medium.MOONCAKE
+    medium = MOONCAKE
     spec_type = MooncakeLoadStoreSpec
     option_keys = OPTION_KEYS
     last_in_chain = True
