@@ -340,8 +340,9 @@ def _check_medium(medium: Any, i: int, key: str) -> Any:
 
 def check_environment(cfg: OffloadConfig) -> list[str]:
     """What would fail at start-up on this machine (ConfigError), and what looks risky
-    (returned as warnings): disk paths usable and writable, disk tiers within the free space
-    (counting what their files already hold), CPU tiers within the machine's memory."""
+    (returned as warnings): the secret readable, CPU tiers within the machine's memory, and
+    each later tier as its kind checks it (a disk tier: its directory writable, its capacity
+    within the free space)."""
     warnings: list[str] = []
     cfg.auth.load_secret()  # a missing file or variable fails here, naming it
     for i, tier in enumerate(cfg.tiers):
