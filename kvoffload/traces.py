@@ -66,11 +66,6 @@ def synthetic_prefix_workload(
     return reqs
 
 
-def iter_blocks(requests: list[list[int]]) -> Iterator[int]:
-    for req in requests:
-        yield from req
-
-
 def load_arc_lis(path: str | Path, limit: int | None = None) -> list[list[int]]:
     """IBM ARC traces: each line ``start n ...`` is n consecutive page refs (one request each)."""
     out: list[list[int]] = []

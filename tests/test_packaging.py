@@ -33,11 +33,18 @@ def test_installed_names_outside_the_checkout(tmp_path):
 def test_the_built_wheel_runs_the_readme_commands_from_anywhere(tmp_path):
     """The wheel, not the checkout: installed into a directory of its own and run from another
     one with a fresh HOME (no ~/.cache), as a new user would after ``pip install``."""
-    dist, site, home, work = (tmp_path / n for n in ("dist", "site", "home", "work"))
+    import shutil
+
+    dist, site, home, work, src = (tmp_path / n for n in ("dist", "site", "home", "work", "src"))
     for d in (home, work):
         d.mkdir()
+    # A copy of the tree: setuptools' build/ directory would otherwise stay in the checkout and
+    # carry files removed from the source into later wheels.
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "dist", ".ci-*", "*.egg-info", "*.so",
+                                                             "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache",
+                                                             ".ruff_cache", "sim-out"))
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)], check=True,
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)], check=True,
                    capture_output=True)
     (wheel,) = dist.glob("kvoffload-*.whl")
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True)

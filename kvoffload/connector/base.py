@@ -143,3 +143,6 @@ class KVConnectorBase(ABC):
     def stats(self) -> dict[str, Any]:
         """Counters for reports (hits per tier, bytes moved); empty when there are none."""
         return {}
+
+    def close(self) -> None:
+        """Release what this half holds (tiers' files and locks, copy threads); idempotent."""

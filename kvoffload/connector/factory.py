@@ -16,10 +16,6 @@ def register_connector(name: str, target: str) -> None:
     CONNECTORS.register(name, target)
 
 
-def known_connectors() -> list[str]:
-    return CONNECTORS.known()
-
-
 def get_connector_class(name: str) -> type[KVConnectorBase]:
     return CONNECTORS.load(name)
 

@@ -399,9 +399,8 @@ class LLM:
 
     def _close_connectors(self) -> None:
         for conn in (self.worker_connector, self.scheduler_connector):
-            close = getattr(conn, "close", None)
-            if close is not None:
-                close()
+            if conn is not None:
+                conn.close()
 
     def __enter__(self) -> LLM:
         return self

@@ -24,6 +24,11 @@ import numpy as np
 BlockHash = Hashable
 
 
+def as_list(block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+    """The hashes as a list, without a copy when they are one already (the hot paths pass lists)."""
+    return block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+
+
 class Medium(str):
     """Where a LoadStoreSpec's slots live, as a plain string (``Medium.CPU == "CPU"``), so events
     and stats keep their plain names. The set is open: GPU and CPU are the engine's and the host
@@ -178,7 +183,7 @@ class OffloadingManager(ABC):
     def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
         """``lookup`` and the state of the first block not hit, in one call (a manager of
         several tiers answers in one pass over the chain). Default: one tier, the host's."""
-        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hashes = as_list(block_hashes)
         hits = self.lookup(hashes)
         if hits is None:
             return PrefixLookup([], LookupResult.RETRY)

@@ -21,6 +21,7 @@ from kvoffload.offload.abstract import (
     OffloadingEvent,
     OffloadingManager,
     PrepareStoreOutput,
+    as_list,
 )
 from kvoffload.offload.block_status import BlockLedger
 from kvoffload.offload.mediums import CPULoadStoreSpec
@@ -144,7 +145,7 @@ class CPUOffloadingManager(OffloadingManager):
     # ---- contract ------------------------------------------------------------------------
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
         index_get = self.ledger.index.get
-        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hashes = as_list(block_hashes)
         if len(hashes) > _VECTOR_MIN:
             slots = list(map(index_get, hashes))
             hits = slots.index(None) if None in slots else len(slots)
@@ -182,7 +183,7 @@ class CPUOffloadingManager(OffloadingManager):
         return self.spec_type(slots)
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hashes = as_list(block_hashes)
         self._slots.touch_hashes(hashes)
 
     def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
@@ -194,7 +195,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         """Recency without reuse (see CachePolicy.refresh)."""
-        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hashes = as_list(block_hashes)
         self._slots.refresh_hashes(hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:

@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Iterable
 
 from kvoffload.errors import ConfigError
-from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, PrepareStoreOutput
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, PrepareStoreOutput, as_list
 from kvoffload.offload.cpu_manager import BlockNotReadyError, CPUOffloadingManager
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 
@@ -107,7 +107,7 @@ class NativeCPUOffloadingManager(CPUOffloadingManager):
         return self._core.lookup(block_hashes)
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
-        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hashes = as_list(block_hashes)
         slots = self._core.pin(hashes)
         if isinstance(slots, tuple):
             raise self._refuse(hashes, slots, load=True)
@@ -123,7 +123,7 @@ class NativeCPUOffloadingManager(CPUOffloadingManager):
         self._core.refresh(block_hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
-        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hashes = as_list(block_hashes)
         bad = self._core.unpin(hashes)
         if bad is not None:
             raise self._refuse(hashes, bad, load=False)
@@ -147,7 +147,7 @@ class NativeCPUOffloadingManager(CPUOffloadingManager):
         self._core.restore([h for h, _ in entries], [s for _, s in entries])
 
     def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
-        dropped = self._core.drop(block_hashes if isinstance(block_hashes, list) else list(block_hashes))
+        dropped = self._core.drop(as_list(block_hashes))
         self._emit(dropped, removed=True)
         return dropped
 

@@ -30,6 +30,7 @@ from kvoffload.offload.abstract import (
     OffloadingManager,
     PrefixLookup,
     PrepareStoreOutput,
+    as_list,
 )
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.secondary import SecondaryTierManager
@@ -62,15 +63,6 @@ class TieredOffloadingManager(OffloadingManager):
         self.num_demoted = 0
         self.num_demotions_dropped = 0
 
-    # Compatibility with the two-tier layout: ``cpu`` and ``disk`` name the first two tiers.
-    @property
-    def cpu(self) -> CPUOffloadingManager:
-        return self.primary
-
-    @property
-    def disk(self) -> SecondaryTierManager:
-        return self.secondaries[0]
-
     def _tiers(self) -> list[CPUOffloadingManager | SecondaryTierManager]:
         """The tiers a lookup may use now: the host tier and the secondaries in service."""
         return [self.primary, *(t for t in self.secondaries if t.in_service)]
@@ -82,7 +74,7 @@ class TieredOffloadingManager(OffloadingManager):
 
     # ---- lookups and loads ---------------------------------------------------------------
     def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
-        hashes = block_hashes if isinstance(block_hashes, list) else list(block_hashes)
+        hashes = as_list(block_hashes)
         # The leading run in host memory through the ledger's vectorised lookup (the common
         # case: a prefix in DRAM, then perhaps a tail further down); then block by block
         # through the local tiers; a tier whose ledger is a shared store is asked once, in one
