@@ -12,7 +12,7 @@ finished-sending report of a request that was loading. Each request is reported 
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,21 @@ class TransferStats:
         return out
 
 
+@dataclass(slots=True)
+class WorkerRequestState:
+    """What the worker tracks of one request: its copies in flight and what it still owes the
+    engine (a finished-sending or finished-receiving report). Dropped once it owes nothing."""
+
+    outstanding: int = 0  # copies submitted and not finished (loads and stores)
+    loads_pending: int = 0  # of those, loads
+    awaiting_finish: bool = False  # the scheduler half kept its blocks: report finished-sending
+    load_failed: bool = False  # one of its loads failed: report failed once all loads are done
+
+    @property
+    def idle(self) -> bool:
+        return not (self.outstanding or self.loads_pending or self.awaiting_finish or self.load_failed)
+
+
 class OffloadingConnectorWorker:
     def __init__(self, spec: OffloadingSpec) -> None:
         self.spec = spec
@@ -78,12 +93,10 @@ class OffloadingConnectorWorker:
         self.handlers: list[Any] = []
         self._deferred: dict[str, list[TransferJob]] = {}
         self._jobs: dict[int, TransferJob] = {}
-        self._outstanding: Counter[str] = Counter()
-        self._loads_pending: Counter[str] = Counter()
-        self._finished: set[str] = set()
-        #: Requests one of whose loads failed, reported once all their loads are done (a failed
-        #: request's blocks are freed for recompute: no copy may still write into them).
-        self._load_failed: set[str] = set()
+        #: One record per request with copies in flight or a report owed. A request one of whose
+        #: loads failed is reported once all its loads are done (a failed request's blocks are
+        #: freed for recompute: no copy may still write into them).
+        self._requests: dict[str, WorkerRequestState] = {}
         self._failed_recving: set[str] = set()
         #: Device blocks of each in-flight load, and those whose load failed (vLLM asks for them;
         #: tracked only when collect_failed_block_ids is set).
@@ -105,6 +118,17 @@ class OffloadingConnectorWorker:
             if all(handler is not h for h in self.handlers):
                 self.handlers.append(handler)
 
+    def _state(self, rid: str) -> WorkerRequestState:
+        st = self._requests.get(rid)
+        if st is None:
+            st = self._requests[rid] = WorkerRequestState()
+        return st
+
+    def _prune(self, rid: str) -> None:
+        st = self._requests.get(rid)
+        if st is not None and st.idle:
+            del self._requests[rid]
+
     def _submit(self, job: TransferJob) -> None:
         """Submit one copy (a demotion belongs to no request)."""
         assert self.worker is not None, "register_kv_caches must run before any transfer"
@@ -112,9 +136,10 @@ class OffloadingConnectorWorker:
         if self.worker.transfer_async(job.job_id, (job.src, job.dst)):
             self._jobs[job.job_id] = job
             if rid is not None:
-                self._outstanding[rid] += 1
+                st = self._state(rid)
+                st.outstanding += 1
                 if is_load:
-                    self._loads_pending[rid] += 1
+                    st.loads_pending += 1
                     if self.collect_failed_block_ids:
                         self._load_dst[job.job_id] = job.dst.block_ids.tolist()
             return
@@ -123,8 +148,9 @@ class OffloadingConnectorWorker:
         if rid is not None and is_load:
             if self.collect_failed_block_ids:
                 self._failed_block_ids.update(job.dst.block_ids.tolist())
-            self._load_failed.add(rid)
-            if not self._loads_pending.get(rid):
+            st = self._state(rid)
+            st.load_failed = True
+            if not st.loads_pending:
                 self._report_failed(rid)
 
     def _submit_deferred(self) -> None:
@@ -155,7 +181,8 @@ class OffloadingConnectorWorker:
         self.worker.wait([j for j, job in self._jobs.items() if job.req_id in meta.preempted_req_ids])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
-        self._finished |= meta.await_finish
+        for rid in meta.await_finish:
+            self._state(rid).awaiting_finish = True
         self._submit_demotions(meta)
         for jobs in meta.reqs_to_load.values():
             for job in jobs:
@@ -173,27 +200,32 @@ class OffloadingConnectorWorker:
             self._results.append(r)
             if rid is None:
                 continue
-            self._outstanding[rid] -= 1
-            if self._outstanding[rid] <= 0:
-                del self._outstanding[rid]
+            st = self._state(rid)
+            st.outstanding -= 1
             if job.kind is JobKind.LOAD:
                 dst = self._load_dst.pop(r.job_id, [])
                 if not r.success:
                     self._failed_block_ids.update(dst)
-                    self._load_failed.add(rid)
-                self._loads_pending[rid] -= 1
-                if self._loads_pending[rid] <= 0:
-                    del self._loads_pending[rid]
-                    if rid in self._load_failed:
+                    st.load_failed = True
+                st.loads_pending -= 1
+                if st.loads_pending <= 0:
+                    if st.load_failed:
                         self._report_failed(rid)
                     else:
                         recved.add(rid)
-        sent = {rid for rid in self._finished if rid not in self._outstanding and rid not in self._deferred}
-        self._finished -= sent
+            self._prune(rid)
+        sent = {rid for rid, st in self._requests.items()
+                if st.awaiting_finish and st.outstanding <= 0 and rid not in self._deferred}
+        for rid in sent:
+            self._requests[rid].awaiting_finish = False
+            self._prune(rid)
         return sent, recved
 
     def _report_failed(self, rid: str) -> None:
-        self._load_failed.discard(rid)
+        st = self._requests.get(rid)
+        if st is not None:
+            st.load_failed = False
+            self._prune(rid)
         self._failed_recving.add(rid)
 
     def get_failed_recving(self) -> set[str]:

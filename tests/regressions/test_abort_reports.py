@@ -41,7 +41,7 @@ def assert_clean(h: Harness, free_before: int) -> None:
     assert cs._requests == {} and cs._jobs == {} and cs._blocks_being_loaded == set()
     assert h.manager.busy_blocks() == (0, 0)
     worker = h.worker_conn.connector_worker
-    assert not worker._outstanding and not worker._loads_pending and not worker._finished
+    assert not worker._requests  # no copy in flight, no report owed
     h.sched.kv_cache_manager.reset_prefix_cache()
     assert h.free_blocks == free_before
     after = make_request("after", len(PROMPT) + 4, max_tokens=2)
