@@ -17,7 +17,7 @@ import xxhash
 
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
-from kvoffload.connector.request_state import JobRecord, RequestOffloadState
+from kvoffload.connector.request_state import JobRecord, RequestOffloadState, SwapRecord
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, LookupResult, Medium, OffloadingEvent
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import OffloadingSpec
@@ -134,7 +134,7 @@ class OffloadingConnectorScheduler:
         """Tokens a swapped-out request can restore exactly (all its full blocks + the tail)."""
         swapped = self._requests[request.request_id].swapped
         assert swapped is not None
-        computed, key = swapped
+        computed, key = swapped.computed_tokens, swapped.tail_key
         full = computed // self.block_size
         hashes = self._offload_hashes(request, 0, full)
         if self.manager.lookup(hashes) != full or (key is not None and self.manager.lookup([key]) != 1):
@@ -246,7 +246,7 @@ class OffloadingConnectorScheduler:
             if tail.block_hashes_to_store:
                 jobs.append(self._store_job(state, rid, tail, [ids[full]]))
         self._swap_out[rid] = jobs
-        state.swapped = (computed, key)
+        state.swapped = SwapRecord(computed, key)
         state.next_stored = max(state.next_stored, full)
         self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
         return True
@@ -260,7 +260,7 @@ class OffloadingConnectorScheduler:
         request = state.request
         rid = request.request_id
         assert state.swapped is not None
-        computed, key = state.swapped
+        computed, key = state.swapped.computed_tokens, state.swapped.tail_key
         state.swapped = None
         assert num_local + num_external == computed, "swap-in must restore exactly what was swapped out"
         first, full = num_local // self.block_size, computed // self.block_size

@@ -10,6 +10,14 @@ from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.offload.abstract import BlockHash, Medium
 
 
+@dataclass(frozen=True, slots=True)
+class SwapRecord:
+    """A request swapped out at preemption: what a swap-in must restore, exactly."""
+
+    computed_tokens: int  # its computed tokens when it was preempted
+    tail_key: BlockHash | None  # the key its partial last block was stored under (None: no tail)
+
+
 @dataclass(slots=True)
 class RequestOffloadState:
     #: The engine's request (None until it is allocated, and after it finished).
@@ -22,8 +30,8 @@ class RequestOffloadState:
     loading: list[BlockHash] | None = None
     #: Hashes being stored (multiset), so the engine keeps the blocks the stores read.
     storing: Counter = field(default_factory=Counter)
-    #: Swapped out at preemption: (computed tokens, key of the partial tail block or None).
-    swapped: tuple[int, BlockHash | None] | None = None
+    #: Swapped out at preemption (None when not, or once restored or given up).
+    swapped: SwapRecord | None = None
     #: Finished by the engine while copies were still in flight: dropped once they land.
     finished: bool = False
 
