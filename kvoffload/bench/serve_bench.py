@@ -287,6 +287,21 @@ def plot(runs: dict[str, list[RunResult]], path: Path, workload: str) -> None:
 
 
 # ---- CLI -----------------------------------------------------------------------------------
+def cache_geometry(wl: Workload, block: int, device_fraction: float) -> tuple[int, int, int]:
+    """(max_model_len, working set in blocks, device cache in blocks) for ``block``-token
+    blocks: the device cache holds ``device_fraction`` of the working set, and at least one
+    longest request plus two blocks (else it could not run at all)."""
+    max_len = math.ceil((wl.max_context + 1) / block) * block
+    ws_blocks = math.ceil(wl.working_set_tokens / block)
+    return max_len, ws_blocks, max(math.ceil(device_fraction * ws_blocks), max_len // block + 2)
+
+
+def rotation(names: list[str], rep: int) -> list[str]:
+    """Configurations in the order repetition ``rep`` runs them: each goes first in turn."""
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
 def build_workload(args: argparse.Namespace) -> Workload:
     if args.workload == "chat":
         return chat(args.conversations, args.turns, args.context, args.user_tokens, args.max_tokens, args.think,
@@ -382,9 +397,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         model = str(work / "model")
         write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
         engine["load_format"] = "dummy"
-    max_len = math.ceil((wl.max_context + 1) / VLLM_BLOCK) * VLLM_BLOCK
-    ws_blocks = math.ceil(wl.working_set_tokens / VLLM_BLOCK)
-    device_blocks = max(math.ceil(args.device_fraction * ws_blocks), max_len // VLLM_BLOCK + 2)
+    max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
     engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
     extra = [a for k, v in engine.items() if k != "gpu_memory_utilization"
              for a in (f"--{k.replace('_', '-')}", str(v))]
@@ -410,7 +423,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         names = list(servers)
         with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
             for rep in range(args.reps):
-                for name in names[rep % len(names):] + names[: rep % len(names)]:
+                for name in rotation(names, rep):
                     runs[name].append(run_once(name, servers[name], wl, bar))
     finally:
         for s in servers.values():
@@ -452,9 +465,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     for name in names:
         if name != "plain" and name not in tiers:
             raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk")
-    max_len = math.ceil((wl.max_context + 1) / BUNDLED_BLOCK) * BUNDLED_BLOCK
-    ws_blocks = math.ceil(wl.working_set_tokens / BUNDLED_BLOCK)
-    device_blocks = max(math.ceil(args.device_fraction * ws_blocks), max_len // BUNDLED_BLOCK + 2)
+    max_len, ws_blocks, device_blocks = cache_geometry(wl, BUNDLED_BLOCK, args.device_fraction)
     total_turns = sum(len(s.turns) for s in wl.sessions)
     print(f"workload {wl.name} on the bundled engine: {len(wl.sessions)} sessions, {total_turns} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {BUNDLED_BLOCK} tokens; device cache "
@@ -470,7 +481,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         runs: dict[str, list[RunResult]] = {n: [] for n in names}
         with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
             for rep in range(args.reps):
-                for name in names[rep % len(names):] + names[: rep % len(names)]:
+                for name in rotation(names, rep):
                     llm = engines[name]
                     if not llm.reset_prefix_cache(reset_connector=True):  # every run starts cold
                         raise RuntimeError(f"{name}: the prefix cache could not be reset (blocks still in use)")

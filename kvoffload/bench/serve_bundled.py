@@ -4,7 +4,7 @@ The same sessions, concurrency, think times and arrival times as over HTTP, driv
 that calls :meth:`LLM.step` itself: a request is submitted when its client is free (and its
 think time is over), and each token's time is taken right after the step that produced it, so
 TTFT and inter-token latency mean what they mean for a streaming server, without the HTTP and
-process hops. Every run builds a fresh engine: each starts cold, like a reset server.
+process hops. The caller resets the engine's caches before each run, as it does a server's.
 """
 
 from __future__ import annotations
