@@ -241,10 +241,14 @@ class LLM:
             raise KeyError(f"request {request_id!r} has not finished; call step() until it reports it done")
         self._record_finished(request_id)
         out = self._to_output(self._finished[request_id])
+        self._forget(request_id)
+        return out
+
+    def _forget(self, request_id: str) -> None:
+        """Drop a finished request group (its forks' records and its beams) once handed over."""
         for member in [request_id, *self._children.pop(request_id, [])]:
             self._finished.pop(member, None)
         self.beams.forget(request_id)
-        return out
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -272,9 +276,7 @@ class LLM:
         self._run_until_done(set(rids), use_tqdm)
         outs = [self._to_output(requests[rid]) for rid in rids]
         for rid in rids:  # forget finished requests of this call
-            for member in [rid, *self._children.pop(rid, [])]:
-                self._finished.pop(member, None)
-            self.beams.forget(rid)
+            self._forget(rid)
         return outs
 
     def _run_until_done(self, rids: set[str], use_tqdm: bool) -> None:

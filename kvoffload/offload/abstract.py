@@ -47,10 +47,6 @@ class Medium(str):
             raise ValueError(f"medium name {name!r}: use upper-case letters, digits and _ (e.g. 'NVME')")
         return cls._registered.setdefault(name, cls(name))
 
-    @classmethod
-    def registered(cls) -> tuple[Medium, ...]:
-        return tuple(cls._registered.values())
-
     def __repr__(self) -> str:
         return f"Medium({str.__str__(self)!r})"
 
