@@ -8,26 +8,17 @@ lock) is shown as in use and never removed: clearing takes the lock first, as an
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.auth import RecordTagger
-from kvoffload.tiers.disk.format import (
-    HEADER_BYTES,
-    RECORD_HEADER,
-    DiskLayout,
-    key_bytes,
-    parse_file_header,
-    parse_record_header,
-    scan_records,
-)
-from kvoffload.tiers.disk.ledger import find_lock_holder
+from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout, parse_file_header, scan_records
+from kvoffload.tiers.disk.io import record_problem
+from kvoffload.tiers.disk.ledger import NAMESPACE_GLOB, find_lock_holder, read_namespace_files, sidecar_digest
 
 TIER_GLOB = "kvoffload-*.kvdata"
-NAMESPACE_GLOB = "kvoffload-*.namespace.json"
 
 
 @dataclass(slots=True)
@@ -67,7 +58,7 @@ class VerifyResult:
 
 def list_files(directory: Path) -> list[CacheFile]:
     """Every tier file in ``directory``, with its namespace where its sidecar names it."""
-    namespaces = _namespaces(directory)
+    namespaces = read_namespace_files(directory)
     out: list[CacheFile] = []
     for path in sorted(directory.glob(TIER_GLOB)):
         try:
@@ -108,14 +99,11 @@ def verify_file(entry: CacheFile, tagger: RecordTagger | None = None) -> VerifyR
                 result.failed["format"] += 1
                 continue
             raw = os.pread(fd, lay.record_bytes, lay.offset(slot))
-            parsed = parse_record_header(raw[:RECORD_HEADER])
-            data = raw[RECORD_HEADER:]
-            if parsed is None or len(data) != lay.block_bytes:
-                result.failed["format"] += 1
-            elif check.check(key_bytes(key), data, parsed[1]):
+            reason = record_problem(raw[:RECORD_HEADER], raw[RECORD_HEADER:], len(raw) == lay.record_bytes, key, check)
+            if reason is None:
                 result.intact += 1
             else:
-                result.failed[check.failure_reason] += 1
+                result.failed[reason] += 1
     finally:
         os.close(fd)
     return result
@@ -145,23 +133,8 @@ def clear_files(entries: list[CacheFile]) -> tuple[list[Path], list[str]]:
     for directory in {e.path.parent for e in entries}:
         live = {p.name.split("-")[1] for p in directory.glob(TIER_GLOB)}
         for side in directory.glob(NAMESPACE_GLOB):
-            if _sidecar_digest(side) not in live:
+            if sidecar_digest(side) not in live:
                 side.unlink(missing_ok=True)
                 removed.append(side)
     return removed, refused
 
-
-def _sidecar_digest(path: Path) -> str:
-    return path.name[len("kvoffload-"):-len(".namespace.json")]
-
-
-def _namespaces(directory: Path) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
-    for side in directory.glob(NAMESPACE_GLOB):
-        try:
-            data = json.loads(side.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            out[_sidecar_digest(side)] = {str(k): str(v) for k, v in data.items()}
-    return out

@@ -14,6 +14,21 @@ from kvoffload.transfer.handler import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
 
 
+def record_problem(header: bytes | bytearray, data: bytes | memoryview, complete: bool, key: BlockHash,
+                   tagger: RecordTagger) -> str | None:
+    """Why a record read back for ``key`` must not be served, as its rejection reason, or None
+    when it is intact; ``complete``: the whole record (header and data) was read. The one set
+    of rules for a load and for ``kvoffload cache verify``."""
+    parsed = parse_record_header(bytes(header))
+    if not complete or parsed is None:
+        return "format"  # torn, truncated or never written
+    if parsed[0] != key:
+        return "key"  # an intact record of another block: misplaced, never served
+    if not tagger.check(key_bytes(key), data, parsed[1]):
+        return tagger.failure_reason  # flipped, or written without the secret
+    return None
+
+
 class DiskIO(TierIO):
     def __init__(self, layout: DiskLayout, path: str | os.PathLike, tagger: RecordTagger | None = None) -> None:
         self.layout = layout
@@ -43,14 +58,8 @@ class DiskIO(TierIO):
                 n = os.preadv(self.fd, [header, block], self.layout.offset(slot))
             except OSError as exc:
                 raise BlockTransferError(f"{self.name}: read of slot {slot} failed: {exc}", [slot], io=True) from exc
-            parsed = parse_record_header(bytes(header))
-            if n != RECORD_HEADER + len(block) or parsed is None:
-                reason = "format"  # torn, truncated or never written
-            elif parsed[0] != key:
-                reason = "key"  # an intact record of another block: misplaced, never served
-            elif not self.tagger.check(key_bytes(key), block, parsed[1]):
-                reason = self.tagger.failure_reason  # flipped, or written without the secret
-            else:
+            reason = record_problem(header, block, n == RECORD_HEADER + len(block), key, self.tagger)
+            if reason is None:
                 continue
             bad.append(slot)
             reasons[reason] += 1

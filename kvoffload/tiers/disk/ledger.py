@@ -35,6 +35,32 @@ def tier_file(path: str | Path, layout: DiskLayout) -> Path:
     return Path(path) / f"kvoffload-{layout.digest}-{layout.block_bytes}{suffix}.kvdata"
 
 
+#: Beside each namespace's tier files, the components its digest covers (``KVNamespace.as_dict``).
+NAMESPACE_GLOB = "kvoffload-*.namespace.json"
+
+
+def namespace_file(directory: Path, digest: str) -> Path:
+    return directory / f"kvoffload-{digest}.namespace.json"
+
+
+def sidecar_digest(path: Path) -> str:
+    """The namespace digest a ``namespace_file`` is named by."""
+    return path.name[len("kvoffload-"):-len(".namespace.json")]
+
+
+def read_namespace_files(directory: Path) -> dict[str, dict[str, str]]:
+    """Every readable namespace file in ``directory``: digest -> components, by digest."""
+    out: dict[str, dict[str, str]] = {}
+    for side in sorted(directory.glob(NAMESPACE_GLOB)):
+        try:
+            data = json.loads(side.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out[sidecar_digest(side)] = {str(k): str(v) for k, v in data.items()}
+    return out
+
+
 def lock_holder(path: Path) -> str:
     """Who holds the lock on ``path``, from /proc/locks: "process 1234 (python3 -m vllm...)"."""
     return find_lock_holder(path) or "another process"
@@ -137,21 +163,12 @@ class DiskOffloadingManager(LedgerTierManager):
         in the directory are not reused; the components are kept beside the file for that."""
         logger.info("kvoffload: disk tier %s: %s; recovered %d blocks", self.path, namespace.describe(),
                     self.num_recovered)
-        stale = []
-        for side in sorted(directory.glob("kvoffload-*.namespace.json")):
-            digest = side.name[len("kvoffload-"):-len(".namespace.json")]
-            if digest == namespace.digest:
-                continue
-            try:
-                other = json.loads(side.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(other, dict):
-                stale.append(f"{digest} ({', '.join(namespace.differences(other)) or 'format'} differ)")
+        stale = [f"{digest} ({', '.join(namespace.differences(other)) or 'format'} differ)"
+                 for digest, other in read_namespace_files(directory).items() if digest != namespace.digest]
         if stale:
             logger.warning("kvoffload: disk tier %s: not reusing the cache of namespace %s in the same directory: "
                            "what changes the KV changed; those files stay until removed", self.path, "; ".join(stale))
-        sidecar = directory / f"kvoffload-{namespace.digest}.namespace.json"
+        sidecar = namespace_file(directory, namespace.digest)
         try:
             tmp = sidecar.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(namespace.as_dict(), indent=1, sort_keys=True))
