@@ -303,7 +303,7 @@ static PyObject *L_restore(Ledger *self, PyObject *args) {
     PyObject *karg, *sarg;
     if (!PyArg_ParseTuple(args, "OO", &karg, &sarg)) return NULL;
     if (self->index.used || self->allocated) {
-        PyErr_SetString(PyExc_ValueError, "restore() needs an empty manager");
+        PyErr_SetString(PyExc_ValueError, "restore() needs an empty ledger");
         return NULL;
     }
     Keys kk;

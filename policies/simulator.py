@@ -14,7 +14,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
-from kvoffload.offload.forwarding import ForwardingOffloadingManager
+from kvoffload.offload.abstract import LookupResult, PrefixLookup
+from kvoffload.offload.forwarding import ForwardingTierChain
 
 
 @dataclass(slots=True)
@@ -60,12 +61,15 @@ def group_blocks(requests: Sequence[Sequence[Hashable]], factor: int) -> list[li
     return [list(r[factor - 1 :: factor]) for r in requests]
 
 
-def build_manager(policy: str, capacity: int, store_threshold: int = 0, native: bool | None = None) -> OffloadingManager:
-    # By name: "lru", "arc" and "arc_classic" then run on the native ledger where it is built.
-    mgr: OffloadingManager = CPUOffloadingManager(capacity, cache_policy=policy, native=native)
+def build_manager(policy: str, capacity: int, store_threshold: int = 0,
+                  native: bool | None = None) -> tuple[OffloadingManager, CPUOffloadingManager]:
+    """The manager a replay drives (the reuse filter in front when ``store_threshold`` >= 2), and
+    the tier behind it. By name, "lru", "arc" and "arc_classic" run on the native ledger where
+    it is built."""
+    tier = CPUOffloadingManager(capacity, cache_policy=policy, native=native)
     if store_threshold >= 2:
-        mgr = FilterReusedOffloadingManager(mgr, store_threshold)
-    return mgr
+        return FilterReusedOffloadingManager(tier, store_threshold), tier
+    return tier, tier
 
 
 def replay(
@@ -80,9 +84,8 @@ def replay(
 ) -> SimResult:
     if mode not in ("prefix", "page"):
         raise ValueError(f"mode={mode!r}: use 'prefix' (connector order) or 'page' (page cache)")
-    mgr = build_manager(policy, capacity, store_threshold, native)
-    backing = getattr(mgr, "backing", mgr)
-    pol = backing.policy  # type: ignore[union-attr]
+    mgr, tier = build_manager(policy, capacity, store_threshold, native)
+    pol = tier.policy
     advance = getattr(pol, "advance", None)
     admit = getattr(pol, "admit", None)
     if hasattr(pol, "set_future") and advance is not None:
@@ -127,16 +130,22 @@ def replay(
                      written, evicted, seconds, windows)
 
 
-class OpRecorder(ForwardingOffloadingManager):
-    """Wraps a live manager and records every call, so a run can be replayed exactly."""
+class OpRecorder(ForwardingTierChain):
+    """Wraps a live manager of one tier and records every call of the small contract, so a run
+    can be replayed exactly."""
 
     def __init__(self, backing: OffloadingManager) -> None:
         super().__init__(backing)
         self.ops: list[tuple[str, list[Hashable], bool]] = []
 
     def lookup_prefix(self, block_hashes):
-        # Through lookup and is_pending (the single-tier default), so the lookup is recorded.
-        return OffloadingManager.lookup_prefix(self, block_hashes)
+        # Through the recorded lookup; the stop from the tier itself.
+        hashes = list(block_hashes)
+        hits = self.lookup(hashes)
+        if hits == len(hashes):
+            return PrefixLookup([self.medium] * hits, LookupResult.HIT)
+        pending = self.backing.is_pending(hashes[hits])
+        return PrefixLookup([self.medium] * hits, LookupResult.HIT_PENDING if pending else LookupResult.MISS)
 
     def lookup(self, block_hashes):
         hashes = list(block_hashes)
@@ -155,7 +164,8 @@ class OpRecorder(ForwardingOffloadingManager):
 
     def prepare_load_segments(self, block_hashes):
         # One tier: the load goes through prepare_load above, so it is recorded.
-        return OffloadingManager.prepare_load_segments(self, block_hashes)
+        hashes = list(block_hashes)
+        return [(self.prepare_load(hashes), hashes)]
 
     def complete_load(self, block_hashes, medium=None):
         hashes = list(block_hashes)
@@ -176,7 +186,9 @@ class OpRecorder(ForwardingOffloadingManager):
 def replay_ops(ops: Sequence[tuple[str, list[Hashable], bool]], capacity: int, policy: str = "lru",
                store_threshold: int = 0) -> int:
     """Replay a recorded call log on a fresh manager; returns the blocks loaded (tier hits)."""
-    mgr = build_manager(policy, capacity, store_threshold)
+    mgr, _ = build_manager(policy, capacity, store_threshold)
+    calls = {"lookup": mgr.lookup, "touch": mgr.touch, "complete_load": mgr.complete_load,
+             "prepare_store": mgr.prepare_store}
     loaded = 0
     for op, hashes, flag in ops:
         if op == "prepare_load":
@@ -184,5 +196,5 @@ def replay_ops(ops: Sequence[tuple[str, list[Hashable], bool]], capacity: int, p
         elif op == "complete_store":
             mgr.complete_store(hashes, flag)
         else:
-            getattr(mgr, op)(hashes)
+            calls[op](hashes)
     return loaded

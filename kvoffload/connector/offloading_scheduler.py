@@ -19,6 +19,8 @@ from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState, SwapRecord
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, LookupResult, Medium, OffloadingEvent
+from kvoffload.offload.chain import TierChain
+from kvoffload.offload.chain_of_one import as_chain
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import OffloadingSpec
 
@@ -36,7 +38,6 @@ class SchedulerSideStats:
     store_retries: int = 0
     evicted_blocks: int = 0
     blocks_demoted: int = 0
-    corrupt_blocks: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     resets: int = 0
@@ -72,7 +73,7 @@ def _by_tier(counts: Counter) -> dict[str, dict[str, int]]:
 class OffloadingConnectorScheduler:
     def __init__(self, spec: OffloadingSpec) -> None:
         self.spec = spec
-        self.manager = spec.get_manager()
+        self.manager: TierChain = as_chain(spec.get_manager())
         self.block_size = spec.kv_info.block_size
         self.offloaded_block_size = spec.offloaded_block_size
         self.factor = spec.block_size_factor
@@ -387,7 +388,7 @@ class OffloadingConnectorScheduler:
                 state.loading = None
             if result.bad_block_ids:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
-                self.stats.corrupt_blocks += self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
+                self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
             self._record_io(job.medium, result)
             tier = job.medium.lower()  # "cpu" / "disk", as stats() reports
             for reason, n in result.rejected:
@@ -446,32 +447,35 @@ class OffloadingConnectorScheduler:
 
     def stats_dict(self) -> dict[str, Any]:
         s = self.stats
-        tiers = self.manager.stats()
+        report = self.manager.report()
+        secondaries = report.tiers[1:]
+        disk = report.tier("disk")
         return {
             "lookups": s.lookups,
             "hit_tokens_by_tier": dict(s.tier_hits),
             "hit_blocks_by_tier": dict(s.tier_hit_blocks),
             "failed_hit_tokens_by_tier": dict(s.tier_failed_hits),
             "tier_rejected_blocks": _by_tier(s.tier_rejected),
-            "tier_usage": {tier: list(used_cap) for tier, used_cap in self.manager.usage().items()},
+            "tier_usage": {t.name: [t.blocks_used, t.capacity_blocks] for t in report.tiers},
             "jobs_in_flight": len(self._jobs),
             "demotions_queued": int(self.manager.has_pending_demotions()),
             "blocks_loaded": s.blocks_loaded,
             "blocks_stored": s.blocks_stored,
             "blocks_evicted": s.evicted_blocks,
-            "stores_skipped_by_filter": tiers.get("stores_skipped_by_filter", 0),
+            "stores_skipped_by_filter": report.stores_skipped_by_filter,
             "store_retries": s.store_retries,
             "stores_failed": s.stores_failed,
             "loads_failed": s.loads_failed,
             "lookups_deferred": s.lookups_deferred,
             "blocks_demoted": s.blocks_demoted,
-            "corrupt_blocks": tiers.get("corrupt_blocks", s.corrupt_blocks),
-            "disk_blocks_recovered": tiers.get("disk_blocks_recovered", 0),
-            "disk_io_errors": tiers.get("disk_io_errors", 0),
-            "disk_outages": tiers.get("disk_outages", 0),
+            # Records dropped as corrupt (a read's, or torn ones found when a tier opened).
+            "corrupt_blocks": report.corrupt_blocks,
+            "disk_blocks_recovered": disk.blocks_recovered if disk else 0,
+            "disk_io_errors": disk.io_errors if disk else 0,
+            "disk_outages": disk.outages if disk else 0,
             # Every secondary tier's health, by tier: {"disk": 0, "mooncake": 2}.
-            "tier_io_errors": {k[: -len("_io_errors")]: v for k, v in tiers.items() if k.endswith("_io_errors")},
-            "tier_outages": {k[: -len("_outages")]: v for k, v in tiers.items() if k.endswith("_outages")},
+            "tier_io_errors": {t.name: t.io_errors for t in secondaries},
+            "tier_outages": {t.name: t.outages for t in secondaries},
             "blocks_swapped_out": s.blocks_swapped_out,
             "blocks_swapped_in": s.blocks_swapped_in,
         }

@@ -33,6 +33,7 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
+from kvoffload.offload.chain_of_one import as_chain
 
 
 @dataclass(slots=True)
@@ -53,13 +54,13 @@ class KVOffloadManager(OffloadingManager):
         self._use(build())
 
     def _use(self, inner: KVOffloadingManager) -> None:
-        self.inner = inner
+        self.inner = chain = as_chain(inner)
         #: prepare_store sizes since the last get_stats, and the filter's skip count then.
         self._allocation_sizes: list[int] = []
-        self._skipped_reported = inner.stats().get("stores_skipped_by_filter", 0)
+        self._skipped_reported = chain.report().stores_skipped_by_filter
         # vLLM looks keys up one at a time: bind the protocol's single-key checks once.
-        self._is_ready: Callable[[OffloadKey], bool] = inner.is_ready
-        self._is_pending: Callable[[OffloadKey], bool] = inner.is_pending
+        self._is_ready: Callable[[OffloadKey], bool] = chain.is_ready
+        self._is_pending: Callable[[OffloadKey], bool] = chain.is_pending
 
     # ---- helpers -------------------------------------------------------------------------
     def _access(self, ctx: ReqContext) -> _RequestAccess:
@@ -166,8 +167,9 @@ class KVOffloadManager(OffloadingManager):
         """vLLM's own CPU-offload metrics (``vllm:kv_offload_*``) from our ledger: pinned and
         written shares of the tier, allocation sizes, stores the reuse filter skipped."""
         stats = OffloadingConnectorStats()
-        capacity = sum(cap for _, cap in self.inner.usage().values())
-        reading, writing = self.inner.busy_blocks()
+        report = self.inner.report()
+        host = report.tiers[0]
+        capacity, reading, writing = host.capacity_blocks, host.pinned_blocks, host.writing_blocks
         usage = (reading + writing) / capacity if capacity else 0.0
         write = writing / capacity if capacity else 0.0
         stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
@@ -176,8 +178,8 @@ class KVOffloadManager(OffloadingManager):
         for size in self._allocation_sizes:
             stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
         self._allocation_sizes.clear()
-        skipped = self.inner.stats().get("stores_skipped_by_filter")
-        if skipped is not None:
+        skipped = report.stores_skipped_by_filter
+        if report.reuse_filter:  # reported only with a filter, as vLLM's own manager does
             stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped - self._skipped_reported)
             self._skipped_reported = skipped
         return stats

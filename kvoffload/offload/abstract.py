@@ -68,6 +68,11 @@ class LoadStoreSpec(ABC):
     def medium() -> Medium:
         """The medium these slots are in."""
 
+    @classmethod
+    def for_blocks(cls, block_ids: Sequence[int] | np.ndarray, block_hashes: list[BlockHash]) -> LoadStoreSpec:
+        """The spec of slots holding these blocks (a keyed spec also keeps their hashes)."""
+        return cls(block_ids)
+
     def __len__(self) -> int:
         return len(self.block_ids)
 
@@ -120,6 +125,9 @@ class OffloadingEvent:
 
 
 class OffloadingManager(ABC):
+    """vLLM's small manager contract: all a single ledger needs. What a chain of tiers adds
+    (segmented loads, demotions, health, reports) is ``TierChain``'s (offload/chain.py)."""
+
     #: The first tier's medium, and tokens per offloaded block (events carry both).
     medium: Medium = Medium.CPU
     block_size: int = 0
@@ -136,15 +144,6 @@ class OffloadingManager(ABC):
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark blocks recently used; ``block_hashes[0]`` ends up the most recent."""
-
-    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
-        """Show the policy the offered hashes that are absent (and would be admitted), before a
-        store inserts them (ARC adapts to ghost hits here); returns the hashes it was shown, so
-        a caller can show each one once per request. Default: nothing."""
-        return []
-
-    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
-        """Recency without reuse, e.g. a request's newly stored blocks (default: nothing)."""
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
         """Unpin blocks after their load finished.
@@ -171,69 +170,6 @@ class OffloadingManager(ABC):
 
     def close(self) -> None:
         """Release resources (files, threads); the manager is unusable afterwards."""
-
-    # ---- the rest of what the connector uses -------------------------------------------
-    # Defaults are right for one tier without a store of its own; a manager of several tiers
-    # overrides them all, and a decorator forwards every one of them (tested).
-
-    def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
-        """``lookup`` and the state of the first block not hit, in one call (a manager of
-        several tiers answers in one pass over the chain). Default: one tier, the host's."""
-        hashes = as_list(block_hashes)
-        hits = self.lookup(hashes)
-        if hits is None:
-            return PrefixLookup([], LookupResult.RETRY)
-        if hits == len(hashes):
-            return PrefixLookup([Medium.CPU] * hits, LookupResult.HIT)
-        stop = LookupResult.HIT_PENDING if self.is_pending(hashes[hits]) else LookupResult.MISS
-        return PrefixLookup([Medium.CPU] * hits, stop)
-
-    def is_ready(self, block_hash: BlockHash) -> bool:
-        """Loadable now from some tier (one block's ``lookup``)."""
-        return self.lookup([block_hash]) == 1
-
-    def is_pending(self, block_hash: BlockHash) -> bool:
-        """Present but its store has not completed: a lookup should wait a step, not recompute."""
-        return False
-
-    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
-        """``prepare_load`` for blocks that may live in several tiers: consecutive runs per tier,
-        each pinned in its tier (release each with ``complete_load(hashes, spec.medium())``)."""
-        hashes = list(block_hashes)
-        return [(self.prepare_load(hashes), hashes)]
-
-    def take_demotions(self) -> list[Demotion]:
-        """Copies into a slower tier queued since the last call (victims, write-through), in the
-        order the worker must submit them: each before any later copy that overwrites its
-        source slots (a victim of tier i+1 is read before tier i's victim takes its slot)."""
-        return []
-
-    def has_pending_demotions(self) -> bool:
-        return False
-
-    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str | None = None) -> None:
-        """A demotion's copy into ``medium`` (the destination tier) landed, or failed: its
-        destination slots are freed."""
-
-    def drop_corrupt(self, medium: str, slots: list[int]) -> int:
-        """Forget blocks a read found corrupt, misplaced or unreadable; returns how many."""
-        return 0
-
-    def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
-        """A read from (write to) ``medium`` succeeded or failed with an I/O error; repeated
-        errors may take that tier out of service."""
-
-    def stats(self) -> dict[str, int]:
-        """Counters of the tiers (corrupt_blocks, disk_blocks_recovered, ...); {} by default."""
-        return {}
-
-    def usage(self) -> dict[str, tuple[int, int]]:
-        """(blocks held, capacity in blocks) per tier, by lower-case medium; {} when unknown."""
-        return {}
-
-    def busy_blocks(self) -> tuple[int, int]:
-        """Blocks of the first tier pinned by loads, and being written: what no store can evict."""
-        return 0, 0
 
 
 @dataclass(frozen=True, slots=True)

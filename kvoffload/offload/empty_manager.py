@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, OffloadingManager, PrepareStoreOutput
-from kvoffload.offload.cpu_manager import BlockNotReadyError
 from kvoffload.offload.mediums import CPULoadStoreSpec
+from kvoffload.offload.slot_ledger import BlockNotReadyError
 
 
 class EmptyOffloadingManager(OffloadingManager):
@@ -27,6 +27,3 @@ class EmptyOffloadingManager(OffloadingManager):
         if list(block_hashes):
             return None  # no slot to put anything in
         return PrepareStoreOutput([], CPULoadStoreSpec([]), [])
-
-    def usage(self) -> dict[str, tuple[int, int]]:
-        return {"cpu": (0, 0)}

@@ -1,8 +1,8 @@
-"""ForwardingOffloadingManager: the base of decorators (reuse filter, recorders).
+"""ForwardingTierChain: the base of decorators of a chain (reuse filter, recorders).
 
-Every method of the OffloadingManager protocol goes to ``backing`` explicitly, so a decorator
-overrides only what it intercepts and can never fall back to the ABC's single-tier defaults
-by accident (a test checks each protocol method reaches the backing manager).
+Every method of the TierChain contract goes to ``backing`` explicitly, so a decorator overrides
+only what it intercepts and can never fall back to a default by accident (a test checks each
+method reaches the backing chain). Any manager can be decorated: it is seen as a chain first.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from kvoffload.offload.abstract import (
     PrefixLookup,
     PrepareStoreOutput,
 )
+from kvoffload.offload.chain import TierChain
+from kvoffload.offload.chain_of_one import as_chain
+from kvoffload.offload.tier_report import ChainReport
 
 
-class ForwardingOffloadingManager(OffloadingManager):
+class ForwardingTierChain(TierChain):
     def __init__(self, backing: OffloadingManager) -> None:
-        self.backing = backing
+        self.backing = as_chain(backing)
         self.medium = backing.medium  # fixed for a manager's life
         self.block_size = backing.block_size
 
@@ -35,10 +38,10 @@ class ForwardingOffloadingManager(OffloadingManager):
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         self.backing.touch(block_hashes)
 
-    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+    def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         return self.backing.on_store_miss(block_hashes)
 
-    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+    def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
         self.backing.refresh(block_hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
@@ -74,7 +77,7 @@ class ForwardingOffloadingManager(OffloadingManager):
     def has_pending_demotions(self) -> bool:
         return self.backing.has_pending_demotions()
 
-    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str | None = None) -> None:
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str) -> None:
         self.backing.complete_demotion(block_hashes, success, medium)
 
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
@@ -83,11 +86,5 @@ class ForwardingOffloadingManager(OffloadingManager):
     def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
         self.backing.record_io(medium, ok, write)
 
-    def stats(self) -> dict[str, int]:
-        return self.backing.stats()
-
-    def usage(self) -> dict[str, tuple[int, int]]:
-        return self.backing.usage()
-
-    def busy_blocks(self) -> tuple[int, int]:
-        return self.backing.busy_blocks()
+    def report(self) -> ChainReport:
+        return self.backing.report()

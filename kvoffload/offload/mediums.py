@@ -42,6 +42,10 @@ class KeyedLoadStoreSpec(LoadStoreSpec):
         super().__init__(block_ids)
         self.block_hashes = block_hashes
 
+    @classmethod
+    def for_blocks(cls, block_ids: Sequence[int] | np.ndarray, block_hashes: list[BlockHash]) -> LoadStoreSpec:
+        return cls(block_ids, list(block_hashes))
+
 
 class DiskLoadStoreSpec(KeyedLoadStoreSpec):
     """Slots of the local-disk tier's record file."""

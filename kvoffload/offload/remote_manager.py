@@ -19,14 +19,16 @@ from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, PrepareStoreOutput
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.offload.secondary import SecondaryTierManager, TierHealth
 from kvoffload.offload.store_lookups import STORE_ERROR, StoreLookups
+from kvoffload.offload.tier import Tier
+from kvoffload.offload.tier_health import TierHealth
+from kvoffload.offload.tier_report import TierReport
 
 #: How long a block that failed to load is not looked up again.
 BAD_BLOCK_S = 60.0
 
 
-class RemoteTierManager(TierHealth, SecondaryTierManager):
+class RemoteTierManager(Tier):
     batched_lookup = True
 
     def __init__(self, spec_type: type[KeyedLoadStoreSpec], lookups: StoreLookups, capacity_blocks: int,
@@ -36,7 +38,7 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
         self.lookups = lookups
         self.capacity_blocks = max(1, capacity_blocks)
         self.name = name
-        self._init_health(retry_after_s)
+        self.health = TierHealth(retry_after_s, self.describe)
         #: Blocks the store held when last asked (or when our write landed), oldest first.
         self._ready: OrderedDict[BlockHash, int] = OrderedDict()
         self._pending: dict[BlockHash, int] = {}
@@ -50,7 +52,14 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
         self.num_lookup_hits = 0
 
     def describe(self) -> str:
-        return self.name or super().describe()
+        return self.name or f"{self.medium.lower()} tier"
+
+    @property
+    def in_service(self) -> bool:
+        return self.health.in_service
+
+    def note_io(self, ok: bool, write: bool = False) -> None:
+        self.health.note_io(ok, write)
 
     # ---- what the store holds ------------------------------------------------------------
     def lookup_run(self, block_hashes: Sequence[BlockHash]) -> int | None:
@@ -70,6 +79,9 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
             self._forget(block_hashes[n])  # gone from the store (evicted, or the store restarted)
         self.num_lookup_hits += n
         return n
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int | None:
+        return self.lookup_run(list(block_hashes))
 
     def is_ready(self, block_hash: BlockHash) -> bool:
         return block_hash in self._ready
@@ -118,7 +130,7 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
             else:
                 self._release(h, slot)
 
-    def slot_spec(self, slots: list[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
+    def slot_spec(self, slots: Sequence[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
         return self.spec_type(slots, list(block_hashes))
 
     def drop_slots(self, slots: list[int]) -> int:
@@ -179,13 +191,14 @@ class RemoteTierManager(TierHealth, SecondaryTierManager):
             self._release(*self._ready.popitem(last=False))
 
     # ---- reports -------------------------------------------------------------------------
-    def stats(self) -> dict[str, int]:
-        return {"corrupt_blocks": self.num_dropped, "io_errors": self.num_io_errors, "outages": self.num_outages,
-                "lookup_hit_blocks": self.num_lookup_hits, "lookup_queries": self.lookups.num_queries,
-                "lookups_deferred": self.lookups.num_deferred, "lookups_given_up": self.lookups.num_given_up}
-
-    def usage(self) -> dict[str, tuple[int, int]]:
-        return {self.medium.lower(): (len(self._ready) + len(self._pending), self.capacity_blocks)}
+    def report(self) -> TierReport:
+        lookups = self.lookups
+        return TierReport(self.medium, len(self._ready) + len(self._pending), self.capacity_blocks,
+                          writing_blocks=len(self._pending), in_service=self.in_service,
+                          corrupt_blocks=self.num_dropped, io_errors=self.health.num_io_errors,
+                          outages=self.health.num_outages, lookup_queries=lookups.num_queries,
+                          lookup_hit_blocks=self.num_lookup_hits, lookups_deferred=lookups.num_deferred,
+                          lookups_given_up=lookups.num_given_up)
 
     def close(self) -> None:
         self.lookups.close()

@@ -11,13 +11,14 @@ None leaves every count unchanged, so the connector's retry is not counted twice
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, OffloadingManager, PrepareStoreOutput
-from kvoffload.offload.forwarding import ForwardingOffloadingManager
+from kvoffload.offload.forwarding import ForwardingTierChain
+from kvoffload.offload.tier_report import ChainReport
 
 
-class FilterReusedOffloadingManager(ForwardingOffloadingManager):
+class FilterReusedOffloadingManager(ForwardingTierChain):
     def __init__(self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
         if store_threshold < 2:
             raise ValueError(f"store_threshold={store_threshold}: the reuse filter needs >= 2 (use the backing manager directly)")
@@ -33,7 +34,7 @@ class FilterReusedOffloadingManager(ForwardingOffloadingManager):
         """This offer (counted) would reach the threshold."""
         return self.counts.get(block_hash, 0) + 1 >= self.store_threshold
 
-    def on_store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+    def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         # The policy sees only candidates this offer admits (vLLM shows ARC nothing else).
         return self.backing.on_store_miss([h for h in block_hashes if self._admits(h)])
 
@@ -58,5 +59,5 @@ class FilterReusedOffloadingManager(ForwardingOffloadingManager):
         self.num_filtered += skipped
         return result
 
-    def stats(self) -> dict[str, int]:
-        return {**self.backing.stats(), "stores_skipped_by_filter": self.num_filtered}
+    def report(self) -> ChainReport:
+        return self.backing.report().with_filter(self.num_filtered)

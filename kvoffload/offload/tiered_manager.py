@@ -1,7 +1,7 @@
 """TieredOffloadingManager: the host (CPU) tier in front of a chain of secondary tiers.
 
-``tiers[0]`` is the host tier; ``tiers[1:]`` are SecondaryTierManagers (disk, a shared store),
-slowest last, one per medium. The chain has no special cases:
+``tiers[0]`` is the host tier (a LedgerTier); ``tiers[1:]`` are any Tiers (disk, a shared store),
+slowest last, one per medium; with none it is a chain of one. The chain has no special cases:
 
 - Lookups walk the hashes once; each block is served by the first tier holding it ready
   (secondary tiers out of service are skipped).
@@ -27,21 +27,22 @@ from kvoffload.offload.abstract import (
     LookupResult,
     Medium,
     OffloadingEvent,
-    OffloadingManager,
     PrefixLookup,
     PrepareStoreOutput,
     as_list,
 )
-from kvoffload.offload.cpu_manager import CPUOffloadingManager
-from kvoffload.offload.secondary import SecondaryTierManager
+from kvoffload.offload.chain import TierChain
+from kvoffload.offload.ledger_tier import LedgerTier
+from kvoffload.offload.tier import Tier
+from kvoffload.offload.tier_report import ChainReport
 
 
 class BlocksSpanTiersError(ValueError):
     """``prepare_load`` was asked for blocks held in more than one tier."""
 
 
-class TieredOffloadingManager(OffloadingManager):
-    def __init__(self, primary: CPUOffloadingManager, *secondaries: SecondaryTierManager,
+class TieredOffloadingManager(TierChain):
+    def __init__(self, primary: LedgerTier, *secondaries: Tier,
                  write_through: bool | Sequence[bool] = False) -> None:
         media = [primary.medium] + [t.medium for t in secondaries]
         if len(set(media)) != len(media):
@@ -56,19 +57,21 @@ class TieredOffloadingManager(OffloadingManager):
         self.write_through = [False, *write_through]
         self.medium = primary.medium
         self.block_size = primary.block_size
-        tiers: list[CPUOffloadingManager | SecondaryTierManager] = [primary, *secondaries]
-        self._by_medium: dict[str, CPUOffloadingManager | SecondaryTierManager] = dict(zip(media, tiers))
+        tiers: list[Tier] = [primary, *secondaries]
+        self._by_medium: dict[str, Tier] = dict(zip(media, tiers))
         self._index_of: dict[str, int] = {m: i for i, m in enumerate(media)}
         self._demotions: list[Demotion] = []
         self.num_demoted = 0
         self.num_demotions_dropped = 0
 
-    def _tiers(self) -> list[CPUOffloadingManager | SecondaryTierManager]:
+    def _tiers(self) -> list[Tier]:
         """The tiers a lookup may use now: the host tier and the secondaries in service."""
         return [self.primary, *(t for t in self.secondaries if t.in_service)]
 
-    def _tier_of(self, medium: str | None) -> CPUOffloadingManager | SecondaryTierManager:
+    def _tier_of(self, medium: str | None) -> Tier:
         if medium is None:
+            if not self.secondaries:  # a chain of one: the only tier
+                return self.primary
             raise ValueError("TieredOffloadingManager needs the medium of the tier a load or demotion used")
         return self._by_medium[medium]
 
@@ -82,8 +85,8 @@ class TieredOffloadingManager(OffloadingManager):
         cpu_hits = self.primary.lookup(hashes)
         media: list[Medium] = [self.primary.medium] * cpu_hits
         secondaries = [t for t in self.secondaries if t.in_service]
-        tiers: list[CPUOffloadingManager | SecondaryTierManager] = [self.primary, *secondaries]
-        local: list[CPUOffloadingManager | SecondaryTierManager] = [self.primary]
+        tiers: list[Tier] = [self.primary, *secondaries]
+        local: list[Tier] = [self.primary]
         local += [t for t in secondaries if not t.batched_lookup]
         remote = [t for t in secondaries if t.batched_lookup]
         i = cpu_hits
@@ -109,6 +112,8 @@ class TieredOffloadingManager(OffloadingManager):
         return PrefixLookup(media, LookupResult.HIT)
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        if not self.secondaries:  # a chain of one: the ledger's own lookup
+            return self.primary.lookup(block_hashes)
         return self.lookup_prefix(list(block_hashes)).hits
 
     def is_ready(self, block_hash: BlockHash) -> bool:
@@ -129,8 +134,8 @@ class TieredOffloadingManager(OffloadingManager):
         secondary tier's spec names its hashes, so the reader can check each record's key. A
         tier that went out of service since the lookup still serves what it holds (a failed read
         is reported and recomputed)."""
-        tiers: list[CPUOffloadingManager | SecondaryTierManager] = [self.primary, *self.secondaries]
-        runs: list[tuple[CPUOffloadingManager | SecondaryTierManager, list[BlockHash]]] = []
+        tiers: list[Tier] = [self.primary, *self.secondaries]
+        runs: list[tuple[Tier, list[BlockHash]]] = []
         for h in block_hashes:
             tier = next((t for t in tiers if t.is_ready(h)), tiers[-1])  # a miss fails in prepare_load
             if runs and runs[-1][0] is tier:
@@ -165,7 +170,7 @@ class TieredOffloadingManager(OffloadingManager):
 
     def _src_spec(self, i: int, slots: list[int], hashes: list[BlockHash]) -> LoadStoreSpec:
         if i == 0:
-            return self.primary.spec_type(slots)
+            return self.primary.slot_spec(slots, hashes)
         return self.secondaries[i - 1].slot_spec(slots, hashes)
 
     def _demote(self, i: int, pairs: list[tuple[BlockHash, int]]) -> None:
@@ -199,8 +204,8 @@ class TieredOffloadingManager(OffloadingManager):
         demotions, self._demotions = self._demotions, []
         return demotions
 
-    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str | None = None) -> None:
-        i = self._index_of[medium] if medium is not None else 1
+    def complete_demotion(self, block_hashes: list[BlockHash], success: bool, medium: str) -> None:
+        i = self._index_of[medium]
         tier = self.secondaries[i - 1]
         tier.complete_store(block_hashes, success)
         if success:
@@ -219,15 +224,21 @@ class TieredOffloadingManager(OffloadingManager):
             tier = self.primary if i == 0 else self.secondaries[i - 1]
             self._demote(i, [(h, s) for h in hashes if (s := tier.slot_of(h)) is not None])
 
-    # ---- faults, events, stats -----------------------------------------------------------
+    # ---- faults, events, report ----------------------------------------------------------
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
         tier = self._by_medium.get(medium)
-        return tier.drop_slots(slots) if isinstance(tier, SecondaryTierManager) else 0
+        return tier.drop_slots(slots) if tier is not None else 0
 
     def record_io(self, medium: str, ok: bool, write: bool = False) -> None:
         tier = self._by_medium.get(medium)
-        if isinstance(tier, SecondaryTierManager):
+        if tier is not None:
             tier.note_io(ok, write)
+
+    def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        return self.primary.on_store_miss(block_hashes)
+
+    def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
+        self.primary.refresh(block_hashes)
 
     def take_events(self) -> list[OffloadingEvent]:
         events = list(self.primary.take_events())
@@ -235,23 +246,9 @@ class TieredOffloadingManager(OffloadingManager):
             events.extend(t.take_events())
         return events
 
-    def stats(self) -> dict[str, int]:
-        out = {"corrupt_blocks": 0, "demotions_dropped": self.num_demotions_dropped}
-        for t in self.secondaries:
-            for key, value in t.stats().items():
-                out[f"{t.medium.lower()}_{key}"] = value
-                if key == "corrupt_blocks":
-                    out["corrupt_blocks"] += value
-        return out
-
-    def busy_blocks(self) -> tuple[int, int]:
-        return self.primary.busy_blocks()
-
-    def usage(self) -> dict[str, tuple[int, int]]:
-        out = dict(self.primary.usage())
-        for t in self.secondaries:
-            out.update(t.usage())
-        return out
+    def report(self) -> ChainReport:
+        return ChainReport([self.primary.report(), *(t.report() for t in self.secondaries)],
+                           demotions_dropped=self.num_demotions_dropped)
 
     def close(self) -> None:
         for t in self.secondaries:

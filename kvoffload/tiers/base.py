@@ -1,7 +1,7 @@
 """TierKind: a kind of secondary tier as a plugin, named by ``tiers[i].medium`` in the config.
 
 A kind says what its medium is and builds its two halves: the scheduler-side ledger (a
-SecondaryTierManager, tensor-free, one for all ranks) and the worker-side block I/O (a TierIO,
+Tier, tensor-free, one for all ranks) and the worker-side block I/O (a TierIO,
 this rank's share). The spec chains the tiers and gives every kind the same handler, fences
 and demotion path, so a new tier is these three things and nothing else. Kinds are found
 through ``kvoffload.registry.TIER_KINDS``: built-ins, the ``kvoffload.tiers`` entry points, or
@@ -21,7 +21,7 @@ from kvoffload.config import TierConfig
 from kvoffload.namespace import KVNamespace
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.offload.secondary import SecondaryTierManager
+from kvoffload.offload.tier import Tier
 from kvoffload.transfer.tier_io import TierIO
 
 
@@ -86,7 +86,7 @@ class TierKind(ABC):
         self.ctx = ctx
 
     @abstractmethod
-    def build_manager(self) -> SecondaryTierManager:
+    def build_manager(self) -> Tier:
         """The scheduler-side ledger (built once, by the scheduler half)."""
 
     @abstractmethod

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvoffload.errors import ConfigError
 from kvoffload.offload.abstract import LoadStoreSpec, Medium, OffloadingManager
+from kvoffload.offload.chain import TierChain
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
@@ -57,7 +58,6 @@ class CPUOffloadingSpec(OffloadingSpec):
             enable_events=cfg.metrics.events,
             block_size=self.offloaded_block_size,
         )
-        manager: OffloadingManager = cpu
         secondaries = []
         try:
             for kind in self.tier_kinds():
@@ -66,8 +66,8 @@ class CPUOffloadingSpec(OffloadingSpec):
             for tier in secondaries:
                 tier.close()
             raise
-        if secondaries:
-            manager = TieredOffloadingManager(cpu, *secondaries, write_through=[t.write_through for t in cfg.tiers[1:]])
+        manager: TierChain = TieredOffloadingManager(cpu, *secondaries,
+                                                     write_through=[t.write_through for t in cfg.tiers[1:]])
         if cfg.store_threshold >= 2:
             manager = FilterReusedOffloadingManager(manager, cfg.store_threshold, cfg.max_tracker_size)
         return manager

@@ -126,15 +126,14 @@ def _run(machine, steps: int, examples: int) -> int:
 
 @pytest.fixture(params=["native", "loops", "vectorised"])
 def code_path(request, monkeypatch):
-    """The native ledger, and the Python one: its short batches take plain loops; force its
-    numpy paths too, so every path is checked."""
+    """The native ledger, and the Python one: its policies' short batches take plain loops;
+    force their numpy paths too, so every path is checked."""
     monkeypatch.setattr(LedgerMachine, "native", request.param == "native")
     if request.param == "native":
         pytest.importorskip("kvoffload_ext._ledger", reason="native ledger not built (test_native_ledger.py::test_the_readme_install_builds_the_native_ledger says why)")
     if request.param == "vectorised":
-        from kvoffload.offload import block_status, cpu_manager, stamp_order
+        from kvoffload.offload import block_status, stamp_order
 
-        monkeypatch.setattr(cpu_manager, "_VECTOR_MIN", 0)
         monkeypatch.setattr(block_status, "_RESTAMP_VECTOR_MIN", 0)
         monkeypatch.setattr(stamp_order, "_VECTOR_MIN", 1)
     return request.param
@@ -142,9 +141,9 @@ def code_path(request, monkeypatch):
 
 @pytest.mark.parametrize("machine", [LedgerMachine, ARCMachine], ids=["lru", "arc"])
 def test_ledger_matches_reference(machine, code_path):
-    from kvoffload.offload.native_manager import NativeCPUOffloadingManager
+    from kvoffload.offload.native_ledger import NativeSlotLedger
 
-    assert isinstance(machine().mgr, NativeCPUOffloadingManager) == (code_path == "native")
+    assert isinstance(machine().mgr.slot_ledger, NativeSlotLedger) == (code_path == "native")
     _run(machine, steps=50, examples=40)
 
 

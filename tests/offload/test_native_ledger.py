@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from kvoffload.offload import CPUOffloadingManager
-from kvoffload.offload import native_manager as nm
-from kvoffload.offload.native_manager import NativeCPUOffloadingManager, NativeLedgerUnavailableError
+from kvoffload.offload import native_ledger as nm
+from kvoffload.offload.native_ledger import NativeLedgerUnavailableError, NativeSlotLedger
+from kvoffload.offload.py_ledger import PySlotLedger
 
 needs_native = pytest.mark.skipif(not nm.native_available(), reason="native ledger not built")
 
@@ -68,7 +69,7 @@ def test_native_and_python_ledgers_agree_op_for_op(policy, capacity, universe):
     rng = random.Random(f"{policy}-{capacity}")
     native = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16)
     python = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16, native=False)
-    assert type(native) is NativeCPUOffloadingManager and type(python) is CPUOffloadingManager
+    assert type(native.slot_ledger) is NativeSlotLedger and type(python.slot_ledger) is PySlotLedger
     pending: list[list[int]] = []
     pinned: list[list[int]] = []
     evicted = 0
@@ -119,7 +120,7 @@ def test_native_and_python_ledgers_agree_op_for_op(policy, capacity, universe):
                    (python.slot_of(h), python.is_ready(h), python.is_pending(h), python.contains(h))
     assert _state(native, policy) == _state(python, policy)
     assert evicted > capacity  # the table churned: on average every slot was refilled
-    assert native.busy_blocks() == python.busy_blocks() and native.usage() == python.usage()
+    assert native.report() == python.report()
 
 
 @needs_native
@@ -159,7 +160,7 @@ def test_restore_matches_the_python_ledger():
         m.restore(entries)
     assert _state(native) == _state(python)
     assert _call(native, "prepare_store", ([b"d", b"e"],)) == _call(python, "prepare_store", ([b"d", b"e"],))
-    with pytest.raises(ValueError, match="empty manager"):
+    with pytest.raises(ValueError, match="empty"):
         native.restore(entries)
 
 
@@ -167,9 +168,9 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
     monkeypatch.setattr(nm, "_ledger", None)
     monkeypatch.setattr(nm, "_IMPORT_ERROR", ImportError("no module named kvoffload_ext._ledger"))
     monkeypatch.setattr(nm, "_warned", False)
-    with caplog.at_level(logging.WARNING, logger="kvoffload.offload.native_manager"):
+    with caplog.at_level(logging.WARNING, logger="kvoffload.offload.native_ledger"):
         first, second = CPUOffloadingManager(4, "lru"), CPUOffloadingManager(4, "arc")
-    assert type(first) is CPUOffloadingManager and type(second) is CPUOffloadingManager
+    assert type(first.slot_ledger) is PySlotLedger and type(second.slot_ledger) is PySlotLedger
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "no module named kvoffload_ext._ledger" in lines[0] and "Python ledger" in lines[0]
     with pytest.raises(NativeLedgerUnavailableError, match=r"native=True but kvoffload_ext\._ledger is not built .*pip install"):
@@ -179,13 +180,13 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
 def test_native_is_used_only_where_it_applies(monkeypatch):
     from kvoffload.offload import LRUCachePolicy
 
-    assert type(CPUOffloadingManager(4, LRUCachePolicy(4))) is CPUOffloadingManager  # a policy object
+    assert type(CPUOffloadingManager(4, LRUCachePolicy(4)).slot_ledger) is PySlotLedger  # a policy object
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
         CPUOffloadingManager(4, "sieve", native=True)
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
-        NativeCPUOffloadingManager(4, "sieve")  # built directly, not through CPUOffloadingManager
+        NativeSlotLedger(4, "sieve")  # built directly, not through make_ledger
     monkeypatch.setenv("KVOFFLOAD_NO_NATIVE", "1")
-    assert type(CPUOffloadingManager(4, "lru")) is CPUOffloadingManager
+    assert type(CPUOffloadingManager(4, "lru").slot_ledger) is PySlotLedger
 
 
 @needs_native

@@ -114,13 +114,15 @@ def test_a_store_that_stops_answering_turns_lookups_into_misses():
     store.gate = threading.Event()
     tier = _manager(store, wait_s=0.01, give_up_s=0.05)
     a, b = [b"a" * 16], [b"b" * 16]
-    assert tier.lookup_run(a) is None
-    time.sleep(0.1)
-    t0 = time.monotonic()
-    assert tier.lookup_run(b) == 0  # not queued behind the hung query
-    assert time.monotonic() - t0 < 0.05
-    assert tier.stats()["lookups_given_up"] == 1
-    store.gate.set()
+    try:
+        assert tier.lookup_run(a) is None
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        assert tier.lookup_run(b) == 0  # not queued behind the hung query
+        assert time.monotonic() - t0 < 0.05
+        assert tier.report().lookups_given_up == 1
+    finally:
+        store.gate.set()  # the hung query's thread must end, or the test process cannot exit
 
 
 def test_store_errors_take_the_tier_out_then_back_in_service():
@@ -132,7 +134,7 @@ def test_store_errors_take_the_tier_out_then_back_in_service():
     chain = TieredOffloadingManager(CPUOffloadingManager(4), tier)
     for _ in range(3):
         assert chain.lookup_prefix(hashes).hits == 0
-    assert not tier.in_service and tier.stats()["outages"] == 1
+    assert not tier.in_service and tier.report().outages == 1
     calls = len(store.calls)
     assert chain.lookup_prefix(hashes).hits == 0 and len(store.calls) == calls  # not asked while out
     store.down = False

@@ -106,7 +106,7 @@ def make_machine(policy: str, threshold: int):
         @precondition(lambda self: self.demoting)
         def complete_demotion(self, data, ok):
             hashes = self.demoting.pop(data.draw(st.integers(0, len(self.demoting) - 1)))  # any order
-            self.tiered.complete_demotion(hashes, ok)
+            self.tiered.complete_demotion(hashes, ok, "DISK")
 
         @rule(hashes=st.lists(HASHES, max_size=5))
         def lookup_touch(self, hashes):
@@ -160,7 +160,7 @@ def make_machine(policy: str, threshold: int):
         @rule()
         @precondition(lambda self: not self.disk.in_service)
         def outage_ends(self):
-            self.disk._out_until = time.monotonic()  # the retry delay has passed
+            self.disk.health._out_until = time.monotonic()  # the retry delay has passed
             assert self.disk.in_service
 
         @invariant()

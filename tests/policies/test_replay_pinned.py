@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kvoffload_policies.simulator import replay
 
-from kvoffload.offload.native_manager import NATIVE_POLICIES, native_available
+from kvoffload.offload.native_ledger import NATIVE_POLICIES, native_available
 from kvoffload.traces import synthetic_prefix_workload
 
 #: (policy, capacity) -> (hit blocks, blocks written, blocks evicted) on synthetic_prefix_workload(3000).

@@ -39,7 +39,8 @@ def assert_clean(h: Harness, free_before: int) -> None:
     cs = h.sched_conn.connector_scheduler
     assert h.sched.requests == {}
     assert cs._requests == {} and cs._jobs == {} and cs._blocks_being_loaded == set()
-    assert h.manager.busy_blocks() == (0, 0)
+    host = h.manager.report().tiers[0]
+    assert (host.pinned_blocks, host.writing_blocks) == (0, 0)
     worker = h.worker_conn.connector_worker
     assert not worker._requests  # no copy in flight, no report owed
     h.sched.kv_cache_manager.reset_prefix_cache()

@@ -24,8 +24,8 @@ def _sched(world_size):
 
 
 def test_capacity_is_the_total_over_ranks():
-    assert _sched(1).manager.num_blocks == 8
-    assert _sched(2).manager.num_blocks == 8  # 1600 bytes over two ranks of 100-byte shards
+    assert _sched(1).manager.report().tiers[0].capacity_blocks == 8
+    assert _sched(2).manager.report().tiers[0].capacity_blocks == 8  # 1600 bytes over two ranks of 100-byte shards
 
 
 @pytest.mark.parametrize("second_ok", [True, False])

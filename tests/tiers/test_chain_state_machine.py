@@ -138,7 +138,7 @@ def make_machine(policy: str, write_through: bool):
 
         @rule(medium=st.sampled_from(["DISK", "REMOTE"]))
         def outage_ends(self, medium):
-            self.tiers[medium]._out_until = min(self.tiers[medium]._out_until, time.monotonic())
+            self.tiers[medium].health._out_until = min(self.tiers[medium].health._out_until, time.monotonic())
 
         @invariant()
         def ledgers_agree(self):

@@ -23,7 +23,7 @@ from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
 from kvoffload.integrations.vllm_spec import check_config  # noqa: E402
 from kvoffload.integrations.vllm_worker import KVOffloadWorker  # noqa: E402
 from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
-from kvoffload.offload.forwarding import ForwardingOffloadingManager  # noqa: E402
+from kvoffload.offload.forwarding import ForwardingTierChain  # noqa: E402
 
 
 def key(i: int) -> bytes:
@@ -73,7 +73,7 @@ def test_recency_applied_at_request_finish_in_prefix_order():
     assert out.evicted_keys == [key(2), key(3)]
 
 
-class RecencyLog(ForwardingOffloadingManager):
+class RecencyLog(ForwardingTierChain):
     """The inner manager's recency calls, in order: what on_request_finished decided."""
 
     def __init__(self, backing):
@@ -151,7 +151,7 @@ def test_arc_insertion_is_not_reuse_even_behind_the_reuse_filter():
     from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 
     m = KVOffloadManager(lambda: FilterReusedOffloadingManager(CPUOffloadingManager(4, "arc"), 2))
-    arc = m.inner.backing.policy
+    arc = m.inner.backing.primary.policy
     a = ReqContext("a")
     m.prepare_store([key(1), key(2)], a)  # first sighting: filtered
     out = m.prepare_store([key(1), key(2)], a)

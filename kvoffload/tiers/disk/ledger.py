@@ -1,6 +1,6 @@
 """DiskOffloadingManager: the block ledger of a local-disk tier that survives restarts.
 
-Scheduler-side and tensor-free like the CPU ledger (it is one, over disk slots), plus the
+Scheduler-side and tensor-free: a LedgerTier over disk slots, like the host tier, plus the
 file: created and preallocated on first use, locked against a second concurrent owner, and
 scanned on open so every intact record is served again.
 """
@@ -13,14 +13,17 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from kvoffload.config import default_cache_dir, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.namespace import KVNamespace
+from kvoffload.offload.ledger_factory import make_ledger
+from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
-from kvoffload.offload.secondary import LedgerTierManager
+from kvoffload.offload.tier_report import TierReport
 from kvoffload.tiers.disk.format import DiskLayout, scan_records
 
 logger = logging.getLogger(__name__)
@@ -116,17 +119,15 @@ def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
     return p
 
 
-class DiskOffloadingManager(LedgerTierManager):
+class DiskOffloadingManager(LedgerTier):
     """The ledger is one for all ranks: slot s of every rank's file holds that rank's shard of
     the same block. Only a record intact in every rank's file is recovered on open."""
-
-    spec_type = DiskLoadStoreSpec
 
     def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | CachePolicy = "lru",
                  enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
                  namespace: KVNamespace | None = None) -> None:
-        super().__init__(layout.num_slots, cache_policy, enable_events, block_size=layout.block_tokens,
-                         retry_after_s=retry_after_s)
+        ledger = make_ledger(cache_policy, layout.num_slots, name=DiskLoadStoreSpec.medium())
+        super().__init__(ledger, DiskLoadStoreSpec, layout.block_tokens, enable_events, retry_after_s)
         self.layout = layout
         directory = prepare_tier_dir(path, key)
         self.paths = [tier_file(directory, layout.for_rank(r)) for r in range(layout.world_size)]
@@ -236,8 +237,8 @@ class DiskOffloadingManager(LedgerTierManager):
     def describe(self) -> str:
         return f"disk tier {self.path}"
 
-    def stats(self) -> dict[str, int]:
-        return {**super().stats(), "blocks_recovered": self.num_recovered}
+    def report(self) -> TierReport:
+        return replace(super().report(), blocks_recovered=self.num_recovered)
 
     def close(self) -> None:
         for fd in self._fds:

@@ -1,0 +1,211 @@
+"""PySlotLedger: the SlotLedger in Python, for any CachePolicy (the reference implementation,
+and the fallback when the native ledger is not built).
+
+Eviction decisions belong to the policy; this class owns everything else. It drives every
+policy through the slot-level calls (SlotPolicy): built-in policies share its BlockLedger and
+implement them natively, any other CachePolicy through PlainPolicySlots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvoffload.offload.abstract import BlockHash
+from kvoffload.offload.block_status import BlockLedger
+from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy, PlainPolicySlots, SlotPolicy
+from kvoffload.offload.policy_registry import create_policy
+from kvoffload.offload.slot_ledger import BlockNotReadyError, SlotLedger, StoreSlots
+
+
+class PySlotLedger(SlotLedger):
+    def __init__(self, capacity: int, cache_policy: str | CachePolicy = "lru", name: str = "CPU") -> None:
+        self.capacity = capacity
+        self.name = name  # the tier, as refusals name it
+        self.book = BlockLedger(capacity)
+        self._policy = create_policy(cache_policy, capacity)
+        self._slots: SlotPolicy
+        if isinstance(self._policy, LedgerCachePolicy):
+            self._policy.bind_ledger(self.book)
+            self._slots = self._policy
+        else:
+            self._slots = PlainPolicySlots(self._policy, self.book)
+        self._num_allocated = 0
+        self._free_list: list[int] = []
+
+    @property
+    def arrays(self) -> BlockLedger:
+        return self.book
+
+    @property
+    def policy(self) -> CachePolicy:
+        return self._policy
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_list) + self.capacity - self._num_allocated
+
+    @property
+    def num_used(self) -> int:
+        return len(self.book.index)
+
+    def _take_slots(self, n: int) -> list[int]:
+        fresh = min(n, self.capacity - self._num_allocated)
+        slots = list(range(self._num_allocated, self._num_allocated + fresh))
+        self._num_allocated += fresh
+        reused = n - fresh
+        if reused:
+            free = self._free_list
+            slots.extend(free[: -reused - 1 : -1])  # last freed first
+            del free[-reused:]
+        return slots
+
+    def _forget(self, block_hash: BlockHash, slot: int) -> None:
+        del self.book.index[block_hash]
+        self.book.hashes[slot] = None
+        self.book.refs[slot] = 0  # a free slot counts as neither read nor written
+        self._free_list.append(slot)
+
+    def _slots_of(self, block_hashes: list[BlockHash]) -> list[int]:
+        index = self.book.index
+        try:
+            return list(map(index.__getitem__, block_hashes))
+        except KeyError as exc:
+            raise BlockNotReadyError(f"block {exc.args[0]!r} is not stored in the {self.name} tier") from None
+
+    # ---- contract ------------------------------------------------------------------------
+    def lookup(self, block_hashes: list[BlockHash]) -> int:
+        index_get = self.book.index.get
+        refs = self.book.refs
+        hits = 0
+        for block_hash in block_hashes:
+            slot = index_get(block_hash)
+            if slot is None or refs[slot] < 0:
+                break
+            hits += 1
+        return hits
+
+    def pin(self, block_hashes: list[BlockHash]) -> Sequence[int]:
+        slots = self._slots_of(block_hashes)
+        refs = self.book.refs
+        for h, slot in zip(block_hashes, slots):
+            if refs[slot] < 0:
+                raise BlockNotReadyError(f"block {h!r} is still being written; lookup() before prepare_load()")
+        for slot in slots:
+            refs[slot] += 1
+        return slots
+
+    def unpin(self, block_hashes: list[BlockHash]) -> None:
+        slots = self._slots_of(block_hashes)
+        refs = self.book.refs
+        for h, slot in zip(block_hashes, slots):
+            if refs[slot] <= 0:
+                raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
+        for slot in slots:
+            refs[slot] -= 1
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        self._slots.touch_hashes(list(block_hashes))
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        self._slots.refresh_hashes(list(block_hashes))
+
+    def store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        index = self.book.index
+        missing = [h for h in block_hashes if h not in index]
+        if missing:
+            self.touch(missing)  # absent hashes: only ghost lists react
+        return missing
+
+    def allocate(self, block_hashes: Iterable[BlockHash]) -> StoreSlots | None:
+        hashes = list(dict.fromkeys(block_hashes))
+        book = self.book
+        index = book.index
+        new = [h for h in hashes if h not in index]
+        need = len(new) - self.num_free
+        evicted: list[BlockHash] = []
+        evicted_slots: list[int] = []
+        if need > 0:
+            if need > self.capacity:
+                return None
+            victims = self._slots.evict_slots(need, set(hashes))
+            if victims is None:
+                return None
+            slot_hashes = book.hashes
+            evicted = [slot_hashes[slot] for slot in victims]
+            for block_hash in evicted:
+                del index[block_hash]
+            for slot in victims:
+                slot_hashes[slot] = None
+            self._free_list.extend(victims)
+            evicted_slots = list(victims)
+        slots = self._take_slots(len(new))
+        refs, slot_hashes = book.refs, book.hashes
+        for block_hash, slot in zip(new, slots):
+            index[block_hash] = slot
+            slot_hashes[slot] = block_hash
+            refs[slot] = -1
+        self._slots.insert_slots(slots)
+        return StoreSlots(new, slots, evicted, evicted_slots)
+
+    def complete(self, block_hashes: Iterable[BlockHash], success: bool) -> list[BlockHash]:
+        index_get = self.book.index.get
+        refs = self.book.refs
+        done: list[BlockHash] = []
+        for block_hash in dict.fromkeys(block_hashes):
+            slot = index_get(block_hash)
+            if slot is None or refs[slot] != -1:
+                continue
+            done.append(block_hash)
+            if success:
+                refs[slot] = 0
+            else:
+                self._slots.remove_slots([slot])
+                self._forget(block_hash, slot)
+        return done
+
+    def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
+        if self.book.index or self._num_allocated:
+            raise ValueError("restore() needs an empty ledger")
+        entries = sorted(entries, key=lambda e: e[1])
+        used = {slot for _, slot in entries}
+        top = max(used) + 1 if used else 0
+        self._num_allocated = top
+        self._free_list = [s for s in range(top - 1, -1, -1) if s not in used]  # lowest popped first
+        book = self.book
+        for block_hash, slot in entries:
+            book.index[block_hash] = slot
+            book.hashes[slot] = block_hash
+            book.refs[slot] = 0
+        self._slots.insert_slots([slot for _, slot in entries])
+
+    def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        dropped = []
+        for block_hash in block_hashes:
+            slot = self.book.index.get(block_hash)
+            if slot is None or self.book.refs[slot] != 0:
+                continue
+            self._slots.remove_slots([slot])
+            self._forget(block_hash, slot)
+            dropped.append(block_hash)
+        return dropped
+
+    def hash_at(self, slot: int) -> BlockHash | None:
+        return self.book.hashes[slot]
+
+    def slot_of(self, block_hash: BlockHash) -> int | None:
+        return self.book.index.get(block_hash)
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        return block_hash in self.book.index
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        slot = self.book.index.get(block_hash)
+        return slot is not None and self.book.refs[slot] >= 0
+
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        slot = self.book.index.get(block_hash)
+        return slot is not None and self.book.refs[slot] < 0
+
+    def busy(self) -> tuple[int, int]:
+        refs = self.book.ref_cnt[: self._num_allocated]
+        return int((refs > 0).sum()), int((refs < 0).sum())
