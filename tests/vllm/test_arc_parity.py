@@ -34,7 +34,7 @@ def arc_state(m) -> tuple[float, int, int]:
         p = m._policy
         return p.target_t1_size, len(p.t1), len(p.t2)
     inner = m.inner.backing if isinstance(m.inner, FilterReusedOffloadingManager) else m.inner
-    p = inner.policy
+    p = inner.primary.policy  # the chain of one's host tier
     return p.target_t1_size, p.t1.size, p.t2.size
 
 
