@@ -64,10 +64,6 @@ class TieredOffloadingManager(TierChain):
         self.num_demoted = 0
         self.num_demotions_dropped = 0
 
-    def _tiers(self) -> list[Tier]:
-        """The tiers a lookup may use now: the host tier and the secondaries in service."""
-        return [self.primary, *(t for t in self.secondaries if t.in_service)]
-
     def _tier_of(self, medium: str | None) -> Tier:
         if medium is None:
             if not self.secondaries:  # a chain of one: the only tier
@@ -116,12 +112,15 @@ class TieredOffloadingManager(TierChain):
             return self.primary.lookup(block_hashes)
         return self.lookup_prefix(list(block_hashes)).hits
 
+    # The host tier, then the secondaries in service: what a lookup may use now. Asked per
+    # block (the reuse filter, vLLM's one-key lookups), so no list is built per call.
     def is_ready(self, block_hash: BlockHash) -> bool:
-        return any(t.is_ready(block_hash) for t in self._tiers())
+        return self.primary.is_ready(block_hash) or any(
+            t.is_ready(block_hash) for t in self.secondaries if t.in_service)
 
     def is_pending(self, block_hash: BlockHash) -> bool:
-        tiers = self._tiers()
-        return not any(t.is_ready(block_hash) for t in tiers) and any(t.is_pending(block_hash) for t in tiers)
+        return not self.is_ready(block_hash) and (self.primary.is_pending(block_hash) or any(
+            t.is_pending(block_hash) for t in self.secondaries if t.in_service))
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = list(block_hashes)
@@ -134,6 +133,9 @@ class TieredOffloadingManager(TierChain):
         secondary tier's spec names its hashes, so the reader can check each record's key. A
         tier that went out of service since the lookup still serves what it holds (a failed read
         is reported and recomputed)."""
+        if not self.secondaries:  # a chain of one: every block is the host tier's
+            hashes = list(block_hashes)
+            return [(self.primary.prepare_load(hashes), hashes)] if hashes else []
         tiers: list[Tier] = [self.primary, *self.secondaries]
         runs: list[tuple[Tier, list[BlockHash]]] = []
         for h in block_hashes:
