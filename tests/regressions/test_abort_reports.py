@@ -75,7 +75,7 @@ def test_abort_after_the_load_was_reported():
     h.handler.complete(h.handler.jobs("load"))
     h.sched.max_num_seqs = 0  # the landed request is not resumed this step
     h.step()
-    assert "x" in h.sched.finished_recving_kv_req_ids
+    assert "x" in h.sched.remote_loads.finished
     h.sched.abort_request("x")
     h.sched.max_num_seqs = 8
     assert_clean(h, free)
