@@ -195,7 +195,7 @@ class OffloadConfig:
         )
 
     @classmethod
-    def coerce(cls, value: OffloadConfig | str | Path | Mapping[str, Any]) -> OffloadConfig:
+    def coerce(cls, value: object) -> OffloadConfig:
         """Accept an OffloadConfig, a YAML path, a packaged example's name (``"cpu_disk"``) or a
         dict (as EngineConfig.kv_offload does)."""
         if isinstance(value, OffloadConfig):

@@ -9,7 +9,7 @@ histograms come from the worker's per-direction bucket counts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kvoffload.errors import ConfigError
@@ -119,7 +119,7 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
     yield size
 
 
-def gauge_values(conn: dict[str, Any]) -> dict[str, dict[str, float]]:
+def gauge_values(conn: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """The gauges' values from a connector's stats: {name: {label value ("" if none): value}}."""
     usage = conn.get("tier_usage", {})
     return {"kvoffload_tier_used_blocks": {tier: u[0] for tier, u in usage.items()},

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     # Lazy, so the engine importing the contract does not pull in the offload stack.
     if name == "OffloadingConnector":
         from kvoffload.connector.offloading_connector import OffloadingConnector

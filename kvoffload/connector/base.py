@@ -19,12 +19,85 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
+
+from kvoffload.offload.abstract import BlockHash
 
 if TYPE_CHECKING:
     import torch
+
+#: A request's device block ids, one list per KV-cache group (vLLM's shape).
+GroupBlockIds = tuple[list[int], ...]
+
+
+# ---- what a connector reads of an engine (vLLM's objects have the same shape) ---------------
+class EngineRequest(Protocol):
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def block_hashes(self) -> Sequence[BlockHash]:
+        """The chained hash of each full engine block of its tokens, in order."""
+
+
+class CachedBlock(Protocol):
+    @property
+    def block_hash(self) -> object | None:
+        """Set once the block is full and in the prefix cache (a local hit)."""
+
+
+class AllocatedBlocks(Protocol):
+    """The blocks an admission allocated: local hits first, then new ones, per group."""
+
+    @property
+    def blocks(self) -> Sequence[Sequence[CachedBlock]]: ...
+    def get_block_ids(self) -> GroupBlockIds: ...
+
+
+class NewRequestView(Protocol):
+    @property
+    def req_id(self) -> str: ...
+    @property
+    def block_ids(self) -> GroupBlockIds: ...
+
+
+class CachedRequestsView(Protocol):
+    """Requests that ran before: new block ids to append, or all of them once resumed."""
+
+    @property
+    def req_ids(self) -> Sequence[str]: ...
+    @property
+    def resumed_from_preemption(self) -> Sequence[bool]: ...
+    @property
+    def new_block_ids(self) -> Sequence[GroupBlockIds | None]: ...
+
+
+class StepPlan(Protocol):
+    """One engine step's schedule, as the scheduler half plans its stores from it."""
+
+    @property
+    def scheduled_new_reqs(self) -> Sequence[NewRequestView]: ...
+    @property
+    def scheduled_cached_reqs(self) -> CachedRequestsView: ...
+    @property
+    def num_scheduled_tokens(self) -> Mapping[str, int]: ...
+    @property
+    def preempted_req_ids(self) -> Set[str]: ...
+    @property
+    def block_replacements(self) -> Mapping[str, list[tuple[int, int]]]:
+        """Copy-on-write: block-table entries redirected this step, per request (block index,
+        new block id); empty where the engine shares no blocks between requests."""
+
+
+class EngineConfigView(Protocol):
+    @property
+    def kv_offload(self) -> object:
+        """The offload section (an OffloadConfig, a YAML path, a packaged example's name or a dict)."""
 
 
 class KVConnectorRole(enum.Enum):
@@ -43,14 +116,15 @@ class KVConnectorOutput:
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)
-    worker_meta: Any = None
+    #: The worker half's own report to its scheduler half (opaque to the engine).
+    worker_meta: object = None
 
     def is_empty(self) -> bool:
         return not (self.finished_sending or self.finished_recving or self.failed_recving or self.worker_meta)
 
 
 class KVConnectorBase(ABC):
-    def __init__(self, config: Any, role: KVConnectorRole) -> None:
+    def __init__(self, config: object, role: KVConnectorRole) -> None:
         self._config = config
         self._role = role
         self._connector_metadata: KVConnectorMetadata | None = None
@@ -76,13 +150,13 @@ class KVConnectorBase(ABC):
     def handle_preemptions(self, connector_metadata: KVConnectorMetadata) -> None:
         """Finish every transfer touching preempted requests' blocks before they are reused."""
 
-    def start_load_kv(self, **kwargs: Any) -> None:
+    def start_load_kv(self, **kwargs: object) -> None:
         """Begin loading this step's external KV into the paged cache (may be asynchronous)."""
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Block until layer ``layer_name``'s KV has landed (layer-wise pipelining)."""
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, **kwargs: Any) -> None:
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, **kwargs: object) -> None:
         """Offer one layer's freshly written KV for saving."""
 
     def wait_for_save(self) -> None:
@@ -96,29 +170,29 @@ class KVConnectorBase(ABC):
         """Requests whose async load failed since the last call: they must be recomputed."""
         return set()
 
-    def build_connector_worker_meta(self) -> Any:
+    def build_connector_worker_meta(self) -> object:
         return None
 
     # ---- scheduler side ----------------------------------------------------------------
     @abstractmethod
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens beyond ``num_computed_tokens`` the connector can supply, and whether async.
 
         ``None`` means "cannot tell yet, ask again next step".
         """
 
     @abstractmethod
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: EngineRequest, blocks: AllocatedBlocks, num_external_tokens: int) -> None:
         """Learn the device blocks allocated for a request (external tokens land in them)."""
 
     @abstractmethod
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: StepPlan) -> KVConnectorMetadata:
         """Pack this step's plan for the worker; resets per-step scheduler-side state."""
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Digest the worker's report (finished loads and stores)."""
 
-    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: EngineRequest, block_ids: GroupBlockIds) -> tuple[bool, dict[str, object] | None]:
         """Return True to keep the request's blocks until its sends are reported finished."""
         return False, None
 
@@ -127,7 +201,7 @@ class KVConnectorBase(ABC):
         the engine keeps stepping while this is true, so nothing planned is lost at the end."""
         return False
 
-    def swap_out(self, request: Any, block_ids: Any) -> bool:
+    def swap_out(self, request: EngineRequest, block_ids: GroupBlockIds) -> bool:
         """Preemption in swap mode: save the request's computed KV (full blocks and the partial
         last one) before its blocks are freed. False = cannot, the request is recomputed."""
         return False
@@ -137,10 +211,10 @@ class KVConnectorBase(ABC):
         done, False if it cannot be done now, None if this connector keeps no cache."""
         return None
 
-    def take_events(self) -> Iterable[Any]:
+    def take_events(self) -> Iterable[object]:
         return ()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Mapping[str, object]:
         """Counters for reports (hits per tier, bytes moved); empty when there are none."""
         return {}
 

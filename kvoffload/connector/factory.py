@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvoffload.connector.base import KVConnectorBase, KVConnectorRole
 from kvoffload.registry import CONNECTORS
 
@@ -22,6 +20,6 @@ def get_connector_class(name: str) -> type[KVConnectorBase]:
 
 class KVConnectorFactory:
     @staticmethod
-    def create_connector(name: str, config: Any, role: KVConnectorRole, **kwargs: Any) -> KVConnectorBase:
+    def create_connector(name: str, config: object, role: KVConnectorRole, **kwargs: object) -> KVConnectorBase:
         """One instance per role; the connector builds only the half that role needs."""
         return get_connector_class(name)(config, role, **kwargs)

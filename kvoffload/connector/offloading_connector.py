@@ -7,23 +7,41 @@ same ``OffloadingSpec`` from the offload config, which is where tiers and polici
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
 
 from kvoffload.config import OffloadConfig
-from kvoffload.connector.base import KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from kvoffload.connector.base import (
+    AllocatedBlocks,
+    EngineConfigView,
+    EngineRequest,
+    GroupBlockIds,
+    KVConnectorBase,
+    KVConnectorMetadata,
+    KVConnectorOutput,
+    KVConnectorRole,
+    StepPlan,
+)
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.kv_info import EngineKVInfo
+from kvoffload.offload.abstract import OffloadingEvent
 from kvoffload.offload.spec import OffloadingSpecFactory
+from kvoffload.transfer.handler import TransferResult
+from kvoffload.transfer.layout import KVCaches
+
+#: What a connector is built from: the engine's config (its ``kv_offload`` section is read) or
+#: the offload config itself, in any form ``OffloadConfig.coerce`` takes.
+ConnectorConfig = EngineConfigView | OffloadConfig | str | Path | Mapping[str, object]
 
 
 class OffloadingConnector(KVConnectorBase):
-    def __init__(self, config: Any, role: KVConnectorRole, kv_info: EngineKVInfo | None = None) -> None:
+    def __init__(self, config: ConnectorConfig, role: KVConnectorRole, kv_info: EngineKVInfo | None = None) -> None:
         super().__init__(config, role)
         if kv_info is None:
             raise ValueError("OffloadingConnector needs the engine's KV geometry (kv_info=EngineKVInfo(...))")
-        raw = getattr(config, "kv_offload", config)
+        raw = config if isinstance(config, (OffloadConfig, str, Path, Mapping)) else config.kv_offload
         self.offload_config = OffloadConfig.coerce(raw)
         self.spec = OffloadingSpecFactory.create_spec(self.offload_config, kv_info)
         self.connector_scheduler: OffloadingConnectorScheduler | None = None
@@ -42,14 +60,14 @@ class OffloadingConnector(KVConnectorBase):
         assert self.connector_scheduler is not None, "called a scheduler-side method on the worker-role connector"
         return self.connector_scheduler
 
-    def register_kv_caches(self, kv_caches: Any) -> None:
+    def register_kv_caches(self, kv_caches: KVCaches) -> None:
         self._worker().register_kv_caches(kv_caches)
 
     def handle_preemptions(self, connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(connector_metadata, OffloadingConnectorMetadata)
         self._worker().handle_preemptions(connector_metadata)
 
-    def start_load_kv(self, **kwargs: Any) -> None:
+    def start_load_kv(self, **kwargs: object) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, OffloadingConnectorMetadata)
         self._worker().start_load_kv(meta)
@@ -60,39 +78,42 @@ class OffloadingConnector(KVConnectorBase):
     def get_failed_recving(self) -> set[str]:
         return self._worker().get_failed_recving()
 
-    def build_connector_worker_meta(self) -> Any:
+    def build_connector_worker_meta(self) -> list[TransferResult]:
         return self._worker().build_connector_worker_meta()
 
     # ---- scheduler side ------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._scheduler().get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: EngineRequest, blocks: AllocatedBlocks, num_external_tokens: int) -> None:
         self._scheduler().update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: StepPlan) -> KVConnectorMetadata:
         return self._scheduler().build_connector_meta(scheduler_output)
 
-    def update_connector_output(self, connector_output: Any) -> None:
-        self._scheduler().update_connector_output(connector_output)
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        results = connector_output.worker_meta
+        if results is not None:
+            assert isinstance(results, list), "worker_meta is what build_connector_worker_meta returned"
+            self._scheduler().update_connector_output(results)
 
-    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: EngineRequest, block_ids: GroupBlockIds) -> tuple[bool, dict[str, object] | None]:
         return self._scheduler().request_finished(request, block_ids)
 
-    def swap_out(self, request: Any, block_ids: Any) -> bool:
+    def swap_out(self, request: EngineRequest, block_ids: GroupBlockIds) -> bool:
         return self._scheduler().swap_out(request, block_ids)
 
     def has_pending_work(self) -> bool:
         return self._scheduler().has_pending_work()
 
-    def take_events(self) -> Any:
+    def take_events(self) -> list[OffloadingEvent]:
         return self._scheduler().take_events()
 
     def reset_cache(self) -> bool:
         return self._scheduler().reset_cache()
 
     # ---- lifecycle and reports -----------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Mapping[str, object]:
         if self.connector_scheduler is not None:
             return self.connector_scheduler.stats_dict()
         return self._worker().stats_dict()

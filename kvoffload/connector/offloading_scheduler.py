@@ -10,19 +10,30 @@ import itertools
 import logging
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypedDict
 
 import xxhash
 
+from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, StepPlan
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState, SwapRecord
-from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, LookupResult, Medium, OffloadingEvent
+from kvoffload.offload.abstract import (
+    BlockHash,
+    LoadStoreSpec,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    PrepareStoreOutput,
+    as_list,
+)
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.chain_of_one import as_chain
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import OffloadingSpec
+from kvoffload.transfer.handler import TransferResult
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +54,14 @@ class SchedulerSideStats:
     resets: int = 0
     #: Prompt tokens (and blocks) served by each tier: counted when the load lands, not when
     #: it is planned; a planned hit whose load failed counts in tier_failed_hits instead.
-    tier_hits: Counter = field(default_factory=Counter)
-    tier_hit_blocks: Counter = field(default_factory=Counter)
-    tier_failed_hits: Counter = field(default_factory=Counter)
+    tier_hits: Counter[str] = field(default_factory=Counter)
+    tier_hit_blocks: Counter[str] = field(default_factory=Counter)
+    tier_failed_hits: Counter[str] = field(default_factory=Counter)
     #: (tier, reason) -> blocks a read rejected (checksum, auth, key, format, missing).
-    tier_rejected: Counter = field(default_factory=Counter)
+    tier_rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
-def _merge(parts: list[Any]) -> Any:
+def _merge(parts: list[TransferResult]) -> TransferResult:
     """One result for a job every rank ran: success only if all succeeded."""
     first = parts[0]
     bad = tuple(sorted({b for p in parts for b in p.bad_block_ids}))
@@ -63,7 +74,37 @@ def _merge(parts: list[Any]) -> Any:
                    rejected=tuple(sorted(rejected.items())))
 
 
-def _by_tier(counts: Counter) -> dict[str, dict[str, int]]:
+class ConnectorStatsDict(TypedDict):
+    """The scheduler half's counters, as ``stats()`` reports them (by tier where a dict)."""
+
+    lookups: int
+    hit_tokens_by_tier: dict[str, int]
+    hit_blocks_by_tier: dict[str, int]
+    failed_hit_tokens_by_tier: dict[str, int]
+    tier_rejected_blocks: dict[str, dict[str, int]]
+    tier_usage: dict[str, list[int]]
+    jobs_in_flight: int
+    demotions_queued: int
+    blocks_loaded: int
+    blocks_stored: int
+    blocks_evicted: int
+    stores_skipped_by_filter: int
+    store_retries: int
+    stores_failed: int
+    loads_failed: int
+    lookups_deferred: int
+    blocks_demoted: int
+    corrupt_blocks: int
+    disk_blocks_recovered: int
+    disk_io_errors: int
+    disk_outages: int
+    tier_io_errors: dict[str, int]
+    tier_outages: dict[str, int]
+    blocks_swapped_out: int
+    blocks_swapped_in: int
+
+
+def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for (tier, reason), n in counts.items():
         out.setdefault(tier, {})[reason] = n
@@ -79,7 +120,7 @@ class OffloadingConnectorScheduler:
         self.factor = spec.block_size_factor
         self.world_size = spec.kv_info.world_size
         #: Results of jobs some ranks have reported and others not yet.
-        self._partial: dict[int, list[Any]] = {}
+        self._partial: dict[int, list[TransferResult]] = {}
         self._requests: dict[str, RequestOffloadState] = {}
         self._jobs: dict[int, JobRecord] = {}
         self._blocks_being_loaded: set[BlockHash] = set()
@@ -102,13 +143,15 @@ class OffloadingConnectorScheduler:
                  dst: LoadStoreSpec, hit_tokens: int = 0) -> TransferJob:
         job = TransferJob(next(self._job_ids), kind, src, dst, rid)
         self._jobs[job.job_id] = JobRecord(job, list(hashes), hit_tokens)
+        if kind is JobKind.LOAD and rid is not None:
+            self._state(rid).loads_in_flight += 1
         return job
 
-    def _offload_hashes(self, request: Any, start: int, end: int) -> list[BlockHash]:
+    def _offload_hashes(self, request: EngineRequest, start: int, end: int) -> list[BlockHash]:
         """Offload keys of offloaded blocks [start, end): the engine's hash of each one's last
         engine block, salted with the reset epoch once the cache was reset."""
         f = self.factor
-        hashes = request.block_hashes[f * start + f - 1 : f * end : f]
+        hashes = as_list(request.block_hashes[f * start + f - 1 : f * end : f])
         salt = self._key_salt
         if salt is None:
             return hashes
@@ -131,7 +174,7 @@ class OffloadingConnectorScheduler:
         return True
 
     # ---- lookups and loads -----------------------------------------------------------------
-    def _swap_hit(self, request: Any, num_computed_tokens: int) -> int:
+    def _swap_hit(self, request: EngineRequest, num_computed_tokens: int) -> int:
         """Tokens a swapped-out request can restore exactly (all its full blocks + the tail)."""
         swapped = self._requests[request.request_id].swapped
         assert swapped is not None
@@ -144,7 +187,7 @@ class OffloadingConnectorScheduler:
             return 0
         return max(0, computed - num_computed_tokens)
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._requests.get(request.request_id)
         if state is not None and state.swapped is not None:
             restorable = self._swap_hit(request, num_computed_tokens)
@@ -177,7 +220,7 @@ class OffloadingConnectorScheduler:
             return None, False  # another request is loading these blocks: ask again later
         return num_hit_tokens, True
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: EngineRequest, blocks: AllocatedBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
         state = self._state(rid)
         state.request = request
@@ -187,7 +230,7 @@ class OffloadingConnectorScheduler:
         # Local prefix hits are the blocks that already carry a hash; the rest are new.
         num_local = sum(1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
         if state.swapped is not None:
-            self._plan_swap_in(state, block_ids, num_local, num_external_tokens)
+            self._plan_swap_in(request, state, block_ids, num_local, num_external_tokens)
             return
         full_tokens = num_local + num_external_tokens
         if full_tokens % self.offloaded_block_size or num_external_tokens % self.block_size:
@@ -219,7 +262,7 @@ class OffloadingConnectorScheduler:
         state.next_stored = max(state.next_stored, promote_from)
 
     # ---- swap-mode preemption ------------------------------------------------------------
-    def swap_out(self, request: Any, block_ids: Any) -> bool:
+    def swap_out(self, request: EngineRequest, block_ids: GroupBlockIds) -> bool:
         if self.factor != 1:
             return False  # a partial tail does not fit a multi-block offloaded slot
         rid = request.request_id
@@ -252,13 +295,14 @@ class OffloadingConnectorScheduler:
         self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
         return True
 
-    def _store_job(self, state: RequestOffloadState, rid: str, out: Any, device_ids: list[int]) -> TransferJob:
+    def _store_job(self, state: RequestOffloadState, rid: str, out: PrepareStoreOutput,
+                   device_ids: list[int]) -> TransferJob:
         state.storing.update(out.block_hashes_to_store)
         return self._new_job(JobKind.SWAP_OUT, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
                              out.store_spec)
 
-    def _plan_swap_in(self, state: RequestOffloadState, block_ids: list[int], num_local: int, num_external: int) -> None:
-        request = state.request
+    def _plan_swap_in(self, request: EngineRequest, state: RequestOffloadState, block_ids: list[int], num_local: int,
+                      num_external: int) -> None:
         rid = request.request_id
         assert state.swapped is not None
         computed, key = state.swapped.computed_tokens, state.swapped.tail_key
@@ -282,7 +326,7 @@ class OffloadingConnectorScheduler:
         self.stats.blocks_swapped_in += len(hashes) + (key is not None)
 
     # ---- stores ------------------------------------------------------------------------------
-    def _update_block_ids(self, so: Any) -> None:
+    def _update_block_ids(self, so: StepPlan) -> None:
         for new in so.scheduled_new_reqs:
             self._state(new.req_id).block_ids = list(new.block_ids[0])
         cached = so.scheduled_cached_reqs
@@ -292,14 +336,14 @@ class OffloadingConnectorScheduler:
                 self._state(rid).block_ids = list(ids[0]) if ids else []
             elif ids:
                 self._state(rid).block_ids.extend(ids[0])
-        for rid, replacements in getattr(so, "block_replacements", {}).items():
+        for rid, replacements in so.block_replacements.items():
             replaced = self._requests.get(rid)
             if replaced is None:
                 continue
             for idx, block_id in replacements:
                 replaced.block_ids[idx] = block_id  # copy-on-write gave this request a private block
 
-    def _plan_stores(self, so: Any) -> dict[str, list[TransferJob]]:
+    def _plan_stores(self, so: StepPlan) -> dict[str, list[TransferJob]]:
         reqs_to_store: dict[str, list[TransferJob]] = {}
         f = self.factor
         for rid, n in so.num_scheduled_tokens.items():
@@ -340,7 +384,7 @@ class OffloadingConnectorScheduler:
     def _plan_demotions(self) -> list[TransferJob]:
         return [self._new_job(JobKind.DEMOTE, None, d.block_hashes, d.src, d.dst) for d in self.manager.take_demotions()]
 
-    def build_connector_meta(self, scheduler_output: Any) -> OffloadingConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: StepPlan) -> OffloadingConnectorMetadata:
         self._update_block_ids(scheduler_output)
         reqs_to_store = self._plan_stores(scheduler_output)
         meta = OffloadingConnectorMetadata(
@@ -357,8 +401,9 @@ class OffloadingConnectorScheduler:
         return meta
 
     # ---- completions -------------------------------------------------------------------------
-    def update_connector_output(self, connector_output: Any) -> None:
-        for result in connector_output.worker_meta or ():
+    def update_connector_output(self, results: Sequence[TransferResult]) -> None:
+        """Digest the worker halves' results (every rank's, in any order)."""
+        for result in results:
             job_id = result.job_id
             if job_id not in self._jobs:
                 continue
@@ -372,7 +417,7 @@ class OffloadingConnectorScheduler:
                 result = _merge(parts)
             self._complete(self._jobs.pop(job_id), result)
 
-    def _complete(self, job: JobRecord, result: Any) -> None:
+    def _complete(self, job: JobRecord, result: TransferResult) -> None:
         kind, hashes = job.kind, job.block_hashes
         state = self._requests.get(job.req_id) if job.req_id is not None else None
         if kind is JobKind.DEMOTE:
@@ -382,10 +427,10 @@ class OffloadingConnectorScheduler:
         elif kind is JobKind.LOAD:
             self.manager.complete_load(hashes, job.medium)
             self._blocks_being_loaded.difference_update(hashes)
-            if state is not None and state.loading is not None and not any(
-                j.req_id == job.req_id and j.kind is JobKind.LOAD for j in self._jobs.values()
-            ):
-                state.loading = None
+            if state is not None:
+                state.loads_in_flight -= 1
+                if not state.loads_in_flight:
+                    state.loading = None
             if result.bad_block_ids:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
                 self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
@@ -414,11 +459,11 @@ class OffloadingConnectorScheduler:
         if state is not None and state.finished and not state.busy:
             del self._requests[job.req_id]  # type: ignore[arg-type]
 
-    def _record_io(self, medium: str, result: Any, write: bool = False) -> None:
+    def _record_io(self, medium: str, result: TransferResult, write: bool = False) -> None:
         if result.success or result.io_error:
             self.manager.record_io(medium, result.success, write)
 
-    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: EngineRequest, block_ids: GroupBlockIds) -> tuple[bool, dict[str, object] | None]:
         """The engine finished ``request`` (done, aborted or failed, in any phase).
 
         Exactly one later report frees its blocks, whatever happened in between: a request with
@@ -445,7 +490,7 @@ class OffloadingConnectorScheduler:
     def take_events(self) -> list[OffloadingEvent]:
         return list(self.manager.take_events())
 
-    def stats_dict(self) -> dict[str, Any]:
+    def stats_dict(self) -> ConnectorStatsDict:
         s = self.stats
         report = self.manager.report()
         secondaries = report.tiers[1:]

@@ -14,19 +14,29 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
 from kvoffload.offload.spec import OffloadingSpec
-from kvoffload.transfer.handler import OffloadingWorker, TransferResult
-from kvoffload.transfer.layout import CanonicalKVCache, canonicalize
+from kvoffload.transfer.handler import OffloadingHandler, OffloadingWorker, TransferResult
+from kvoffload.transfer.layout import CanonicalKVCache, KVCaches, canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
 
 
 def _bucket(buckets: tuple[float, ...], value: float) -> int:
     return next((i for i, bound in enumerate(buckets) if value <= bound), len(buckets))
+
+
+class DirectionStatsDict(TypedDict):
+    jobs: int
+    failed: int
+    bytes: int
+    seconds: float
+    gb_per_s: float
+    seconds_hist: list[int]
+    bytes_hist: list[int]
 
 
 @dataclass(slots=True)
@@ -39,7 +49,7 @@ class DirectionStats:
     seconds_hist: list[int] = field(default_factory=lambda: [0] * (len(SECONDS_BUCKETS) + 1))
     bytes_hist: list[int] = field(default_factory=lambda: [0] * (len(BYTES_BUCKETS) + 1))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> DirectionStatsDict:
         gbps = self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
         return {"jobs": self.jobs, "failed": self.failed, "bytes": self.nbytes, "seconds": self.seconds, "gb_per_s": gbps,
                 "seconds_hist": list(self.seconds_hist), "bytes_hist": list(self.bytes_hist)}
@@ -90,7 +100,7 @@ class OffloadingConnectorWorker:
         self.spec = spec
         self.worker: OffloadingWorker | None = None
         self.kv: CanonicalKVCache | None = None
-        self.handlers: list[Any] = []
+        self.handlers: list[OffloadingHandler] = []
         self._deferred: dict[str, list[TransferJob]] = {}
         self._jobs: dict[int, TransferJob] = {}
         #: One record per request with copies in flight or a report owed. A request one of whose
@@ -109,11 +119,14 @@ class OffloadingConnectorWorker:
         self._demoted_meta: OffloadingConnectorMetadata | None = None
         self.stats = TransferStats()
 
-    def register_kv_caches(self, kv_caches: Any) -> None:
+    def register_kv_caches(self, kv_caches: KVCaches) -> None:
         canonical = canonicalize(kv_caches, self.spec.kv_info.num_device_blocks)
         self.kv = canonical
         self.worker = OffloadingWorker()
         for src, dst, handler in self.spec.get_handlers(canonical):
+            if not isinstance(handler, OffloadingHandler):
+                raise TypeError(f"{type(self.spec).__name__}.get_handlers gave {type(handler).__name__} for "
+                                f"{src.__name__} -> {dst.__name__}; a handler must subclass OffloadingHandler")
             self.worker.register_handler(src, dst, handler)
             if all(handler is not h for h in self.handlers):
                 self.handlers.append(handler)
@@ -255,5 +268,5 @@ class OffloadingConnectorWorker:
             self.worker.close()
             self.worker = None
 
-    def stats_dict(self) -> dict[str, Any]:
+    def stats_dict(self) -> dict[str, DirectionStatsDict]:
         return {d: s.as_dict() for d, s in self.stats.by_direction.items()}

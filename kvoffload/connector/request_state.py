@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
+from kvoffload.connector.base import EngineRequest
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.offload.abstract import BlockHash, Medium
 
@@ -21,15 +21,17 @@ class SwapRecord:
 @dataclass(slots=True)
 class RequestOffloadState:
     #: The engine's request (None until it is allocated, and after it finished).
-    request: Any = None
+    request: EngineRequest | None = None
     #: Its device block ids, in order (engine blocks, not offloaded slots).
     block_ids: list[int] = field(default_factory=list)
     #: Offloaded blocks below this index are stored or being stored (the store cursor).
     next_stored: int = 0
     #: Hashes of the load in flight (None when none is), so the engine keeps its blocks.
     loading: list[BlockHash] | None = None
+    #: Its load jobs planned and not yet completed (``loading`` clears when this reaches 0).
+    loads_in_flight: int = 0
     #: Hashes being stored (multiset), so the engine keeps the blocks the stores read.
-    storing: Counter = field(default_factory=Counter)
+    storing: Counter[BlockHash] = field(default_factory=Counter)
     #: Swapped out at preemption (None when not, or once restored or given up).
     swapped: SwapRecord | None = None
     #: Finished by the engine while copies were still in flight: dropped once they land.

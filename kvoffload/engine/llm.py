@@ -357,7 +357,9 @@ class LLM:
         connector_stats = self.scheduler_connector.stats() if self.scheduler_connector else {}
         worker_stats = self.worker_connector.stats() if self.worker_connector else {}
         hits = {"device": s.device_hit_tokens, "cpu": 0, "disk": 0}
-        hits.update(connector_stats.get("hit_tokens_by_tier", {}))
+        tier_hits = connector_stats.get("hit_tokens_by_tier")
+        if isinstance(tier_hits, dict):  # a connector of ours; another may report no tiers
+            hits.update(tier_hits)
         return {
             "requests": self._num_requests,
             "prompt_tokens": self._prompt_tokens,

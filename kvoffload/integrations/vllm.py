@@ -82,11 +82,8 @@ class _OutputView:
     scheduled_cached_reqs: _CachedView
     num_scheduled_tokens: dict[str, int]
     preempted_req_ids: set[str]
-
-
-@dataclass
-class _ConnectorOutputView:
-    worker_meta: list
+    #: vLLM shares no blocks between requests (no copy-on-write): never any.
+    block_replacements: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
@@ -265,7 +262,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: Any) -> None:
         assert self.sched is not None
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        self.sched.update_connector_output(_ConnectorOutputView(meta.results if isinstance(meta, _WorkerResults) else []))
+        self.sched.update_connector_output(meta.results if isinstance(meta, _WorkerResults) else [])
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         assert self.sched is not None

@@ -9,7 +9,7 @@ counters in ``vllm serve``'s ``/metrics`` equal the engine's own running totals.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
+def scheduler_totals(stats: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Running totals of the scheduler half, in the metrics' shape."""
     out: dict[str, dict[str, float]] = {
         HIT_TOKENS[0]: dict(stats.get("hit_tokens_by_tier", {})),
@@ -57,7 +57,7 @@ def scheduler_totals(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def worker_totals(transfer: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+def worker_totals(transfer: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Running totals of a worker half's copies, in the metrics' shape."""
     return {name: {direction: d.get(key, 0) for direction, d in transfer.items()}
             for key, (name, _) in TRANSFER_COUNTERS.items()}

@@ -20,8 +20,11 @@ from enum import Enum
 from typing import ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 BlockHash = Hashable
+#: Slot (or device block) ids as the copy layer takes them.
+SlotIds = npt.NDArray[np.int64]
 
 
 def as_list(block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
@@ -60,8 +63,8 @@ class LoadStoreSpec(ABC):
 
     __slots__ = ("block_ids",)
 
-    def __init__(self, block_ids: Sequence[int] | np.ndarray) -> None:
-        self.block_ids: np.ndarray = np.asarray(block_ids, dtype=np.int64).reshape(-1)
+    def __init__(self, block_ids: Sequence[int] | SlotIds) -> None:
+        self.block_ids: SlotIds = np.asarray(block_ids, dtype=np.int64).reshape(-1)
 
     @staticmethod
     @abstractmethod
@@ -69,7 +72,7 @@ class LoadStoreSpec(ABC):
         """The medium these slots are in."""
 
     @classmethod
-    def for_blocks(cls, block_ids: Sequence[int] | np.ndarray, block_hashes: list[BlockHash]) -> LoadStoreSpec:
+    def for_blocks(cls, block_ids: Sequence[int] | SlotIds, block_hashes: list[BlockHash]) -> LoadStoreSpec:
         """The spec of slots holding these blocks (a keyed spec also keeps their hashes)."""
         return cls(block_ids)
 

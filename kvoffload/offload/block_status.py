@@ -30,14 +30,14 @@ class BlockStatus:
         self.block_id = int(block_id)
 
     @classmethod
-    def view(cls, refs: array, block_id: int) -> BlockStatus:
+    def view(cls, refs: array[int], block_id: int) -> BlockStatus:
         status = cls.__new__(cls)
         status._refs = refs
         status._idx = block_id
         status.block_id = block_id
         return status
 
-    def bind(self, refs: array) -> None:
+    def bind(self, refs: array[int]) -> None:
         """Move this record's value into ``refs[block_id]`` and become a view of it."""
         refs[self.block_id] = self._refs[self._idx]
         self._refs = refs

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, SlotIds
 
 #: The built-in secondary tiers' mediums (kvoffload.tiers.disk, kvoffload.tiers.mooncake),
 #: registered beside their specs: the specs are public API (``kvoffload.offload``).
@@ -38,12 +36,12 @@ class KeyedLoadStoreSpec(LoadStoreSpec):
 
     __slots__ = ("block_hashes",)
 
-    def __init__(self, block_ids: Sequence[int] | np.ndarray, block_hashes: list[BlockHash] | None = None) -> None:
+    def __init__(self, block_ids: Sequence[int] | SlotIds, block_hashes: list[BlockHash] | None = None) -> None:
         super().__init__(block_ids)
         self.block_hashes = block_hashes
 
     @classmethod
-    def for_blocks(cls, block_ids: Sequence[int] | np.ndarray, block_hashes: list[BlockHash]) -> LoadStoreSpec:
+    def for_blocks(cls, block_ids: Sequence[int] | SlotIds, block_hashes: list[BlockHash]) -> LoadStoreSpec:
         return cls(block_ids, list(block_hashes))
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvoffload.offload.abstract import BlockHash
+from kvoffload.offload.abstract import BlockHash, SlotIds
 from kvoffload.offload.block_status import BlockStatus
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ class NativeLedgerView:
     """Read access to a native ledger in the Python ledger's shape (tests, debugging):
     ``refs``/``ref_cnt`` are live; ``index`` and ``hashes`` are snapshots."""
 
-    def __init__(self, core: Ledger, refs: array, capacity: int) -> None:
+    def __init__(self, core: Ledger, refs: array[int], capacity: int) -> None:
         self._core = core
         self.capacity = capacity
         self.refs = refs
@@ -48,14 +48,14 @@ class _NativeList:
     def size(self) -> int:
         return self._core.sizes[self._which - 1]
 
-    def oldest_first(self) -> np.ndarray:
+    def oldest_first(self) -> SlotIds:
         return np.asarray(self._core.order(self._which), dtype=np.int64)
 
 
 class NativeLRUView:
     """The LRU policy's state in the Python policy's shape: ``order``."""
 
-    def __init__(self, core: Ledger, refs: array, capacity: int) -> None:
+    def __init__(self, core: Ledger, refs: array[int], capacity: int) -> None:
         self._core = core
         self._refs = refs
         self.cache_capacity = capacity
@@ -72,7 +72,7 @@ class NativeLRUView:
 class NativeARCView(NativeLRUView):
     """ARC's state in the Python policy's shape: ``t1``/``t2``, and snapshots of ``b1``/``b2``."""
 
-    def __init__(self, core: Ledger, refs: array, capacity: int) -> None:
+    def __init__(self, core: Ledger, refs: array[int], capacity: int) -> None:
         super().__init__(core, refs, capacity)
         self.t1 = self.order
         self.t2 = _NativeList(core, 2)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from kvoffload.offload.abstract import BlockHash
 
@@ -48,7 +49,7 @@ class LedgerArrays(Protocol):
     def hashes(self) -> list[BlockHash | None]: ...
 
     @property
-    def ref_cnt(self) -> np.ndarray: ...
+    def ref_cnt(self) -> npt.NDArray[np.int32]: ...
 
 
 class SlotLedger(ABC):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
 
 from kvoffload.config import OffloadConfig
 from kvoffload.errors import UnknownPluginError
@@ -34,8 +33,10 @@ class OffloadingSpec(ABC):
         """The scheduler-side manager (built once, by the scheduler half)."""
 
     @abstractmethod
-    def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
-        """Worker-side handlers as (src spec type, dst spec type, handler)."""
+    def get_handlers(self, kv_caches: object) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], object]]:
+        """Worker-side handlers as (src spec type, dst spec type, handler) over the worker's
+        ``CanonicalKVCache``; each handler is an ``OffloadingHandler`` (the copy layer sits above
+        this one, so the worker half checks that, not the type system here)."""
 
 
 class OffloadingSpecFactory:

@@ -14,6 +14,7 @@ from collections.abc import Container, Iterable
 
 import numpy as np
 
+from kvoffload.offload.abstract import BlockHash, SlotIds
 from kvoffload.offload.block_status import FREE_TAG, BlockLedger
 
 _VECTOR_MIN = 512  # evictions this large scan the queue in numpy chunks
@@ -52,7 +53,7 @@ class StampOrder:
             n += 1
         self.size -= n
 
-    def oldest_first(self) -> np.ndarray:
+    def oldest_first(self) -> SlotIds:
         """Every member slot, least recent first (for inspection and tests; O(n log n))."""
         members = np.flatnonzero(self.ledger.tag == self.tag)
         return members[np.argsort(self.ledger.stamp[members], kind="stable")]
@@ -81,7 +82,7 @@ class StampOrder:
         self._horizon = self._qstamp[-1]
         return True
 
-    def collect(self, n: int, protected: Container | None = None) -> list[int]:
+    def collect(self, n: int, protected: Container[BlockHash] | None = None) -> list[int]:
         """Up to ``n`` evictable members (ref_cnt 0, hash not protected), least recent first."""
         ledger = self.ledger
         tags, stamps, refs, hashes = ledger.tags, ledger.stamps, ledger.refs, ledger.hashes
@@ -108,7 +109,7 @@ class StampOrder:
             i += 1
         return out
 
-    def _collect_vectorised(self, n: int, protected: Container | None) -> list[int]:
+    def _collect_vectorised(self, n: int, protected: Container[BlockHash] | None) -> list[int]:
         """``collect`` for large n: validity and ref checks on numpy chunks of the queue."""
         ledger = self.ledger
         hashes = ledger.hashes

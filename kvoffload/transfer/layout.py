@@ -89,9 +89,11 @@ def block_views(t: torch.Tensor, num_blocks: int) -> list[torch.Tensor]:
     return views
 
 
-def canonicalize(
-    kv_caches: Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor, num_blocks: int
-) -> CanonicalKVCache:
+#: The KV-cache tensors an engine registers: by layer name, in layer order, or one tensor.
+KVCaches = Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
+
+
+def canonicalize(kv_caches: KVCaches, num_blocks: int) -> CanonicalKVCache:
     """Block-major byte views of every KV tensor (layers in the order given)."""
     if isinstance(kv_caches, torch.Tensor):
         tensors = [kv_caches]

@@ -2,7 +2,6 @@
 
 import os
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 
@@ -35,10 +34,10 @@ def test_a_job_completes_when_every_rank_reported_and_fails_if_any_failed(second
     sched._jobs[3] = JobRecord(TransferJob(3, JobKind.STORE, GPULoadStoreSpec([0]), CPULoadStoreSpec([0]), "r"), [7])
     sched._requests["r"] = RequestOffloadState(storing=Counter({7: 1}))
     ok = TransferResult(3, True, 100, 0.001, "device_to_host")
-    sched.update_connector_output(SimpleNamespace(worker_meta=[ok]))
+    sched.update_connector_output([ok])
     assert sched.manager.is_pending(7) and 3 in sched._jobs  # rank 1 has not reported yet
     other = TransferResult(3, second_ok, 100 if second_ok else 0, 0.002, "device_to_host")
-    sched.update_connector_output(SimpleNamespace(worker_meta=[other]))
+    sched.update_connector_output([other])
     assert 3 not in sched._jobs and not sched._partial
     assert sched.manager.is_ready(7) == second_ok
     assert sched.stats.blocks_stored == (1 if second_ok else 0)
