@@ -279,6 +279,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         except Exception as exc:  # noqa: BLE001 - a plugin's constructor may raise anything
             raise ConfigError(f"{key}.eviction_policy: {policy!r} cannot be created ({type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:120]}); fix the class or pick another policy") from None
+        # OfflinePolicy.needs_future (the class sits a layer above this one, so read by name).
         if getattr(policy_cls, "needs_future", False):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} needs the future of the trace (offline, `kvoffload sim` "
                               "only); use lru, arc or an online policy here")

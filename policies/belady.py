@@ -14,22 +14,19 @@ import math
 from collections.abc import Collection, Hashable, Iterable, Sequence
 
 from kvoffload.offload.block_status import BlockStatus
-from kvoffload.offload.policy import CachePolicy
+from kvoffload.offload.policy import CachePolicy, OfflinePolicy
 
 from .base import evictable, has_n_evictable
 
 NEVER = math.inf
 
 
-class BeladyCachePolicy(CachePolicy):
+class BeladyCachePolicy(CachePolicy, OfflinePolicy):
     """A block's rank is one int, -(next use x M + depth) with M above every request's length
     (no next use: the request count), so the heap's smallest entry ``(rank, seq, hash)`` is the
     block needed farthest away, deepest first, oldest push first. ``live[h]`` is h's one current
     heap entry itself (one dict probe per reference finds both the block and its rank); older
     entries are skipped when popped and dropped in bulk once they outnumber the live ones."""
-
-    #: Offline only: it ranks blocks by their next use, known from a recorded trace.
-    needs_future = True
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.abstract import LookupResult, PrefixLookup
 from kvoffload.offload.forwarding import ForwardingTierChain
+from kvoffload.offload.policy import OfflinePolicy
 
 
 @dataclass(slots=True)
@@ -86,18 +87,17 @@ def replay(
         raise ValueError(f"mode={mode!r}: use 'prefix' (connector order) or 'page' (page cache)")
     mgr, tier = build_manager(policy, capacity, store_threshold, native)
     pol = tier.policy
-    advance = getattr(pol, "advance", None)
-    admit = getattr(pol, "admit", None)
-    if hasattr(pol, "set_future") and advance is not None:
-        pol.set_future(requests)
+    offline = pol if isinstance(pol, OfflinePolicy) else None
+    if offline is not None:
+        offline.set_future(requests)
     hit_blocks = hit_tokens = total_tokens = written = evicted = refs = 0
     n = len(requests)
     win_hits = [0] * WINDOWS
     win_refs = [0] * WINDOWS
     t0 = time.perf_counter()
     for r, hashes in enumerate(requests):
-        if advance is not None:
-            advance(r)
+        if offline is not None:
+            offline.advance(r)
         hashes = list(hashes)
         refs += len(hashes)
         mgr.touch(hashes)
@@ -107,8 +107,8 @@ def replay(
             mgr.prepare_load(head)
             mgr.complete_load(head)
         rest = hashes[hits:]
-        if admit is not None:
-            rest = [h for h in rest if admit(h)]
+        if offline is not None:
+            rest = [h for h in rest if offline.admit(h)]
         if rest:
             out = mgr.prepare_store(rest)
             if out is not None:

@@ -15,10 +15,30 @@ state in the manager's slot-indexed ``BlockLedger`` and offer slot-level fast pa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
+from typing import ClassVar
 
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.block_status import BlockLedger, BlockStatus
+
+
+class OfflinePolicy(ABC):
+    """A policy told the trace's future (an oracle such as Belady's MIN): research only. The
+    simulator (``kvoffload sim``) drives these hooks; an engine's tier config refuses it."""
+
+    needs_future: ClassVar[bool] = True
+
+    @abstractmethod
+    def set_future(self, future: Sequence[Sequence[BlockHash]]) -> None:
+        """``future[r]``: the block hashes request r references, in prefix order (once per trace)."""
+
+    @abstractmethod
+    def advance(self, request_index: int) -> None:
+        """Request ``request_index`` is served next."""
+
+    def admit(self, block_hash: BlockHash) -> bool:
+        """Worth storing at all (False: bypass the cache)? By default every block is."""
+        return True
 
 
 class CachePolicy(ABC):
