@@ -31,10 +31,20 @@ def _engine_config(args: argparse.Namespace, kv_offload: Any):
     from kvoffload.engine import EngineConfig
 
     swap = args.preemption_mode == "swap" and kv_offload is not None
-    return EngineConfig(model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
+    return EngineConfig(model=args.model, block_size=args.block_size, num_gpu_blocks=_device_blocks(args),
                         max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs, kv_offload=kv_offload, seed=args.seed,
                         preemption_mode="swap" if swap else "recompute")
+
+
+def _device_blocks(args: argparse.Namespace) -> int:
+    """``--num-gpu-blocks`` counts blocks of every layer; a hybrid model's block holds one layer
+    slot of one KV-cache group, so the same memory is more (smaller) blocks."""
+    from kvoffload.engine.kv_groups import kv_cache_layout
+    from kvoffload.engine.model_config import BUILTIN_MODELS, ModelConfig
+
+    cfg = ModelConfig.tiny(args.model) if args.model in BUILTIN_MODELS else ModelConfig.from_pretrained(args.model)
+    return args.num_gpu_blocks * cfg.num_hidden_layers // kv_cache_layout(cfg).num_tensors
 
 
 def _run_once(args: argparse.Namespace, kv_offload: Any,
@@ -93,7 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(args.threads)
     columns: dict[str, dict[str, Any]] = {}
-    print(f"model={args.model}, device KV cache {args.num_gpu_blocks} blocks x {args.block_size} tokens, "
+    blocks = _device_blocks(args)
+    per_group = f" ({blocks} blocks of the hybrid model's KV-cache groups)" if blocks != args.num_gpu_blocks else ""
+    print(f"model={args.model}, device KV cache {args.num_gpu_blocks} blocks x {args.block_size} tokens{per_group}, "
           f"max_num_seqs={args.max_num_seqs}; workload: {args.conversations} chats x {args.turns} turns, "
           f"system prompt {args.system_tokens} + {args.user_tokens} user tokens per turn, "
           f"{args.max_tokens} generated; offload config: {'none' if args.no_offload else args.config}; "
@@ -231,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="offload YAML, or a packaged example by name (cpu, cpu_disk, mooncake, research_arc; default: cpu);"
                           " compared side by side with a run without offload")
     run.add_argument("--no-offload", action="store_true", help="ignore --config and run without offload")
-    run.add_argument("--num-gpu-blocks", type=int, default=64, help="device KV cache size in blocks")
+    run.add_argument("--num-gpu-blocks", type=int, default=64,
+                     help="device KV cache size in blocks of all layers (a hybrid model gets the same memory "
+                          "as smaller per-group blocks)")
     run.add_argument("--block-size", type=int, default=16, help="tokens per engine KV block")
     run.add_argument("--max-model-len", type=int, default=4096, help="longest prompt + output, in tokens")
     run.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens one engine step may compute")

@@ -24,3 +24,18 @@ class EngineKVInfo:
     #: What ``layout_digest`` was computed from, for the tiers' start-up lines and for saying
     #: why a persistent cache was not reused (None: an engine that names only a digest).
     namespace: KVNamespace | None = None
+    #: One entry per KV-cache group (block table): the sliding window in tokens, or None for
+    #: full attention. A hybrid model has several; ``block_bytes`` is one block of any group.
+    group_windows: tuple[int | None, ...] = (None,)
+
+    def __post_init__(self) -> None:
+        if not self.group_windows:
+            raise ValueError("EngineKVInfo.group_windows: give one entry per KV-cache group, (None,) for one "
+                             "full-attention group")
+        bad = [w for w in self.group_windows if w is not None and w < 1]
+        if bad:
+            raise ValueError(f"EngineKVInfo.group_windows: window {bad[0]} must be >= 1 (None: full attention)")
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_windows)

@@ -55,6 +55,8 @@ CONNECTOR_COUNTERS = {
     "blocks_demoted": ("kvoffload_demoted_blocks", "Blocks demoted into a slower tier"),
     "blocks_swapped_out": ("kvoffload_swapped_out_blocks", "Blocks saved at swap-mode preemption"),
     "blocks_swapped_in": ("kvoffload_swapped_in_blocks", "Blocks restored at swap-mode resume"),
+    "store_flushes": ("kvoffload_store_flushes", "Stores awaited before a step: they read a sliding-window block "
+                      "the engine had released and handed out again"),
 }
 
 #: Counters of each secondary tier's health, labelled by tier.

@@ -89,9 +89,9 @@ class StepPlan(Protocol):
     @property
     def preempted_req_ids(self) -> Set[str]: ...
     @property
-    def block_replacements(self) -> Mapping[str, list[tuple[int, int]]]:
-        """Copy-on-write: block-table entries redirected this step, per request (block index,
-        new block id); empty where the engine shares no blocks between requests."""
+    def block_replacements(self) -> Mapping[str, list[tuple[int, int, int]]]:
+        """Copy-on-write: block-table entries redirected this step, per request (group, block
+        index, new block id); empty where the engine shares no blocks between requests."""
 
 
 class EngineConfigView(Protocol):

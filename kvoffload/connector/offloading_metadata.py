@@ -24,3 +24,7 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     #: Finished requests whose blocks the engine keeps for us: report each one as
     #: finished-sending once none of its copies is outstanding (and only those).
     await_finish: set[str] = field(default_factory=set)
+    #: Store jobs (planned earlier) reading device blocks the engine handed out again this
+    #: step (a sliding window released them): the worker waits for them before any copy or
+    #: forward pass of this step can write those blocks.
+    flush_jobs: set[int] = field(default_factory=set)

@@ -17,6 +17,7 @@ from typing import TypedDict
 import xxhash
 
 from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, StepPlan
+from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState, SwapRecord
@@ -52,6 +53,9 @@ class SchedulerSideStats:
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     resets: int = 0
+    #: Store jobs the worker had to finish before a step: they read sliding-window blocks the
+    #: engine had released and handed out again.
+    store_flushes: int = 0
     #: Prompt tokens (and blocks) served by each tier: counted when the load lands, not when
     #: it is planned; a planned hit whose load failed counts in tier_failed_hits instead.
     tier_hits: Counter[str] = field(default_factory=Counter)
@@ -102,6 +106,7 @@ class ConnectorStatsDict(TypedDict):
     tier_outages: dict[str, int]
     blocks_swapped_out: int
     blocks_swapped_in: int
+    store_flushes: int
 
 
 def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
@@ -119,6 +124,13 @@ class OffloadingConnectorScheduler:
         self.offloaded_block_size = spec.offloaded_block_size
         self.factor = spec.block_size_factor
         self.world_size = spec.kv_info.world_size
+        self.groups = GroupGeometry(spec.kv_info.group_windows, self.block_size, self.factor)
+        #: Tokens the engine found on the device at the last lookup (where its loads start).
+        self._local_tokens: dict[str, int] = {}
+        #: Sliding-window groups' device blocks read by store jobs in flight: the engine may
+        #: release such a block while its request runs, and must not write it before they land.
+        self._fenced: dict[int, set[int]] = {}
+        self._fence_of_job: dict[int, list[int]] = {}
         #: Results of jobs some ranks have reported and others not yet.
         self._partial: dict[int, list[TransferResult]] = {}
         self._requests: dict[str, RequestOffloadState] = {}
@@ -196,41 +208,83 @@ class OffloadingConnectorScheduler:
             state.swapped = None  # evicted meanwhile: the plain path decides
         num_blocks = request.num_tokens // self.offloaded_block_size
         hashes = self._offload_hashes(request, 0, num_blocks)
-        self.manager.touch(hashes)
+        groups = self.groups
+        self._local_tokens[request.request_id] = num_computed_tokens
+        for g in groups.full_groups:
+            self.manager.touch(groups.keys(hashes, g))
+        for g in groups.sliding_groups:  # only the window a hit at the prompt's end needs
+            self.manager.touch(groups.keys(hashes[groups.first_needed(g, num_blocks):], g))
         start = num_computed_tokens // self.offloaded_block_size
         if start >= len(hashes):
             return 0, False
         self.stats.lookups += 1
-        found = self.manager.lookup_prefix(hashes[start:])
-        if found.stop is LookupResult.RETRY:
-            return None, False
-        hits = found.hits
-        if found.stop is LookupResult.HIT_PENDING:
-            # The next block's store is still in flight: wait a step for it rather than
-            # recompute it (hit counts then do not depend on copy timing).
-            self.stats.lookups_deferred += 1
-            return None, False
-        if hits == 0:
+        end = len(hashes)
+        for g in groups.full_groups:
+            found = self.manager.lookup_prefix(groups.keys(hashes[start:end], g))
+            if found.stop is LookupResult.RETRY:
+                return None, False
+            if found.stop is LookupResult.HIT_PENDING:
+                # The next block's store is still in flight: wait a step for it rather than
+                # recompute it (hit counts then do not depend on copy timing).
+                self.stats.lookups_deferred += 1
+                return None, False
+            end = start + found.hits
+        if groups.sliding_groups:
+            sliding_end = self._sliding_hit_end(hashes, start, end)
+            if sliding_end is None:
+                return None, False
+            end = sliding_end
+        if end <= start:
             return 0, False
-        num_hit_tokens = (start + hits) * self.offloaded_block_size - num_computed_tokens
+        num_hit_tokens = end * self.offloaded_block_size - num_computed_tokens
         if num_hit_tokens <= 0:
             return 0, False
-        if not self._blocks_being_loaded.isdisjoint(hashes[start : start + hits]):
+        loads = self._group_loads(hashes[start:end], start, end)
+        if not all(self._blocks_being_loaded.isdisjoint(keys) for _, keys in loads):
             self.stats.lookups_deferred += 1
             return None, False  # another request is loading these blocks: ask again later
         return num_hit_tokens, True
+
+    def _sliding_hit_end(self, hashes: list[BlockHash], start: int, end: int) -> int | None:
+        """The longest hit end <= ``end`` whose window every sliding group holds (all or
+        nothing: a group missing a block shortens the hit for every group). None: ask again."""
+        groups = self.groups
+        while end > start:
+            for g in groups.sliding_groups:
+                keys = groups.keys(hashes[max(start, groups.first_needed(g, end)) : end], g)
+                found = self.manager.lookup(keys)
+                if found is None:
+                    return None
+                if found != len(keys):
+                    end -= 1
+                    break
+            else:
+                return end
+        return end
+
+    def _group_loads(self, hashes: list[BlockHash], start: int, end: int) -> list[tuple[int, list[BlockHash]]]:
+        """(first offloaded block, keys) each group loads for a hit of [start, end)."""
+        groups = self.groups
+        out = []
+        for g in range(groups.num_groups):
+            first = max(start, groups.first_needed(g, end))
+            out.append((first, groups.keys(hashes[first - start : end - start], g)))
+        return out
 
     def update_state_after_alloc(self, request: EngineRequest, blocks: AllocatedBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
         state = self._state(rid)
         state.request = request
-        block_ids = state.block_ids = list(blocks.get_block_ids()[0])
+        state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
+        local = self._local_tokens.pop(rid, None)
         if num_external_tokens == 0:
             return
-        # Local prefix hits are the blocks that already carry a hash; the rest are new.
-        num_local = sum(1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
+        # Local prefix hits: what the lookup was told, else (an engine that skipped the lookup:
+        # one full-attention group) the blocks that already carry a hash.
+        num_local = local if local is not None else sum(
+            1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
         if state.swapped is not None:
-            self._plan_swap_in(request, state, block_ids, num_local, num_external_tokens)
+            self._plan_swap_in(request, state, state.block_ids[0], num_local, num_external_tokens)
             return
         full_tokens = num_local + num_external_tokens
         if full_tokens % self.offloaded_block_size or num_external_tokens % self.block_size:
@@ -241,30 +295,33 @@ class OffloadingConnectorScheduler:
         start = num_local // self.offloaded_block_size
         end = full_tokens // self.offloaded_block_size
         hashes = self._offload_hashes(request, start, end)
-        segments = self.manager.prepare_load_segments(hashes)
         jobs = []
         first_engine = num_local // self.block_size
         promote_from = end
-        offset = start
         f = self.factor
-        for spec, seg_hashes in segments:
-            lo = max(offset * f, first_engine)
-            hi = (offset + len(seg_hashes)) * f
-            medium = spec.medium()
-            jobs.append(self._new_job(JobKind.LOAD, rid, seg_hashes, spec, GPULoadStoreSpec(block_ids[lo:hi]),
-                                      hit_tokens=(hi - lo) * self.block_size))
-            if medium is not Medium.CPU:
-                promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
-            offset += len(seg_hashes)
+        loading: list[BlockHash] = []
+        for g, (offset, keys) in enumerate(self._group_loads(hashes, start, end)):
+            block_ids = state.block_ids[g]
+            for spec, seg_keys in self.manager.prepare_load_segments(keys):
+                lo = max(offset * f, first_engine)
+                hi = (offset + len(seg_keys)) * f
+                while lo < hi and block_ids[lo] == NULL_BLOCK_ID:
+                    lo += 1  # left of a sliding window: the engine keeps no block there
+                jobs.append(self._new_job(JobKind.LOAD, rid, seg_keys, spec, GPULoadStoreSpec(block_ids[lo:hi]),
+                                          hit_tokens=(hi - lo) * self.block_size if g == 0 else 0))
+                if spec.medium() is not Medium.CPU:
+                    promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
+                offset += len(seg_keys)
+            loading += keys
         self._reqs_to_load[rid] = jobs
-        state.loading = hashes
-        self._blocks_being_loaded.update(hashes)
+        state.loading = loading
+        self._blocks_being_loaded.update(loading)
         state.next_stored = max(state.next_stored, promote_from)
 
     # ---- swap-mode preemption ------------------------------------------------------------
     def swap_out(self, request: EngineRequest, block_ids: GroupBlockIds) -> bool:
-        if self.factor != 1:
-            return False  # a partial tail does not fit a multi-block offloaded slot
+        if self.factor != 1 or self.groups.is_hybrid:
+            return False  # a partial tail does not fit a multi-block slot; hybrid models recompute
         rid = request.request_id
         computed = request.num_computed_tokens
         ids = list(block_ids[0])
@@ -326,26 +383,63 @@ class OffloadingConnectorScheduler:
         self.stats.blocks_swapped_in += len(hashes) + (key is not None)
 
     # ---- stores ------------------------------------------------------------------------------
-    def _update_block_ids(self, so: StepPlan) -> None:
+    def _update_block_ids(self, so: StepPlan) -> set[int]:
+        """Follow each request's device blocks; returns the block ids the engine handed out
+        this step (new blocks, and copy-on-write targets)."""
+        allocated: set[int] = set()
+        #: Per request, the blocks it held before this step (the rest are fresh): only those
+        #: can be stale. Requests not listed got no new blocks.
+        sliding_ends: dict[str, int] = {}
         for new in so.scheduled_new_reqs:
-            self._state(new.req_id).block_ids = list(new.block_ids[0])
+            ids = [list(g) for g in new.block_ids]
+            self._state(new.req_id).block_ids = ids
+            sliding_ends[new.req_id] = 0  # all its blocks are its own, fresh
+            for g in ids:
+                allocated.update(g)
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
-            ids = cached.new_block_ids[i]
+            new_ids = cached.new_block_ids[i]
+            state = self._state(rid)
             if cached.resumed_from_preemption[i]:
-                self._state(rid).block_ids = list(ids[0]) if ids else []
-            elif ids:
-                self._state(rid).block_ids.extend(ids[0])
+                state.block_ids = [list(g) for g in new_ids] if new_ids else []
+                sliding_ends[rid] = 0
+            elif new_ids:
+                if not state.block_ids:
+                    state.block_ids = [[] for _ in new_ids]
+                sliding_ends[rid] = len(state.block_ids[0])
+                for mine, g in zip(state.block_ids, new_ids):
+                    mine.extend(g)
+            for g in new_ids or ():
+                allocated.update(g)
         for rid, replacements in so.block_replacements.items():
             replaced = self._requests.get(rid)
-            if replaced is None:
-                continue
-            for idx, block_id in replacements:
-                replaced.block_ids[idx] = block_id  # copy-on-write gave this request a private block
+            for gid, idx, block_id in replacements:
+                allocated.add(block_id)
+                if replaced is not None:
+                    replaced.block_ids[gid][idx] = block_id  # copy-on-write gave this request a private block
+        allocated.discard(NULL_BLOCK_ID)
+        if self.groups.sliding_groups and allocated:
+            self._forget_released_blocks(allocated, sliding_ends)
+        return allocated
+
+    def _forget_released_blocks(self, allocated: set[int], ends: dict[str, int]) -> None:
+        """A sliding-window group's block the engine released (out of the window) and handed
+        out again this step holds another request's KV now: a store not planned yet must not
+        read it (its position becomes the null block here; the copy is never made)."""
+        f = self.factor
+        for rid, state in self._requests.items():
+            for g in self.groups.sliding_groups:
+                if g >= len(state.block_ids):
+                    continue
+                ids = state.block_ids[g]
+                for j in range(state.next_stored * f, ends.get(rid, len(ids))):
+                    if ids[j] in allocated:
+                        ids[j] = NULL_BLOCK_ID
 
     def _plan_stores(self, so: StepPlan) -> dict[str, list[TransferJob]]:
         reqs_to_store: dict[str, list[TransferJob]] = {}
         f = self.factor
+        groups = self.groups
         for rid, n in so.num_scheduled_tokens.items():
             state = self._requests.get(rid)
             if state is None or state.request is None:
@@ -357,25 +451,56 @@ class OffloadingConnectorScheduler:
             if num_blocks <= start:
                 continue
             hashes = self._offload_hashes(request, start, num_blocks)
-            out = self.manager.prepare_store(hashes)
-            if out is None:
+            jobs: list[TransferJob] = []
+            complete = True
+            for g in range(groups.num_groups):
+                block_ids = state.block_ids[g]
+                keys = groups.keys(hashes, g)
+                # Blocks a sliding window released before their store was planned are not stored.
+                index_of = {h: start + k for k, h in enumerate(keys)
+                            if NULL_BLOCK_ID not in block_ids[(start + k) * f : (start + k + 1) * f]}
+                if len(index_of) < len(keys):
+                    keys = list(index_of)
+                if not keys:
+                    continue
+                out = self.manager.prepare_store(keys)
+                if out is None:
+                    complete = False  # retried next step (what was prepared is stored now)
+                    continue
+                self.manager.touch(keys)
+                self.stats.evicted_blocks += len(out.block_hashes_evicted)
+                if not out.block_hashes_to_store:
+                    continue
+                device_ids: list[int] = []
+                for h in out.block_hashes_to_store:
+                    i = index_of[h]
+                    device_ids.extend(block_ids[i * f : (i + 1) * f])
+                job = self._new_job(JobKind.STORE, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
+                                    out.store_spec)
+                if groups.windows[g] is not None:
+                    self._fence(job.job_id, device_ids)
+                jobs.append(job)
+                state.storing.update(out.block_hashes_to_store)
+            if complete:
+                state.next_stored = num_blocks
+            else:
                 self.stats.store_retries += 1
-                continue  # the cursor stays: retried next step
-            state.next_stored = num_blocks
-            self.manager.touch(hashes)
-            self.stats.evicted_blocks += len(out.block_hashes_evicted)
-            if not out.block_hashes_to_store:
-                continue
-            index_of = {h: start + k for k, h in enumerate(hashes)}
-            block_ids = state.block_ids
-            device_ids: list[int] = []
-            for h in out.block_hashes_to_store:
-                i = index_of[h]
-                device_ids.extend(block_ids[i * f : (i + 1) * f])
-            reqs_to_store[rid] = [self._new_job(JobKind.STORE, rid, out.block_hashes_to_store,
-                                                GPULoadStoreSpec(device_ids), out.store_spec)]
-            state.storing.update(out.block_hashes_to_store)
+            if jobs:
+                reqs_to_store[rid] = jobs
         return reqs_to_store
+
+    def _fence(self, job_id: int, block_ids: list[int]) -> None:
+        self._fence_of_job[job_id] = block_ids
+        for b in block_ids:
+            self._fenced.setdefault(b, set()).add(job_id)
+
+    def _unfence(self, job_id: int) -> None:
+        for b in self._fence_of_job.pop(job_id, ()):
+            jobs = self._fenced.get(b)
+            if jobs is not None:
+                jobs.discard(job_id)
+                if not jobs:
+                    del self._fenced[b]
 
     def has_pending_work(self) -> bool:
         """Jobs in flight, or demotions the manager queued that no step has planned yet."""
@@ -385,9 +510,13 @@ class OffloadingConnectorScheduler:
         return [self._new_job(JobKind.DEMOTE, None, d.block_hashes, d.src, d.dst) for d in self.manager.take_demotions()]
 
     def build_connector_meta(self, scheduler_output: StepPlan) -> OffloadingConnectorMetadata:
-        self._update_block_ids(scheduler_output)
+        allocated = self._update_block_ids(scheduler_output)
+        # Stores still reading a block the engine handed out again must land before it is written.
+        flush = {j for b in allocated if b in self._fenced for j in self._fenced[b]} if self._fenced else set()
+        self.stats.store_flushes += len(flush)
         reqs_to_store = self._plan_stores(scheduler_output)
         meta = OffloadingConnectorMetadata(
+            flush_jobs=flush,
             reqs_to_load=self._reqs_to_load,
             reqs_to_store=reqs_to_store,
             preempted_req_ids=set(scheduler_output.preempted_req_ids),
@@ -419,6 +548,8 @@ class OffloadingConnectorScheduler:
 
     def _complete(self, job: JobRecord, result: TransferResult) -> None:
         kind, hashes = job.kind, job.block_hashes
+        if self._fence_of_job:
+            self._unfence(job.job.job_id)
         state = self._requests.get(job.req_id) if job.req_id is not None else None
         if kind is JobKind.DEMOTE:
             self.manager.complete_demotion(hashes, result.success, job.medium)
@@ -523,4 +654,5 @@ class OffloadingConnectorScheduler:
             "tier_outages": {t.name: t.outages for t in secondaries},
             "blocks_swapped_out": s.blocks_swapped_out,
             "blocks_swapped_in": s.blocks_swapped_in,
+            "store_flushes": s.store_flushes,
         }

@@ -197,6 +197,10 @@ class OffloadingConnectorWorker:
         for rid in meta.await_finish:
             self._state(rid).awaiting_finish = True
         self._submit_demotions(meta)
+        if meta.flush_jobs:  # stores reading blocks handed out again: done before anything writes them
+            self._submit_deferred()
+            assert self.worker is not None
+            self.worker.wait([j for j in meta.flush_jobs if j in self._jobs])
         for jobs in meta.reqs_to_load.values():
             for job in jobs:
                 self._submit(job)

@@ -22,8 +22,9 @@ class SwapRecord:
 class RequestOffloadState:
     #: The engine's request (None until it is allocated, and after it finished).
     request: EngineRequest | None = None
-    #: Its device block ids, in order (engine blocks, not offloaded slots).
-    block_ids: list[int] = field(default_factory=list)
+    #: Its device block ids per KV-cache group, in order (engine blocks, not offloaded slots;
+    #: 0, the null block, where a sliding window keeps none).
+    block_ids: list[list[int]] = field(default_factory=list)
     #: Offloaded blocks below this index are stored or being stored (the store cursor).
     next_stored: int = 0
     #: Hashes of the load in flight (None when none is), so the engine keeps its blocks.

@@ -82,16 +82,20 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take prefix-hit blocks: a free (ref_cnt 0) one leaves the free queue."""
         for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
+            if block.is_null:
+                continue  # a placeholder for positions a sliding window keeps none of: never counted
+            if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each; blocks reaching 0 go to the free-queue tail in order."""
         for block in ordered_blocks:
+            if block.is_null:
+                continue
             block.ref_cnt -= 1
             assert block.ref_cnt >= 0, f"{block!r} freed more often than taken"
-            if block.ref_cnt == 0 and not block.is_null:
+            if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
 
     def reset_prefix_cache(self) -> bool:
@@ -102,6 +106,10 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         return True
+
+    def is_empty(self) -> bool:
+        """Every block is free (none held by any request)."""
+        return self.get_num_free_blocks() == self.num_blocks - 1
 
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks

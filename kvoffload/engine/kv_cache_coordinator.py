@@ -5,17 +5,20 @@ from __future__ import annotations
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.hashing import BlockHash
 from kvoffload.engine.kv_cache_block import KVCacheBlock
-from kvoffload.engine.single_type_manager import FullAttentionManager, SingleTypeKVCacheManager
+from kvoffload.engine.single_type_manager import FullAttentionManager, SingleTypeKVCacheManager, SlidingWindowManager
 
 
 class KVCacheCoordinator:
-    def __init__(self, block_pool: BlockPool, block_size: int, num_groups: int = 1) -> None:
-        if num_groups < 1:
-            raise ValueError(f"num_kv_cache_groups={num_groups}: need at least one group")
+    def __init__(self, block_pool: BlockPool, block_size: int, windows: tuple[int | None, ...] = (None,)) -> None:
+        """One manager per KV-cache group: ``windows[g]`` is group g's sliding window (None: full)."""
+        if not windows:
+            raise ValueError("no KV-cache groups: need at least one (windows=(None,) for full attention)")
         self.block_pool = block_pool
         self.block_size = block_size
         self.managers: list[SingleTypeKVCacheManager] = [
-            FullAttentionManager(block_pool, block_size, gid) for gid in range(num_groups)
+            FullAttentionManager(block_pool, block_size, gid) if w is None
+            else SlidingWindowManager(block_pool, block_size, gid, w)
+            for gid, w in enumerate(windows)
         ]
 
     def find_longest_cache_hit(
@@ -32,12 +35,17 @@ class KVCacheCoordinator:
             length = agreed
 
     def get_num_blocks_to_allocate(
-        self, request_id: str, num_tokens: int, new_computed_blocks: tuple[list[KVCacheBlock], ...]
+        self, request_id: str, num_tokens: int, new_computed_blocks: tuple[list[KVCacheBlock], ...],
+        num_computed_tokens: int = 0,
     ) -> int:
         return sum(
-            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i])
+            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i], num_computed_tokens)
             for i, m in enumerate(self.managers)
         )
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        for m in self.managers:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def save_new_computed_blocks(
         self, request_id: str, new_computed_blocks: tuple[list[KVCacheBlock], ...]
@@ -45,8 +53,9 @@ class KVCacheCoordinator:
         for i, m in enumerate(self.managers):
             m.save_new_computed_blocks(request_id, new_computed_blocks[i])
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.managers)
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_computed_tokens: int = 0) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(m.allocate_new_blocks(request_id, num_tokens, num_computed_tokens) for m in self.managers)
 
     def cache_blocks(self, request_id: str, block_hashes: list[BlockHash], num_tokens: int) -> None:
         for m in self.managers:

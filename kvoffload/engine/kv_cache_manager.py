@@ -40,21 +40,22 @@ class KVCacheManager:
         block_size: int,
         max_model_len: int,
         enable_caching: bool = True,
-        num_groups: int = 1,
+        windows: tuple[int | None, ...] = (None,),
     ) -> None:
+        """``windows``: one entry per KV-cache group, its sliding window in tokens or None."""
         if block_size < 1:
             raise ValueError(f"block_size={block_size}: must be >= 1")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.coordinator = KVCacheCoordinator(self.block_pool, block_size, num_groups)
-        self.num_groups = num_groups
+        self.coordinator = KVCacheCoordinator(self.block_pool, block_size, windows)
+        self.num_groups = len(windows)
         self.prefix_cache_stats = PrefixCacheStats()
         #: Copy-on-write work queued for the runner: (src block, dst block) and, per request,
         #: (block index, new block id) replacements. Drained by the scheduler each step.
         self.pending_copies: list[tuple[int, int]] = []
-        self.pending_replacements: dict[str, list[tuple[int, int]]] = {}
+        self.pending_replacements: dict[str, list[tuple[int, int, int]]] = {}
         self.num_cow_copies = 0
         self.num_forks = 0
 
@@ -96,12 +97,13 @@ class KVCacheManager:
                 f"num_external_computed_tokens={num_external_computed_tokens} must be >= 0"
             )
         computed = new_computed_blocks.blocks if new_computed_blocks else self.empty_blocks().blocks
+        # Sliding-window groups release the blocks their next token no longer sees first.
+        self.coordinator.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        num_tokens_need_slot = min(
-            num_local_computed + num_external_computed_tokens + num_new_tokens + num_lookahead_tokens,
-            self.max_model_len,
-        )
-        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot, computed)
+        num_computed = num_local_computed + num_external_computed_tokens
+        num_tokens_need_slot = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot, computed,
+                                                           num_computed)
         cow = self._shared_write_blocks(request.request_id, num_local_computed)
         if need + len(cow) + reserve_blocks > self.block_pool.get_num_free_blocks():
             return None
@@ -110,7 +112,7 @@ class KVCacheManager:
             for group in computed:
                 self.block_pool.touch(group)
         self.coordinator.save_new_computed_blocks(request.request_id, computed)
-        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
+        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot, num_computed)
         if self.enable_caching and not delay_cache_blocks:
             num_tokens_to_cache = min(
                 num_local_computed + num_external_computed_tokens + num_new_tokens, request.num_tokens
@@ -135,7 +137,7 @@ class KVCacheManager:
             blocks[idx] = new
             self.block_pool.free_blocks([old])  # the other sharers keep it
             self.pending_copies.append((old.block_id, new.block_id))
-            self.pending_replacements.setdefault(request_id, []).append((idx, new.block_id))
+            self.pending_replacements.setdefault(request_id, []).append((gid, idx, new.block_id))
             self.num_cow_copies += 1
 
     def fork(self, parent: Request, child: Request) -> None:
@@ -152,14 +154,14 @@ class KVCacheManager:
         """Drop this step's pending copies into ``request_id``'s private blocks (it is being
         preempted: they are freed, and copying into a freed block is wrong). Returns
         private id -> source id: until the forward pass the source still holds the bytes."""
-        mine = {new for _, new in self.pending_replacements.pop(request_id, ())}
+        mine = {new for _, _, new in self.pending_replacements.pop(request_id, ())}
         if not mine:
             return {}
         redirect = {new: old for old, new in self.pending_copies if new in mine}
         self.pending_copies = [(old, new) for old, new in self.pending_copies if new not in mine]
         return redirect
 
-    def take_copy_on_write(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
+    def take_copy_on_write(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int, int]]]]:
         copies, self.pending_copies = self.pending_copies, []
         repl, self.pending_replacements = self.pending_replacements, {}
         return copies, repl

@@ -9,6 +9,7 @@ import torch
 
 from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.hashing import HASH_ALGORITHM, ROOT_BLOCK_HASH
+from kvoffload.engine.kv_groups import kv_cache_layout
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.kv_info import EngineKVInfo
 from kvoffload.namespace import KVNamespace, config_digest, weights_fingerprint
@@ -18,10 +19,12 @@ def engine_kv_info(config: EngineConfig, model: ModelConfig) -> EngineKVInfo:
     """The KV geometry a connector needs: block size, bytes per block, and the namespace of
     everything that changes a block's bytes (weights, model config, dtype, hash)."""
     itemsize = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
-    block_bytes = model.num_hidden_layers * 2 * config.block_size * model.num_key_value_heads * model.head_dim * itemsize
+    layout = kv_cache_layout(model)
+    block_bytes = layout.num_tensors * 2 * config.block_size * model.num_key_value_heads * model.head_dim * itemsize
     namespace = engine_namespace(config, model, block_bytes)
     return EngineKVInfo(block_size=config.block_size, block_bytes=block_bytes,
-                        num_device_blocks=config.num_gpu_blocks, layout_digest=namespace.digest, namespace=namespace)
+                        num_device_blocks=config.num_gpu_blocks, layout_digest=namespace.digest, namespace=namespace,
+                        group_windows=layout.windows)
 
 
 def engine_namespace(config: EngineConfig, model: ModelConfig, block_bytes: int) -> KVNamespace:

@@ -17,7 +17,7 @@ from kvoffload.engine.beam_search import BeamSearchController
 from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.kv_namespace import engine_kv_info
-from kvoffload.engine.model_config import ModelConfig
+from kvoffload.engine.model_config import BUILTIN_MODELS, ModelConfig
 from kvoffload.engine.model_runner import ModelRunner
 from kvoffload.engine.outputs import RequestOutput
 from kvoffload.engine.request import Request, RequestStatus
@@ -58,7 +58,7 @@ class LLM:
             raise TypeError("pass either an EngineConfig or keyword overrides, not both")
         self.config = config
         self.tokenizer = ByteTokenizer()
-        if config.model in ("tiny", "small"):
+        if config.model in BUILTIN_MODELS:
             self.model_config = ModelConfig.tiny(config.model)
         else:
             self.model_config = ModelConfig.from_pretrained(config.model)
@@ -80,7 +80,8 @@ class LLM:
     def _build(self, config: EngineConfig, record_logits: bool) -> None:
         self._build_connectors(config, self.kv_info)
         self.kv_cache_manager = KVCacheManager(
-            config.num_gpu_blocks, config.block_size, config.max_model_len, config.enable_prefix_caching
+            config.num_gpu_blocks, config.block_size, config.max_model_len, config.enable_prefix_caching,
+            windows=self.kv_info.group_windows,
         )
         self.scheduler = Scheduler(
             self.kv_cache_manager,

@@ -6,8 +6,9 @@ the same parameter names, so greedy outputs can be checked against ``transformer
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +42,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     inv_freq: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, linear_factor: float = 1.0) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inv_freq / linear_factor, persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
@@ -75,7 +76,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = rope(q, k, positions)
         write_kv(kv_cache, k, v, meta.slot_mapping)
-        out = paged_attention(q, kv_cache, meta, self.scale)
+        out = paged_attention(q, kv_cache, meta, self.scale, window=None)
         return self.o_proj(out.reshape(t, -1))
 
 
@@ -122,19 +123,20 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        meta: AttentionMetadata,
+        kv_caches: Sequence[torch.Tensor],
+        metas: Sequence[AttentionMetadata],
         before_attention: LayerHook | None = None,
         after_attention: LayerHook | None = None,
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm; K/V of every token are cached."""
+        """Hidden states [T, hidden] after the final norm; K/V of every token are cached.
+        ``kv_caches[i]`` and ``metas[i]``: layer i's cache tensor and block tables."""
         h = self.model.embed_tokens(input_ids)
         layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
         for i, layer in enumerate(layers):
             if before_attention is not None:
                 before_attention(i, kv_caches[i])
             x = layer.input_layernorm(h)
-            h = h + layer.self_attn(x, positions, self.rope, kv_caches[i], meta)
+            h = h + layer.self_attn(x, positions, self.rope, kv_caches[i], metas[i])
             if after_attention is not None:
                 after_attention(i, kv_caches[i])
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -144,28 +146,46 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
 
-def build_model(cfg: ModelConfig, seed: int, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+class CausalLM(Protocol):
+    """What the runner drives: Llama and Gemma 3 alike."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[torch.Tensor],
+                 metas: Sequence[AttentionMetadata], before_attention: LayerHook | None = None,
+                 after_attention: LayerHook | None = None) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def build_model(cfg: ModelConfig, seed: int, dtype: torch.dtype, device: torch.device) -> CausalLM:
     """Random weights from ``seed``, or the checkpoint's weights when the config names one."""
+    from kvoffload.engine.gemma3 import Gemma3ForCausalLM
+
+    model: nn.Module
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = Gemma3ForCausalLM(cfg) if cfg.model_type == "gemma3_text" else LlamaForCausalLM(cfg)
     model = model.to_empty(device=device).to(dtype)
     if cfg.checkpoint_dir is not None:
-        _load_checkpoint(model, Path(cfg.checkpoint_dir))
+        _load_checkpoint(model, Path(cfg.checkpoint_dir), cfg.tie_word_embeddings)
     else:
-        _init_random(model, seed)
-    model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta).to(device)
+        _init_random(model, seed, norm_weight=0.0 if isinstance(model, Gemma3ForCausalLM) else 1.0)
+    if isinstance(model, Gemma3ForCausalLM):
+        model.build_ropes(device)
+    else:
+        model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor).to(device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval()
+    model = model.eval()
+    assert isinstance(model, (LlamaForCausalLM, Gemma3ForCausalLM))
+    return model
 
 
-def _init_random(model: LlamaForCausalLM, seed: int) -> None:
+def _init_random(model: nn.Module, seed: int, norm_weight: float) -> None:
     """Scaled-normal weights: large enough that greedy argmaxes are well separated."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(norm_weight)  # Gemma's norms scale by (1 + weight)
             elif name.endswith("bias"):
                 p.zero_()
             else:
@@ -174,7 +194,7 @@ def _init_random(model: LlamaForCausalLM, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
 
 
-def _load_checkpoint(model: LlamaForCausalLM, path: Path) -> None:
+def _load_checkpoint(model: nn.Module, path: Path, tie_word_embeddings: bool) -> None:
     from safetensors.torch import load_file
 
     files = sorted(path.glob("*.safetensors"))
@@ -183,9 +203,9 @@ def _load_checkpoint(model: LlamaForCausalLM, path: Path) -> None:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    if "lm_head.weight" not in state and model.config.tie_word_embeddings:
+    if "lm_head.weight" not in state and tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    expected = {k for k in model.state_dict() if not k.startswith("rope.")}
+    expected = {k for k in model.state_dict() if not k.startswith(("rope.", "ropes."))}
     missing = sorted(expected - state.keys())
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights {missing[:4]}{'...' if len(missing) > 4 else ''}")

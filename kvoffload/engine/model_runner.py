@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
+from kvoffload.engine.kv_groups import kv_cache_layout
 from kvoffload.engine.model import LayerHook, build_model
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.engine.outputs import ModelRunnerOutput
@@ -48,14 +49,21 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         self.model = build_model(model_config, seed, dtype, self.device)
+        self.layout = kv_cache_layout(model_config)
         shape = (2, num_blocks, block_size, model_config.num_key_value_heads, model_config.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(model_config.num_hidden_layers)]
+        #: One tensor per slot of a KV-cache group, shared by the groups (each block id belongs
+        #: to one group); layer i reads and writes tensor layout.placement[i][1].
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.layout.num_tensors)]
+        self.layer_kv = [self.kv_caches[j] for _, j in self.layout.placement]
         self.layer_names = [f"model.layers.{i}.self_attn" for i in range(model_config.num_hidden_layers)]
         self.requests: dict[str, CachedRequestState] = {}
         self.connector = connector
         self.record_logits = record_logits
         if connector is not None:
-            connector.register_kv_caches(dict(zip(self.layer_names, self.kv_caches)))
+            if self.layout.is_hybrid:  # shared tensors: each once, by the tensor's slot
+                connector.register_kv_caches({f"kv_cache.{j}": kv for j, kv in enumerate(self.kv_caches)})
+            else:
+                connector.register_kv_caches(dict(zip(self.layer_names, self.kv_caches)))
 
     def _update_states(self, so: SchedulerOutput) -> None:
         # Preempted rows stay: a resumed request arrives with a full token and block replacement.
@@ -89,44 +97,48 @@ class ModelRunner:
         for rid, replacements in so.block_replacements.items():
             replaced = self.requests.get(rid)
             if replaced is not None:
-                for idx, block_id in replacements:
-                    replaced.block_ids[0][idx] = block_id
+                for gid, idx, block_id in replacements:
+                    replaced.block_ids[gid][idx] = block_id
 
-    def _prepare_inputs(self, so: SchedulerOutput, order: list[str]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _prepare_inputs(
+        self, so: SchedulerOutput, order: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[AttentionMetadata]]:
+        """Tokens and positions of this step, and each layer's attention metadata (one per
+        KV-cache group: its block tables and slot mapping)."""
         tokens: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         qsl = [0]
         seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        bs = self.block_size
         for rid in order:
             state = self.requests[rid]
             n = so.num_scheduled_tokens[rid]
             start = state.num_computed_tokens
-            table = state.block_ids[0]
-            for pos in range(start, start + n):
-                tokens.append(state.token_ids[pos])
-                positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
+            tokens += state.token_ids[start : start + n]
+            positions += range(start, start + n)
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
-            tables.append(table)
-        width = max((len(t) for t in tables), default=0)
-        block_tables = torch.zeros((len(tables), width), dtype=torch.int64)
-        for r, table in enumerate(tables):
-            block_tables[r, : len(table)] = torch.tensor(table, dtype=torch.int64)
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
-            query_start_loc=qsl,
-            seq_lens=seq_lens,
-            block_tables=block_tables.to(self.device),
-            block_size=bs,
-        )
+        bs = self.block_size
+        metas = []
+        for g in range(len(self.layout.groups)):
+            slots: list[int] = []
+            tables = [self.requests[rid].block_ids[g] for rid in order]
+            for table, begin, end in zip(tables, qsl, qsl[1:]):
+                slots += [table[p // bs] * bs + p % bs for p in positions[begin:end]]
+            width = max((len(t) for t in tables), default=0)
+            block_tables = torch.zeros((len(tables), width), dtype=torch.int64)
+            for r, table in enumerate(tables):
+                block_tables[r, : len(table)] = torch.tensor(table, dtype=torch.int64)
+            metas.append(AttentionMetadata(
+                slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+                query_start_loc=qsl,
+                seq_lens=seq_lens,
+                block_tables=block_tables.to(self.device),
+                block_size=bs,
+            ))
         return (
             torch.tensor(tokens, dtype=torch.int64, device=self.device),
             torch.tensor(positions, dtype=torch.int64, device=self.device),
-            meta,
+            [metas[g] for g, _ in self.layout.placement],
         )
 
     def _layer_hooks(self) -> tuple[LayerHook | None, LayerHook | None]:
@@ -158,9 +170,9 @@ class ModelRunner:
         logits_out: dict[str, torch.Tensor] = {}
         candidates: dict[str, list[tuple[int, float]]] = {}
         if order:
-            input_ids, positions, meta = self._prepare_inputs(so, order)
-            hidden = self.model(input_ids, positions, self.kv_caches, meta, *self._layer_hooks())
-            last_rows = [meta.query_start_loc[r + 1] - 1 for r in range(len(order))]
+            input_ids, positions, metas = self._prepare_inputs(so, order)
+            hidden = self.model(input_ids, positions, self.layer_kv, metas, *self._layer_hooks())
+            last_rows = [metas[0].query_start_loc[r + 1] - 1 for r in range(len(order))]
             logits = self.model.compute_logits(hidden[last_rows])
             for r, rid in enumerate(order):
                 state = self.requests[rid]

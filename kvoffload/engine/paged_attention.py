@@ -31,18 +31,23 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
 
 
 def gather_context(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, block_size: int
+    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, block_size: int, first_block: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``seq_len`` K and V rows of one request, in position order."""
+    """K and V rows of one request from block ``first_block`` up to position ``seq_len``, in
+    position order."""
     num_blocks = -(-seq_len // block_size)
-    ids = block_table[:num_blocks]
-    k = kv_cache[0].index_select(0, ids).flatten(0, 1)[:seq_len]
-    v = kv_cache[1].index_select(0, ids).flatten(0, 1)[:seq_len]
+    ids = block_table[first_block:num_blocks]
+    end = seq_len - first_block * block_size
+    k = kv_cache[0].index_select(0, ids).flatten(0, 1)[:end]
+    v = kv_cache[1].index_select(0, ids).flatten(0, 1)[:end]
     return k, v
 
 
-def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Causal attention of each request's new queries over its whole paged context.
+def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Causal attention of each request's new queries over its paged context: all of it, or
+    with ``window`` the last ``window`` positions up to each query's own (its block table may
+    hold the null block further left: those rows are masked, never read as context).
 
     query: [T, num_heads, head_dim] → [T, num_heads, head_dim].
     """
@@ -52,15 +57,25 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
         start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
         if end == start:
             continue
-        k, v = gather_context(kv_cache, meta.block_tables[r], seq_len, meta.block_size)
+        n = end - start
+        first_block = max(0, seq_len - n - window + 1) // meta.block_size if window is not None else 0
+        k, v = gather_context(kv_cache, meta.block_tables[r], seq_len, meta.block_size, first_block)
         groups = num_heads // k.shape[1]
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        n = end - start
         q_pos = torch.arange(seq_len - n, seq_len, device=query.device).unsqueeze(1)
-        mask = torch.arange(seq_len, device=query.device).unsqueeze(0) <= q_pos
+        k_pos = torch.arange(first_block * meta.block_size, seq_len, device=query.device).unsqueeze(0)
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
         q = query[start:end].transpose(0, 1)
-        attn = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
+        if softcap is None:
+            attn = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
+        else:  # tanh soft-capping of the scores (Gemma 2 style): SDPA has no hook for it
+            scores = torch.matmul(q, k.permute(1, 2, 0)).float() * scale
+            scores = torch.tanh(scores / softcap) * softcap
+            scores = scores.masked_fill(~mask, float("-inf"))
+            attn = torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v.transpose(0, 1))
         out[start:end] = attn.transpose(0, 1)
     return out

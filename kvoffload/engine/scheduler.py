@@ -216,6 +216,12 @@ class Scheduler:
             reserve_blocks=self.watermark_blocks if self.running else 0,
         )
         if new_blocks is None:
+            if not self.running and not len(self.remote_loads) and self.kv_cache_manager.block_pool.is_empty():
+                raise RuntimeError(
+                    f"request {request.request_id}: {num_new} tokens of a step need more device blocks than the "
+                    f"whole cache has ({self.kv_cache_manager.block_pool.num_blocks - 1}, "
+                    f"{self.kv_cache_manager.num_groups} KV-cache group(s)); raise num_gpu_blocks or lower "
+                    f"max_num_batched_tokens")
             return Verdict.BLOCKED
         if self.connector is not None:
             self.connector.update_state_after_alloc(request, computed_blocks + new_blocks, num_external)

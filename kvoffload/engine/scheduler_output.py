@@ -51,6 +51,6 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     kv_connector_metadata: Any = None
     #: Copy-on-write: device block copies (src, dst) to run before the forward pass, and the
-    #: block-table entries they redirect, per request: [(block index, new block id)].
+    #: block-table entries they redirect, per request: [(group, block index, new block id)].
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    block_replacements: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    block_replacements: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)

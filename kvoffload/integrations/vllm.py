@@ -83,7 +83,7 @@ class _OutputView:
     num_scheduled_tokens: dict[str, int]
     preempted_req_ids: set[str]
     #: vLLM shares no blocks between requests (no copy-on-write): never any.
-    block_replacements: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    block_replacements: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
 
 def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
