@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run the bundled engine on a multi-turn chat workload without offload and "
                                      "with --config's tiers, and print both side by side.",
                          formatter_class=DefaultsFormatter)
-    run.add_argument("--model", default="tiny", help="tiny | small | path to a Llama checkpoint directory")
+    run.add_argument("--model", default="tiny",
+                     help="tiny | small | tiny-hybrid | a Llama-family or Gemma 3 checkpoint directory")
     run.add_argument("--config", default="cpu",
                      help="offload YAML, or a packaged example by name (cpu, cpu_disk, mooncake, research_arc; default: cpu);"
                           " compared side by side with a run without offload")

@@ -145,7 +145,8 @@ class KVCacheManager:
         for manager in self.coordinator.managers:
             blocks = list(manager.req_to_blocks.get(parent.request_id, ()))
             for block in blocks:
-                block.ref_cnt += 1
+                if not block.is_null:
+                    block.ref_cnt += 1
             manager.req_to_blocks[child.request_id] = blocks
             manager.num_cached_block[child.request_id] = manager.num_cached_block.get(parent.request_id, 0)
         self.num_forks += 1

@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 
 from kvoffload.config import ConfigError, OffloadConfig
@@ -114,10 +115,17 @@ def _kv_info(vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole) -> E
     """KV geometry of one rank. Under tensor/pipeline parallelism every rank holds its own
     shard of each block: the scheduler side plans for all of them (``world_size``), each worker
     side copies its own (``rank``), and tier capacities are totals over the ranks."""
-    group = kv_cache_config.kv_cache_groups[0]
-    spec = group.kv_cache_spec
-    num_layers = sum(len(g.layer_names) for g in kv_cache_config.kv_cache_groups)
-    block_bytes = spec.page_size_bytes * num_layers
+    groups = kv_cache_config.kv_cache_groups
+    spec = groups[0].kv_cache_spec
+    num_layers = sum(len(g.layer_names) for g in groups)
+    windows = tuple(_group_window(g.kv_cache_spec) for g in groups)
+    if len({g.kv_cache_spec.block_size for g in groups}) > 1:
+        raise ValueError("kvoffload: KV-cache groups with different block sizes "
+                         f"({sorted({g.kv_cache_spec.block_size for g in groups})}) are not supported; "
+                         "serve this model without a kvoffload connector")
+    # Hybrid (vLLM's hybrid allocator): groups of equal layer count overlay the same KV tensors
+    # (a block id belongs to one group), so a block is one page per layer of a group.
+    block_bytes = spec.page_size_bytes * max(len(g.layer_names) for g in groups)
     parallel = vllm_config.parallel_config
     world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     rank = 0
@@ -128,10 +136,24 @@ def _kv_info(vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole) -> E
     namespace = vllm_namespace(vllm_config, spec, num_layers)
     return EngineKVInfo(block_size=spec.block_size, block_bytes=block_bytes,
                         num_device_blocks=kv_cache_config.num_blocks, layout_digest=namespace.digest,
-                        world_size=world_size, rank=rank, namespace=namespace)
+                        world_size=world_size, rank=rank, namespace=namespace, group_windows=windows)
 
 
-class KVOffloadConnector(KVConnectorBase_V1):
+def _group_window(spec: Any) -> int | None:
+    """A KV-cache group's sliding window (None: full attention); other kinds are refused by name."""
+    kind = type(spec).__name__
+    if kind == "SlidingWindowSpec" and not getattr(spec, "extra_retained_tokens", 0):
+        return int(spec.sliding_window)
+    if kind == "FullAttentionSpec":
+        return None
+    raise ValueError(f"kvoffload: KV-cache group of kind {kind} is not supported (full attention and sliding "
+                     "windows are); serve this model without a kvoffload connector")
+
+
+class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
+    """kvoffload's connector inside vLLM. ``SupportsHMA``: vLLM keeps its hybrid allocator on,
+    so a sliding-window group keeps (and offloads, and loads) one window, not the whole context."""
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
@@ -265,6 +287,12 @@ class KVOffloadConnector(KVConnectorBase_V1):
         self.sched.update_connector_output(meta.results if isinstance(meta, _WorkerResults) else [])
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM without its hybrid allocator: one group's block ids."""
+        assert self.sched is not None
+        return self.sched.request_finished(request, (list(block_ids),))
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
         assert self.sched is not None
         return self.sched.request_finished(request, block_ids)
 

@@ -30,6 +30,10 @@ from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
 
 POLICIES = ("lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic")
 BLOCK_BYTES = 8192  # the tiny model's KV per 16-token block
+#: The hybrid model's (Gemma 3 shaped, window 32): 4 KV-cache groups of one layer sharing one
+#: tensor, so a block is a quarter of the memory and the same device memory is 4x the blocks.
+HYBRID_BLOCK_BYTES = 4096
+HYBRID_BLOCKS_PER_MEMORY = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,9 @@ class ChaosCase:
     restart: str  # none | clean | kill
     #: Blocks of a third tier behind the disk (the in-memory test tier), 0 for none.
     remote_blocks: int = 0
+    #: "tiny", or "tiny-hybrid" (sliding-window + full-attention groups; window 32 against
+    #: offloaded blocks of 16, 32 or 64 tokens).
+    model: str = "tiny"
 
 
 def draw_case(seed: int) -> ChaosCase:
@@ -84,6 +91,7 @@ def draw_case(seed: int) -> ChaosCase:
         restart="none" if not disk else rng.choice(("none", "none", "clean", "kill")),
         # Drawn last, so every earlier draw of a seed is what it always was.
         remote_blocks=rng.choice((0, 0, 8, 64)) if disk else 0,
+        model=rng.choice(("tiny", "tiny", "tiny-hybrid")),
     )
 
 
@@ -110,7 +118,7 @@ def _params(case: ChaosCase) -> SamplingParams:
 
 
 def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
-    block = BLOCK_BYTES * case.factor
+    block = (HYBRID_BLOCK_BYTES if case.model == "tiny-hybrid" else BLOCK_BYTES) * case.factor
     tiers: list[dict[str, Any]] = [{"medium": "cpu", "capacity": case.cpu_blocks * block, "eviction_policy": case.policy}]
     if case.tiers != "cpu":
         tiers.append({"medium": "disk", "path": path, "capacity": case.disk_blocks * block,
@@ -126,8 +134,10 @@ def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
 
 
 def _engine(case: ChaosCase, offload: dict[str, Any] | None) -> EngineConfig:
-    return EngineConfig(num_gpu_blocks=case.device_blocks, max_num_seqs=8, max_num_batched_tokens=256,
-                        kv_offload=offload, preemption_mode=case.preemption if offload else "recompute")
+    hybrid = case.model == "tiny-hybrid"
+    return EngineConfig(model=case.model, num_gpu_blocks=case.device_blocks * (HYBRID_BLOCKS_PER_MEMORY if hybrid else 1),
+                        max_num_seqs=8, max_num_batched_tokens=256, kv_offload=offload,
+                        preemption_mode=case.preemption if offload else "recompute")
 
 
 def _outputs(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[Any]:
@@ -207,7 +217,7 @@ def run_case(case: ChaosCase, reference: dict[tuple[Any, ...], Any] | None = Non
     import kvoffload.engine.llm as llm_module
 
     prompts, params = _prompts(case.seed), _params(case)
-    ref_key = (case.seed, case.device_blocks, case.sampling)
+    ref_key = (case.seed, case.device_blocks, case.sampling, case.model)
     path = tempfile.mkdtemp(prefix="kvoffload-chaos-")
     FaultyOffloadingSpec.plan = case.faults
     FaultyOffloadingSpec.handlers = []

@@ -103,6 +103,16 @@ def canonicalize(kv_caches: KVCaches, num_blocks: int) -> CanonicalKVCache:
         tensors = list(kv_caches)
     if not tensors:
         raise LayoutError("no KV-cache tensors were registered")
+    # Layers of a hybrid model's KV-cache groups share tensors (vLLM registers each under every
+    # layer using it): copy each storage once.
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    unique = []
+    for t in tensors:
+        key = (t.data_ptr(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            unique.append(t)
+    tensors = unique
     views: list[torch.Tensor] = []
     for t in tensors:
         views.extend(block_views(t, num_blocks))

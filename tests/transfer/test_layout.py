@@ -81,3 +81,16 @@ def test_errors():
         canonicalize([torch.zeros(2, 2, 4)], 2)
     with pytest.raises(LayoutError, match="no KV-cache tensors"):
         canonicalize([], 4)
+
+
+def test_a_tensor_shared_by_layers_of_several_groups_is_one_view():
+    """vLLM's hybrid allocator registers a shared KV tensor under every layer using it; it is
+    copied once (two views of it would move its bytes twice and double the block size)."""
+    import torch
+
+    from kvoffload.transfer.layout import canonicalize
+
+    shared = torch.zeros(10, 2, 4, 8)  # (blocks, K/V, block size, head dim)
+    own = torch.zeros(10, 2, 4, 8)
+    kv = canonicalize({"layers.0": shared, "layers.1": shared.view(10, 2, 4, 8), "layers.2": own}, 10)
+    assert len(kv.views) == 2 and kv.page_bytes == 2 * 2 * 4 * 8 * 4

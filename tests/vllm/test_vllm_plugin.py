@@ -28,7 +28,8 @@ def run_job(spec: dict, log: list | None = None) -> list[dict]:
     proc = subprocess.run([sys.executable, str(JOB), json.dumps(spec)], capture_output=True, text=True, timeout=600,
                           env=env)
     if log is not None:
-        log.extend(line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "kvoffload:" in line)
+        log.extend(line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
+                   if "kvoffload:" in line or "hybrid kv cache manager" in line)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])

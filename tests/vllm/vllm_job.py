@@ -15,6 +15,18 @@ def make_model(path: str) -> None:
     LlamaForCausalLM(cfg).save_pretrained(path)
 
 
+def make_gemma3(path: str) -> None:
+    """A tiny hybrid model: 3 sliding-window layers (window 64) and 1 full-attention layer."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+                           sliding_window=64, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                           query_pre_attn_scalar=32, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    Gemma3ForCausalLM(cfg).save_pretrained(path)
+
+
 def scale_weights(worker) -> None:  # runs in each worker: an in-place weight update
     with torch.no_grad():
         for p in worker.model_runner.model.parameters():
@@ -27,7 +39,7 @@ if __name__ == "__main__":
     from vllm import LLM, SamplingParams
 
     kw = dict(model=spec["model"], skip_tokenizer_init=True, gpu_memory_utilization=0.1, max_model_len=1024,
-              enforce_eager=True, dtype="bfloat16", seed=0)
+              enforce_eager=True, dtype=spec.get("dtype", "bfloat16"), seed=0)
     if spec.get("tp", 1) > 1:
         kw["tensor_parallel_size"] = spec["tp"]
     if spec.get("kv_transfer_config"):
