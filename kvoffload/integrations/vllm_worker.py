@@ -32,15 +32,15 @@ logger = logging.getLogger("vllm.kvoffload")
 
 
 def canonical_from_vllm(kv_caches: CanonicalKVCaches) -> CanonicalKVCache:
-    """One uint8 view per vLLM tensor, cut to the bytes its layers really use (no padding)."""
-    if len(kv_caches.group_data_refs) != 1:
-        raise LayoutError(
-            f"{len(kv_caches.group_data_refs)} KV-cache groups: KVOffloadSpec handles models with one "
-            "group (full attention); use vLLM's CPUOffloadingSpec for hybrid models"
-        )
+    """One uint8 view per vLLM tensor, cut to the bytes its layers really use (no padding).
+    A hybrid model's groups overlay the same tensors (a block id belongs to one group), so a
+    row of every view is one block of whichever group owns it."""
+    if not kv_caches.group_data_refs:
+        raise LayoutError("vLLM registered no KV-cache groups")
     used = [0] * len(kv_caches.tensors)
-    for ref in kv_caches.group_data_refs[0]:
-        used[ref.tensor_idx] = max(used[ref.tensor_idx], ref.page_size_bytes)
+    for refs in kv_caches.group_data_refs:
+        for ref in refs:
+            used[ref.tensor_idx] = max(used[ref.tensor_idx], ref.page_size_bytes)
     views = []
     for t, width in zip(kv_caches.tensors, used):
         if width == 0:
@@ -65,18 +65,32 @@ class KVOffloadWorker(OffloadingWorker):
                     len(kv_caches.tensors), len(self.kv.views), self.kv.page_bytes, num_chunks, blocks_per_chunk)
 
     def _rows(self, gpu: GPULoadStoreSpec, chunks: LoadStoreSpec) -> tuple[np.ndarray, np.ndarray]:
-        """(device blocks, host rows): chunk rows, less the first chunk's leading blocks the
-        request already has (``block_indices[0] % blocks_per_chunk``), cut to the GPU count."""
+        """(device blocks, host rows), group by group (``group_sizes`` device blocks each, their
+        chunks in the same order): chunk rows, less the first chunk's leading blocks the request
+        already has (``block_indices[g] % blocks_per_chunk``), cut to the group's count."""
         if not isinstance(chunks, BlockIDsLoadStoreSpec):
             raise TypeError(f"KVOffloadWorker got a {type(chunks).__name__}; expected chunk ids from KVOffloadManager")
         device_ids = np.asarray(gpu.block_ids, dtype=np.int64)
         chunk_ids = np.asarray(chunks.block_ids, dtype=np.int64)
-        rows = (chunk_ids[:, None] * self.factor + np.arange(self.factor)[None, :]).reshape(-1)
-        skip = int(gpu.block_indices[0]) % self.factor if len(gpu.block_indices) else 0
-        rows = rows[skip : skip + len(device_ids)]
-        if len(rows) != len(device_ids):
-            raise ValueError(f"{len(chunk_ids)} chunks cannot hold {len(device_ids)} blocks after skipping {skip}")
-        return device_ids, rows
+        sizes = list(gpu.group_sizes) if gpu.group_sizes is not None else [len(device_ids)]
+        firsts = list(gpu.block_indices) if gpu.block_indices is not None and len(gpu.block_indices) else [0] * len(sizes)
+        f = self.factor
+        parts: list[np.ndarray] = []
+        used_chunks = 0
+        for size, first in zip(sizes, firsts):
+            if size == 0:
+                continue
+            skip = int(first) % f
+            count = -(-(size + skip) // f)
+            group_chunks = chunk_ids[used_chunks : used_chunks + count]
+            used_chunks += count
+            rows = (group_chunks[:, None] * f + np.arange(f)[None, :]).reshape(-1)[skip : skip + size]
+            if len(rows) != size:
+                raise ValueError(f"{len(group_chunks)} chunks cannot hold {size} blocks after skipping {skip}")
+            parts.append(rows)
+        if used_chunks != len(chunk_ids) or sum(sizes) != len(device_ids):
+            raise ValueError(f"{len(chunk_ids)} chunks for groups of {sizes} blocks: the GPU and host specs disagree")
+        return device_ids, np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         device_ids, rows = self._rows(src_spec, dst_spec)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.vllm.test_vllm_plugin import JOB, ktc, run_job
+from tests.vllm.test_vllm_plugin import JOB, ktc, run_job, spec_route
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -42,3 +42,23 @@ def test_hybrid_model_keeps_vllms_hybrid_allocator_and_is_served_from_kvoffload(
     assert rounds[1]["tokens"] == plain[1]["tokens"]
     assert all(c >= 256 for c in rounds[1]["cached"])  # after reset_prefix_cache: from kvoffload
     assert all(c == 0 for c in plain[1]["cached"])
+
+
+@pytest.mark.parametrize("chunk_tokens", [128, 256])  # 256: vLLM offloads 2-block chunks, per group
+def test_hybrid_model_on_the_offloading_spec_route(gemma3, plain, chunk_tokens):
+    log: list[str] = []
+    tiers = [{"medium": "cpu", "capacity": "64MiB"}]
+    rounds = run_job({"model": gemma3, "dtype": "float32",
+                      "kv_transfer_config": spec_route(tiers, block_size=chunk_tokens)}, log)
+    assert not any("Turning off hybrid kv cache manager" in line for line in log), log
+    assert rounds[1]["tokens"] == plain[1]["tokens"] and all(c >= 256 for c in rounds[1]["cached"])
+
+
+def test_negative_control_corrupted_hybrid_loads_change_outputs(gemma3, plain):
+    faulty = {"spec_name": "FaultyOffloadingSpec", "spec_module_path": "kvoffload.testing.faults"}
+    cpu = [{"medium": "cpu", "capacity": "64MiB"}]
+    rounds = run_job({"model": gemma3, "dtype": "float32",
+                      "kv_transfer_config": ktc(cpu, extra={"config": {"tiers": cpu, **faulty}}),
+                      "env": {"KVOFFLOAD_FAULT_PLAN": '{"corrupt_loads": true}'}})
+    assert all(c >= 256 for c in rounds[1]["cached"])
+    assert rounds[1]["tokens"] != plain[1]["tokens"]

@@ -191,6 +191,32 @@ def test_worker_round_trip_is_byte_identical(skip):
     worker.shutdown()
 
 
+def test_worker_round_trip_of_two_kv_cache_groups_sharing_one_tensor():
+    """A hybrid model: two groups overlay one tensor (a block id is one group's); a job carries
+    both groups' blocks (group_sizes) with each group's first block index, so each group skips
+    its own leading blocks of its first chunk."""
+    torch.manual_seed(0)
+    shared = torch.randn(12, 2, 4, 8, dtype=torch.bfloat16)
+    page = shared[0].numel() * 2
+    tensors = [CanonicalKVCacheTensor(shared.view(torch.int8).view(12, page), page)]
+    refs = [[CanonicalKVCacheRef(0, page)], [CanonicalKVCacheRef(0, page)]]
+    worker = KVOffloadWorker(CanonicalKVCaches(tensors, refs), blocks_per_chunk=2, num_chunks=6, backend="cpu")
+    before = shared.clone()
+    # Group 0: blocks 1,2,3,4 -> chunks 0,1; group 1 (a window): blocks 7,8 -> chunk 2.
+    worker.submit_store(1, GPULoadStoreSpec([1, 2, 3, 4, 7, 8], [4, 2], [0, 2]), CPULoadStoreSpec([0, 1, 2]))
+    worker.wait({1})
+    shared.zero_()
+    # Load back: group 0 from its second block on (index 1: skip one), group 1 from index 3.
+    worker.submit_load(2, CPULoadStoreSpec([0, 1, 2]), GPULoadStoreSpec([5, 6, 9, 10], [3, 1], [1, 3]))
+    worker.wait({2})
+    assert all(r.success for r in worker.get_finished())
+    assert torch.equal(shared[[5, 6, 9]].view(torch.int16), before[[2, 3, 4]].view(torch.int16))
+    assert torch.equal(shared[10].view(torch.int16), before[8].view(torch.int16))
+    with pytest.raises(ValueError, match=r"the GPU and host specs disagree"):
+        worker.submit_load(3, CPULoadStoreSpec([0, 1, 2]), GPULoadStoreSpec([5, 6, 9], [2, 1], [0, 0]))
+    worker.shutdown()
+
+
 @pytest.mark.parametrize(("raw", "extra", "message"), [
     ({"tiers": [{"medium": "cpu", "capacity": "1GiB"}, {"medium": "disk", "path": "/tmp", "capacity": "1GiB"}]},
      {}, r"tiers: KVOffloadSpec serves exactly one CPU tier"),
