@@ -269,3 +269,16 @@ def test_same_trace_same_hits_as_vllms_manager(policy, capacity):
         assert ours == theirs  # same recency rules (request-scoped, prefix head most recent)
     else:  # ARC under heavy churn: tie-breaks between T1/T2 scans differ slightly
         assert abs(ours - theirs) <= 0.05 * theirs
+
+
+def test_kv_cache_group_kinds_we_cannot_offload_are_refused_by_name():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
+    from kvoffload.integrations.vllm import _group_window
+
+    assert _group_window(FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype=torch.float32)) is None
+    assert _group_window(SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=32, dtype=torch.float32,
+                                           sliding_window=64)) == 64
+    mamba = MambaSpec.__new__(MambaSpec)  # its fields vary by version: the kind is what is checked
+    with pytest.raises(ValueError, match=r"KV-cache group of kind MambaSpec is not supported"):
+        _group_window(mamba)
