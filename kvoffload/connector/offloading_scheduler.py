@@ -17,7 +17,7 @@ from typing import TypedDict
 import xxhash
 
 from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, StepPlan
-from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
+from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry, group_key
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState, SwapRecord
@@ -116,6 +116,11 @@ def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _storable(device_ids: list[int], factor: int) -> bool:
+    """All engine blocks of an offloaded block are held (none released by a sliding window)."""
+    return len(device_ids) == factor and NULL_BLOCK_ID not in device_ids
+
+
 class OffloadingConnectorScheduler:
     def __init__(self, spec: OffloadingSpec) -> None:
         self.spec = spec
@@ -186,18 +191,33 @@ class OffloadingConnectorScheduler:
         return True
 
     # ---- lookups and loads -----------------------------------------------------------------
-    def _swap_hit(self, request: EngineRequest, num_computed_tokens: int) -> int:
-        """Tokens a swapped-out request can restore exactly (all its full blocks + the tail)."""
-        swapped = self._requests[request.request_id].swapped
-        assert swapped is not None
-        computed, key = swapped.computed_tokens, swapped.tail_key
+    def _swap_first(self, group: int, computed: int) -> int:
+        """The first engine block ``group`` needs to resume after ``computed`` tokens (a sliding
+        window's: the block of the first position the next token attends to)."""
+        window = self.groups.windows[group]
+        return 0 if window is None else max(0, computed - window + 1) // self.block_size
+
+    def _swap_keys(self, request: EngineRequest, computed: int, tail: BlockHash | None,
+                   first: int = 0) -> list[tuple[int, int, list[BlockHash]]]:
+        """Per group: (its first block, the index of the tail block, the keys of its blocks from
+        there on and of its tail) for a request swapped out at ``computed`` tokens."""
         full = computed // self.block_size
         hashes = self._offload_hashes(request, 0, full)
-        if self.manager.lookup(hashes) != full or (key is not None and self.manager.lookup([key]) != 1):
-            return 0
-        if not self._blocks_being_loaded.isdisjoint(hashes):
-            return 0
-        return max(0, computed - num_computed_tokens)
+        out = []
+        for g in range(self.groups.num_groups):
+            start = max(first, self._swap_first(g, computed))
+            keys = self.groups.keys(hashes[start:], g)
+            out.append((start, full, keys + ([group_key(tail, g)] if tail is not None else [])))
+        return out
+
+    def _swap_hit(self, request: EngineRequest, num_computed_tokens: int) -> int:
+        """Tokens a swapped-out request can restore exactly (every group's blocks it needs + the tail)."""
+        swapped = self._requests[request.request_id].swapped
+        assert swapped is not None
+        for _, _, keys in self._swap_keys(request, swapped.computed_tokens, swapped.tail_key):
+            if self.manager.lookup(keys) != len(keys) or not self._blocks_being_loaded.isdisjoint(keys):
+                return 0
+        return max(0, swapped.computed_tokens - num_computed_tokens)
 
     def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._requests.get(request.request_id)
@@ -284,7 +304,7 @@ class OffloadingConnectorScheduler:
         num_local = local if local is not None else sum(
             1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
         if state.swapped is not None:
-            self._plan_swap_in(request, state, state.block_ids[0], num_local, num_external_tokens)
+            self._plan_swap_in(request, state, num_local, num_external_tokens)
             return
         full_tokens = num_local + num_external_tokens
         if full_tokens % self.offloaded_block_size or num_external_tokens % self.block_size:
@@ -320,37 +340,36 @@ class OffloadingConnectorScheduler:
 
     # ---- swap-mode preemption ------------------------------------------------------------
     def swap_out(self, request: EngineRequest, block_ids: GroupBlockIds) -> bool:
-        if self.factor != 1 or self.groups.is_hybrid:
-            return False  # a partial tail does not fit a multi-block slot; hybrid models recompute
+        if self.factor != 1:
+            return False  # a partial tail does not fit a multi-block offloaded slot
         rid = request.request_id
         computed = request.num_computed_tokens
-        ids = list(block_ids[0])
-        full = computed // self.block_size
-        hashes = self._offload_hashes(request, 0, full)
-        out = self.manager.prepare_store(hashes)
-        if out is None or computed == 0:
+        if computed == 0:
             return False
+        # The partial block has no chained hash; key it by request and length (16 bytes, so a
+        # disk tier could hold it too).
+        tail = xxhash.xxh3_128(f"swap|{rid}|{computed}".encode()).digest() if computed % self.block_size else None
         state = self._state(rid)
         jobs = []
-        if out.block_hashes_to_store:
-            index_of = {h: i for i, h in enumerate(hashes)}
-            jobs.append(self._store_job(state, rid, out, [ids[index_of[h]] for h in out.block_hashes_to_store]))
-        key = None
-        if computed % self.block_size:
-            # The partial block has no chained hash; key it by request and length (16 bytes, so
-            # a disk tier could hold it too).
-            key = xxhash.xxh3_128(f"swap|{rid}|{computed}".encode()).digest()
-            tail = self.manager.prepare_store([key])
-            if tail is None:  # the tier is full of pinned blocks: store what we have, recompute
-                self._swap_out[rid] = jobs
-                return False
-            if tail.block_hashes_to_store:
-                jobs.append(self._store_job(state, rid, tail, [ids[full]]))
-        self._swap_out[rid] = jobs
-        state.swapped = SwapRecord(computed, key)
-        state.next_stored = max(state.next_stored, full)
-        self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
-        return True
+        for g, (start, full, keys) in enumerate(self._swap_keys(request, computed, tail)):
+            ids = list(block_ids[g])[start : full + (tail is not None)]
+            if NULL_BLOCK_ID in ids:
+                break  # a block it needs was released (cannot happen for a running request): recompute
+            out = self.manager.prepare_store(keys)
+            if out is None:
+                break  # the tier is full of pinned blocks: store what we have, recompute
+            if out.block_hashes_to_store:
+                index_of = {h: i for i, h in enumerate(keys)}
+                jobs.append(self._store_job(state, rid, out, [ids[index_of[h]] for h in out.block_hashes_to_store]))
+        else:
+            self._swap_out[rid] = jobs
+            state.swapped = SwapRecord(computed, tail)
+            state.next_stored = max(state.next_stored, computed // self.block_size)
+            self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
+            return True
+        if jobs:
+            self._swap_out[rid] = jobs
+        return False
 
     def _store_job(self, state: RequestOffloadState, rid: str, out: PrepareStoreOutput,
                    device_ids: list[int]) -> TransferJob:
@@ -358,29 +377,28 @@ class OffloadingConnectorScheduler:
         return self._new_job(JobKind.SWAP_OUT, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
                              out.store_spec)
 
-    def _plan_swap_in(self, request: EngineRequest, state: RequestOffloadState, block_ids: list[int], num_local: int,
+    def _plan_swap_in(self, request: EngineRequest, state: RequestOffloadState, num_local: int,
                       num_external: int) -> None:
         rid = request.request_id
         assert state.swapped is not None
-        computed, key = state.swapped.computed_tokens, state.swapped.tail_key
+        computed, tail = state.swapped.computed_tokens, state.swapped.tail_key
         state.swapped = None
         assert num_local + num_external == computed, "swap-in must restore exactly what was swapped out"
-        first, full = num_local // self.block_size, computed // self.block_size
-        hashes = self._offload_hashes(request, first, full)
         jobs = []
-        # Swapped blocks may have been demoted meanwhile: load each tier's run on its own.
-        for seg_hashes, device_ids in ((hashes, block_ids[first:full]), ([key], block_ids[full : full + 1])):
-            if not seg_hashes or seg_hashes[0] is None:
-                continue
+        loading: list[BlockHash] = []
+        for g, (start, full, keys) in enumerate(self._swap_keys(request, computed, tail, num_local // self.block_size)):
+            device_ids = state.block_ids[g][start : full + (tail is not None)]
+            # Swapped blocks may have been demoted meanwhile: load each tier's run on its own.
             offset = 0
-            for spec, seg in self.manager.prepare_load_segments(seg_hashes):
+            for spec, seg in self.manager.prepare_load_segments(keys):
                 jobs.append(self._new_job(JobKind.LOAD, rid, seg, spec,
                                           GPULoadStoreSpec(device_ids[offset : offset + len(seg)])))
                 offset += len(seg)
+            loading += keys
         self._reqs_to_load[rid] = jobs
-        state.loading = hashes + ([key] if key is not None else [])
-        self._blocks_being_loaded.update(hashes)
-        self.stats.blocks_swapped_in += len(hashes) + (key is not None)
+        state.loading = loading
+        self._blocks_being_loaded.update(loading)
+        self.stats.blocks_swapped_in += len(loading)
 
     # ---- stores ------------------------------------------------------------------------------
     def _update_block_ids(self, so: StepPlan) -> set[int]:
@@ -389,11 +407,11 @@ class OffloadingConnectorScheduler:
         allocated: set[int] = set()
         #: Per request, the blocks it held before this step (the rest are fresh): only those
         #: can be stale. Requests not listed got no new blocks.
-        sliding_ends: dict[str, int] = {}
+        sliding_ends: dict[str, list[int]] = {}
         for new in so.scheduled_new_reqs:
             ids = [list(g) for g in new.block_ids]
             self._state(new.req_id).block_ids = ids
-            sliding_ends[new.req_id] = 0  # all its blocks are its own, fresh
+            sliding_ends[new.req_id] = [0] * len(ids)  # all its blocks are its own, fresh
             for g in ids:
                 allocated.update(g)
         cached = so.scheduled_cached_reqs
@@ -402,11 +420,11 @@ class OffloadingConnectorScheduler:
             state = self._state(rid)
             if cached.resumed_from_preemption[i]:
                 state.block_ids = [list(g) for g in new_ids] if new_ids else []
-                sliding_ends[rid] = 0
+                sliding_ends[rid] = [0] * len(state.block_ids)
             elif new_ids:
                 if not state.block_ids:
                     state.block_ids = [[] for _ in new_ids]
-                sliding_ends[rid] = len(state.block_ids[0])
+                sliding_ends[rid] = [len(g) for g in state.block_ids]
                 for mine, g in zip(state.block_ids, new_ids):
                     mine.extend(g)
             for g in new_ids or ():
@@ -422,7 +440,7 @@ class OffloadingConnectorScheduler:
             self._forget_released_blocks(allocated, sliding_ends)
         return allocated
 
-    def _forget_released_blocks(self, allocated: set[int], ends: dict[str, int]) -> None:
+    def _forget_released_blocks(self, allocated: set[int], ends: dict[str, list[int]]) -> None:
         """A sliding-window group's block the engine released (out of the window) and handed
         out again this step holds another request's KV now: a store not planned yet must not
         read it (its position becomes the null block here; the copy is never made)."""
@@ -432,7 +450,8 @@ class OffloadingConnectorScheduler:
                 if g >= len(state.block_ids):
                     continue
                 ids = state.block_ids[g]
-                for j in range(state.next_stored * f, ends.get(rid, len(ids))):
+                end = ends[rid][g] if rid in ends else len(ids)
+                for j in range(state.next_stored * f, min(end, len(ids))):
                     if ids[j] in allocated:
                         ids[j] = NULL_BLOCK_ID
 
@@ -458,7 +477,7 @@ class OffloadingConnectorScheduler:
                 keys = groups.keys(hashes, g)
                 # Blocks a sliding window released before their store was planned are not stored.
                 index_of = {h: start + k for k, h in enumerate(keys)
-                            if NULL_BLOCK_ID not in block_ids[(start + k) * f : (start + k + 1) * f]}
+                            if _storable(block_ids[(start + k) * f : (start + k + 1) * f], f)}
                 if len(index_of) < len(keys):
                     keys = list(index_of)
                 if not keys:

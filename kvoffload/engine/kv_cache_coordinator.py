@@ -34,12 +34,18 @@ class KVCacheCoordinator:
                 return tuple(b[:num_blocks] for b in per_group), agreed
             length = agreed
 
+    def _tokens(self, manager: SingleTypeKVCacheManager, num_tokens: int, sliding_tokens: int | None) -> int:
+        return sliding_tokens if sliding_tokens is not None and isinstance(manager, SlidingWindowManager) else num_tokens
+
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: tuple[list[KVCacheBlock], ...],
-        num_computed_tokens: int = 0,
+        num_computed_tokens: int = 0, sliding_tokens: int | None = None,
     ) -> int:
+        """``sliding_tokens``: what sliding-window groups make room for instead (no lookahead:
+        they need a window and the next chunk, never the whole rest of a prompt)."""
         return sum(
-            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i], num_computed_tokens)
+            m.get_num_blocks_to_allocate(request_id, self._tokens(m, num_tokens, sliding_tokens), new_computed_blocks[i],
+                                         num_computed_tokens)
             for i, m in enumerate(self.managers)
         )
 
@@ -53,9 +59,10 @@ class KVCacheCoordinator:
         for i, m in enumerate(self.managers):
             m.save_new_computed_blocks(request_id, new_computed_blocks[i])
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int,
-                            num_computed_tokens: int = 0) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(m.allocate_new_blocks(request_id, num_tokens, num_computed_tokens) for m in self.managers)
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_computed_tokens: int = 0,
+                            sliding_tokens: int | None = None) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(m.allocate_new_blocks(request_id, self._tokens(m, num_tokens, sliding_tokens), num_computed_tokens)
+                     for m in self.managers)
 
     def cache_blocks(self, request_id: str, block_hashes: list[BlockHash], num_tokens: int) -> None:
         for m in self.managers:

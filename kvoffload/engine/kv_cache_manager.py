@@ -102,8 +102,10 @@ class KVCacheManager:
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         num_computed = num_local_computed + num_external_computed_tokens
         num_tokens_need_slot = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        # Lookahead (an async load reserving the rest of its prompt) is for full-attention groups.
+        sliding_tokens = min(num_computed + num_new_tokens, self.max_model_len)
         need = self.coordinator.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot, computed,
-                                                           num_computed)
+                                                           num_computed, sliding_tokens)
         cow = self._shared_write_blocks(request.request_id, num_local_computed)
         if need + len(cow) + reserve_blocks > self.block_pool.get_num_free_blocks():
             return None
@@ -112,7 +114,8 @@ class KVCacheManager:
             for group in computed:
                 self.block_pool.touch(group)
         self.coordinator.save_new_computed_blocks(request.request_id, computed)
-        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot, num_computed)
+        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot, num_computed,
+                                                          sliding_tokens)
         if self.enable_caching and not delay_cache_blocks:
             num_tokens_to_cache = min(
                 num_local_computed + num_external_computed_tokens + num_new_tokens, request.num_tokens

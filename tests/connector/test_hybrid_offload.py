@@ -141,3 +141,22 @@ def test_a_store_not_planned_before_its_sliding_block_was_handed_out_again_is_sk
                                             scheduled={"r": 16, "s": 4}))
     jobs = {tuple(j.src.block_ids.tolist()) for j in meta.reqs_to_store["r"]}
     assert jobs == {(1, 2, 3, 4), (6, 7, 8)}  # r's sliding block 5 is never read as r's KV
+
+
+def test_swap_preemption_of_a_hybrid_model_restores_every_groups_window():
+    """Swap mode: a preempted request's full-attention blocks, its sliding groups' windows and
+    each group's partial tail are saved and restored, not recomputed; tokens as without offload."""
+    def run(kv_offload, mode):
+        cfg = EngineConfig(model="tiny-hybrid", block_size=8, num_gpu_blocks=64, max_num_batched_tokens=32,
+                           max_num_seqs=4, kv_offload=kv_offload, preemption_mode=mode)
+        with LLM(cfg) as llm:
+            outs = [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))]
+            return outs, llm.stats()
+
+    ref, ref_stats = run(None, "recompute")
+    assert ref_stats["preemptions"] > 0
+    got, stats = run({"tiers": [{"medium": "cpu", "capacity": "8MiB"}]}, "swap")
+    assert got == ref
+    assert stats["preemptions"] > 0 and stats["swapped_out_tokens"] > 0
+    assert stats["connector"]["blocks_swapped_in"] > 0
+    assert stats["recomputed_after_preemption"] < ref_stats["recomputed_after_preemption"]
