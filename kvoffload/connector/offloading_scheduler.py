@@ -271,12 +271,14 @@ class OffloadingConnectorScheduler:
         groups = self.groups
         while end > start:
             for g in groups.sliding_groups:
-                keys = groups.keys(hashes[max(start, groups.first_needed(g, end)) : end], g)
-                found = self.manager.lookup(keys)
+                first = max(start, groups.first_needed(g, end))
+                found = self.manager.lookup(groups.keys(hashes[first:end], g))
                 if found is None:
                     return None
-                if found != len(keys):
-                    end -= 1
+                if first + found < end:
+                    # Block first + found is missing: every end past it has it in its window
+                    # (windows only move right as the end does), so the next candidate ends there.
+                    end = first + found
                     break
             else:
                 return end
@@ -623,6 +625,7 @@ class OffloadingConnectorScheduler:
         as finished-*sending* (``await_finish``). Reporting both would free it twice.
         """
         rid = request.request_id
+        self._local_tokens.pop(rid, None)
         state = self._requests.get(rid)
         if state is None:
             return False, None

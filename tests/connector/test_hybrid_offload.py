@@ -88,6 +88,12 @@ def test_a_hit_is_all_or_nothing_over_the_groups():
     _store(sched, [group_key(h, 1) for h in hashes[6:]])
     assert sched.get_num_new_matched_tokens(request, 0) == (40, True)
     assert group_key(hashes[0], 0) == hashes[0]  # group 0 keeps the plain keys
+    # A sliding block outside the last window does not matter; one inside it cuts the hit there.
+    for lost, hit_blocks in ((3, 10), (8, 8)):
+        sched2 = _sched((None, 16))
+        _store(sched2, hashes)
+        _store(sched2, [group_key(h, 1) for i, h in enumerate(hashes) if i != lost])
+        assert sched2.get_num_new_matched_tokens(request, 0) == (4 * hit_blocks, True), lost
 
 
 def test_sliding_window_geometry():
