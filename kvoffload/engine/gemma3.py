@@ -4,7 +4,7 @@ What differs from Llama, as transformers' ``Gemma3ForCausalLM`` computes it: emb
 by sqrt(hidden), RMSNorm scaling by (1 + weight) in float32, QK-norm before RoPE, a RoPE base
 per layer type (local for sliding layers, global for full ones), four norms per layer (around
 attention and around the MLP), a tanh-GELU MLP, the attention scale from
-``query_pre_attn_scalar``, and optional soft-capping of scores and logits. Parameter names
+``query_pre_attn_scalar``, and optional soft-capping of the logits. Parameter names
 match the checkpoint's, so its safetensors load as they are.
 """
 
@@ -41,7 +41,6 @@ class Gemma3Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
         self.window = cfg.layer_window(layer)
-        self.softcap = cfg.attn_logit_softcapping
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
@@ -58,7 +57,7 @@ class Gemma3Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = rope(q, k, positions)
         write_kv(kv_cache, k, v, meta.slot_mapping)
-        out = paged_attention(q, kv_cache, meta, self.scale, window=self.window, softcap=self.softcap)
+        out = paged_attention(q, kv_cache, meta, self.scale, window=self.window)
         return self.o_proj(out.reshape(t, -1))
 
 

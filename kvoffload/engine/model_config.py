@@ -39,7 +39,6 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     hidden_activation: str = "silu"
     final_logit_softcapping: float | None = None
-    attn_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -196,6 +195,7 @@ def _gemma3(raw: dict, cfg_file: Path, path: Path) -> ModelConfig:
         sliding_window=raw.get("sliding_window"),
         query_pre_attn_scalar=raw.get("query_pre_attn_scalar", 256),
         hidden_activation=raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh",
+        # attn_logit_softcapping is in Gemma 3's config but its attention never applies it
+        # (transformers and vLLM alike): it is not read here either.
         final_logit_softcapping=raw.get("final_logit_softcapping"),
-        attn_logit_softcapping=raw.get("attn_logit_softcapping"),
     )

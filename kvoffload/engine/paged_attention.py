@@ -44,7 +44,7 @@ def gather_context(
 
 
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                    window: int | None = None) -> torch.Tensor:
     """Causal attention of each request's new queries over its paged context: all of it, or
     with ``window`` the last ``window`` positions up to each query's own (its block table may
     hold the null block further left: those rows are masked, never read as context).
@@ -70,12 +70,6 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
         if window is not None:
             mask &= k_pos > q_pos - window
         q = query[start:end].transpose(0, 1)
-        if softcap is None:
-            attn = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
-        else:  # tanh soft-capping of the scores (Gemma 2 style): SDPA has no hook for it
-            scores = torch.matmul(q, k.permute(1, 2, 0)).float() * scale
-            scores = torch.tanh(scores / softcap) * softcap
-            scores = scores.masked_fill(~mask, float("-inf"))
-            attn = torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v.transpose(0, 1))
+        attn = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
         out[start:end] = attn.transpose(0, 1)
     return out

@@ -85,3 +85,26 @@ def test_gemma3_config_errors_name_the_value(tmp_path, hf_gemma3):
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=r"layer_types: 'chunked_attention' is not implemented"):
         LLM(EngineConfig(model=str(tmp_path / "m"), block_size=8, num_gpu_blocks=64))
+
+
+def test_soft_capping_matches_transformers(tmp_path):
+    """tanh soft-capping of the final logits where the config sets it; the attention-score cap
+    Gemma 3's config also carries is applied by neither transformers nor the engine."""
+    torch.manual_seed(2)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16,
+        attn_logit_softcapping=0.5, final_logit_softcapping=2.0, bos_token_id=298, eos_token_id=299, pad_token_id=0)
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path)
+    model = transformers.Gemma3ForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    llm = LLM(EngineConfig(model=str(tmp_path), block_size=8, num_gpu_blocks=64), record_logits=True)
+    prompt = PROMPTS[2][:60]
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt + out.token_ids[:-1]])).logits[0, len(prompt) - 1:]
+    ours = torch.stack(llm.last_logits[out.request_id])
+    assert float(ref.abs().max()) <= 2.0  # the final cap is in effect
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    assert out.token_ids == ref.argmax(-1).tolist()
