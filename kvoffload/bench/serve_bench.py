@@ -102,38 +102,37 @@ def configurations(names: list[str], cpu: str, disk: str, workdir: Path) -> dict
     tiers = tier_sets(cpu, disk, workdir)
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
-        if name in PLAIN_ARGS:
+        if name == "plain":
             out[name] = None
         elif name in tiers:
             out[name] = {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
                          "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"config": {"tiers": tiers[name]}}}
         else:
-            raise ValueError(f"--configs: {name!r}; use plain, plain-default, cpu, cpu+disk")
+            raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk")
     return out
 
 
-#: vLLM turns its hybrid KV-cache manager off when a connector is not HMA-aware: "plain" runs
-#: with it off too, so its effective engine config equals the kvoffload servers' field for field;
-#: "plain-default" keeps vLLM's default (measured the same here, for a one-group model).
-PLAIN_ARGS = {"plain": ["--disable-hybrid-kv-cache-manager"], "plain-default": []}
+def config_names(spec: str) -> list[str]:
+    """The ``--configs`` list, duplicates dropped. "plain-default" is read as "plain": it named
+    plain vLLM with its hybrid allocator on while the connector turned it off; the connector is
+    HMA-aware now, so plain vLLM's defaults equal the kvoffload servers' effective config."""
+    return list(dict.fromkeys("plain" if n == "plain-default" else n for n in spec.split(",")))
 
 
 def effective_differences(model: str, engine_kwargs: dict[str, Any],
-                          kv_configs: dict[str, dict[str, Any] | None]) -> tuple[list[str], list[str]]:
+                          kv_configs: dict[str, dict[str, Any] | None]) -> list[str]:
     """vLLM's effective engine config for each configuration, built the way ``vllm serve``
-    builds it, compared with plain vLLM's field by field: (differences, expected ones)."""
+    builds it, compared with plain vLLM's field by field: one line per differing field."""
     from vllm.engine.arg_utils import EngineArgs
 
-    def build(kv: dict[str, Any] | None, name: str) -> Any:
-        flags = {"disable_hybrid_kv_cache_manager": True} if PLAIN_ARGS.get(name) else {}
+    def build(kv: dict[str, Any] | None) -> Any:
         return EngineArgs(model=model, skip_tokenizer_init=True, enforce_eager=True, seed=0,
-                          kv_transfer_config=kv, **flags, **engine_kwargs).create_engine_config()
+                          kv_transfer_config=kv, **engine_kwargs).create_engine_config()
 
-    base = build(None, "plain")
+    base = build(None)
     diffs: list[str] = []
-    expected: list[str] = []
     for name, kv in kv_configs.items():
-        cfg = build(kv, name)
+        cfg = build(kv)
         for section in ("scheduler_config", "cache_config", "parallel_config", "model_config", "compilation_config",
                         "load_config", "device_config"):
             a, b = getattr(base, section), getattr(cfg, section)
@@ -144,8 +143,8 @@ def effective_differences(model: str, engine_kwargs: dict[str, Any],
                     continue
                 if not same:
                     line = f"{name}: {section}.{key}={getattr(b, key, None)!r} (plain: {getattr(a, key)!r})"
-                    (expected if name == "plain-default" else diffs).append(line)
-    return diffs, expected
+                    diffs.append(line)
+    return diffs
 
 
 # ---- driving a workload --------------------------------------------------------------------
@@ -401,12 +400,9 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
     extra = [a for k, v in engine.items() if k != "gpu_memory_utilization"
              for a in (f"--{k.replace('_', '-')}", str(v))]
-    configs = configurations(args.configs.split(","), args.cpu, args.disk, work)
-    diffs, expected = effective_differences(model, engine, configs)
-    for line in diffs:
+    configs = configurations(config_names(args.configs), args.cpu, args.disk, work)
+    for line in effective_differences(model, engine, configs):
         print(f"warning: engine settings differ: {line}")
-    for line in expected:
-        print(f"note: {line} (vLLM's default, which a connector without HMA support turns off)")
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total_turns} requests, concurrency {wl.concurrency}, "
           f"working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; device cache {device_blocks} blocks "
           f"({device_blocks / ws_blocks:.0%}); model {model}")
@@ -415,7 +411,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         for name, kv in configs.items():
             print(f"starting vllm serve: {name} ...", flush=True)
             servers[name] = VllmServer(model, work / f"{name.replace('+', '_')}.log", kv,
-                                       extra_args=extra + PLAIN_ARGS.get(name, []),
+                                       extra_args=extra,
                                        gpu_memory_utilization=args.memory_utilization,
                                        env={"VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.reserved_cpus)})
             servers[name].start()
@@ -460,7 +456,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     if model is None:
         model, load_format = str(work / "model"), "dummy"
         write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
-    names = list(dict.fromkeys("plain" if n == "plain-default" else n for n in args.configs.split(",")))
+    names = config_names(args.configs)
     tiers = tier_sets(args.cpu, args.disk, work)
     for name in names:
         if name != "plain" and name not in tiers:

@@ -113,3 +113,14 @@ def test_a_stuck_engine_fails_the_run_instead_of_hanging(monkeypatch):
     wl = chat(conversations=2, turns=1, context=8, user=2, max_tokens=2, think_s=0.0, vocab=50)
     with pytest.raises(RuntimeError, match=r"no progress for 50 steps; requests \['c0/0', 'c1/0'\]"):
         run_bundled(Stuck(), wl)  # type: ignore[arg-type]
+
+
+def test_configuration_names_read_plain_default_as_plain_and_refuse_unknown_ones(tmp_path):
+    names = serve_bench.config_names("plain,plain-default,cpu,cpu")
+    assert names == ["plain", "cpu"]
+    configs = serve_bench.configurations(names, "1GB", "2GB", tmp_path)
+    assert configs["plain"] is None
+    assert configs["cpu"]["kv_connector"] == "KVOffloadConnector"
+    assert configs["cpu"]["kv_connector_extra_config"]["config"]["tiers"][0]["medium"] == "cpu"
+    with pytest.raises(ValueError, match="'gpu'; use plain, cpu, cpu"):
+        serve_bench.configurations(["gpu"], "1GB", "2GB", tmp_path)
