@@ -293,16 +293,19 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         if path is not None and (not isinstance(path, str) or "\0" in path or len(path) > 4000):
             raise ConfigError(f"{key}.path: {str(path)[:60]!r} is not a usable directory path; give a string path")
         if medium == "cpu" and path is not None:
-            raise ConfigError(f"{key}.path: only disk tiers take a path; remove it")
+            raise ConfigError(f"{key}.path: the cpu tier takes no path; remove it")
         write_through = raw.get("write_through", kind.default_write_through if kind is not None else False)
         if not isinstance(write_through, bool):
             raise ConfigError(f"{key}.write_through: {write_through!r}; use true or false")
         if medium == "cpu" and write_through:
             raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
                               "through to; remove it from the cpu tier")
-        tiers.append(TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
-                                path=os.path.expanduser(os.path.expandvars(path)) if path is not None else None,
-                                write_through=write_through, options=options))
+        tier = TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
+                          path=os.path.expanduser(os.path.expandvars(path)) if path is not None else None,
+                          write_through=write_through, options=options)
+        if kind is not None:
+            kind.validate(tier, key)
+        tiers.append(tier)
         above = kind
     return tuple(tiers)
 

@@ -63,6 +63,8 @@ CONNECTOR_COUNTERS = {
 TIER_COUNTERS = {
     "tier_io_errors": ("kvoffload_tier_io_errors", "Copies into or out of a tier that failed with an I/O or store error"),
     "tier_outages": ("kvoffload_tier_outages", "Times a tier was taken out of service after errors in a row"),
+    "tier_stores_skipped": ("kvoffload_tier_stores_skipped", "Blocks a tier did not store because its writes were "
+                            "too slow (backpressure): they stay in the tiers above"),
 }
 
 

@@ -85,4 +85,5 @@ POLICIES = Registry("eviction policy", "kvoffload.policies", "kvoffload.offload.
 TIER_KINDS = Registry("tier medium", "kvoffload.tiers", "kvoffload.tiers.base:TierKind", {
     "disk": "kvoffload.tiers.disk.kind:DiskTier",
     "mooncake": "kvoffload.tiers.mooncake.kind:MooncakeTier",
+    "fs": "kvoffload.tiers.fs.kind:FsTier",
 })

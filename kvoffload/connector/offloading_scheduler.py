@@ -63,6 +63,8 @@ class SchedulerSideStats:
     tier_failed_hits: Counter[str] = field(default_factory=Counter)
     #: (tier, reason) -> blocks a read rejected (checksum, auth, key, format, missing).
     tier_rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: tier -> blocks its worker did not store because its writes were too slow (backpressure).
+    tier_stores_skipped: Counter[str] = field(default_factory=Counter)
 
 
 def _merge(parts: list[TransferResult]) -> TransferResult:
@@ -75,7 +77,7 @@ def _merge(parts: list[TransferResult]) -> TransferResult:
             rejected[reason] = max(rejected.get(reason, 0), n)
     return replace(first, success=all(p.success for p in parts), nbytes=sum(p.nbytes for p in parts),
                    seconds=max(p.seconds for p in parts), bad_block_ids=bad, io_error=any(p.io_error for p in parts),
-                   rejected=tuple(sorted(rejected.items())))
+                   rejected=tuple(sorted(rejected.items())), skipped=any(p.skipped for p in parts))
 
 
 class ConnectorStatsDict(TypedDict):
@@ -86,6 +88,7 @@ class ConnectorStatsDict(TypedDict):
     hit_blocks_by_tier: dict[str, int]
     failed_hit_tokens_by_tier: dict[str, int]
     tier_rejected_blocks: dict[str, dict[str, int]]
+    tier_stores_skipped: dict[str, int]
     tier_usage: dict[str, list[int]]
     jobs_in_flight: int
     demotions_queued: int
@@ -576,6 +579,8 @@ class OffloadingConnectorScheduler:
             self.manager.complete_demotion(hashes, result.success, job.medium)
             self._record_io(job.medium, result, write=True)
             self.stats.blocks_demoted += len(hashes) if result.success else 0
+            if result.skipped:
+                self.stats.tier_stores_skipped[job.medium.lower()] += len(hashes)
         elif kind is JobKind.LOAD:
             self.manager.complete_load(hashes, job.medium)
             self._blocks_being_loaded.difference_update(hashes)
@@ -654,6 +659,7 @@ class OffloadingConnectorScheduler:
             "hit_blocks_by_tier": dict(s.tier_hit_blocks),
             "failed_hit_tokens_by_tier": dict(s.tier_failed_hits),
             "tier_rejected_blocks": _by_tier(s.tier_rejected),
+            "tier_stores_skipped": dict(s.tier_stores_skipped),
             "tier_usage": {t.name: [t.blocks_used, t.capacity_blocks] for t in report.tiers},
             "jobs_in_flight": len(self._jobs),
             "demotions_queued": int(self.manager.has_pending_demotions()),

@@ -77,6 +77,11 @@ class TierKind(ABC):
         return None
 
     @classmethod
+    def validate(cls, tier: TierConfig, key: str) -> None:
+        """Checks across this kind's keys and the generic ones (``path``), once the tier is
+        parsed; raise ConfigError naming the key."""
+
+    @classmethod
     def check_environment(cls, tier: TierConfig, key: str) -> list[str]:
         """What would fail at start-up on this machine (raise ConfigError) or looks risky
         (returned as warnings), for ``kvoffload config check``."""
@@ -84,6 +89,11 @@ class TierKind(ABC):
 
     def __init__(self, ctx: TierContext) -> None:
         self.ctx = ctx
+
+    def store_latency_bound_s(self) -> float | None:
+        """Backpressure: stores to this tier are skipped while its writes average more than this
+        many seconds per MiB, queueing included (None: never skipped)."""
+        return None
 
     @abstractmethod
     def build_manager(self) -> Tier:

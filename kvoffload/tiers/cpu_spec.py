@@ -98,7 +98,8 @@ class CPUOffloadingSpec(OffloadingSpec):
             io, fences = kind.build_io(), SlotFences()
             upstream = {above[0]: (above[2], above[3])} if above is not None else {}
             tier = SecondaryTierHandler(kind.medium, io, kv_caches, host, self.block_size_factor,
-                                        self.offloaded_block_bytes, host_fences, fences, upstream)
+                                        self.offloaded_block_bytes, host_fences, fences, upstream,
+                                        store_latency_bound_s=kind.store_latency_bound_s())
             yield CPULoadStoreSpec, kind.spec_type, tier
             yield kind.spec_type, GPULoadStoreSpec, tier
             if above is not None:

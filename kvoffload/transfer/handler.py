@@ -31,6 +31,12 @@ class TransferResult:
     #: Bad source blocks by reason ("checksum", "auth", "key", "format", "missing"), for the
     #: kvoffload_tier_rejected_blocks_total{tier,reason} counter.
     rejected: tuple[tuple[str, int], ...] = ()
+    #: A store the tier did not take (backpressure): not an error, nothing was written.
+    skipped: bool = False
+
+
+class StoreSkipped(Exception):
+    """A store not submitted because its tier is too slow now (StoreBackpressure)."""
 
 
 class BlockTransferError(Exception):
@@ -90,10 +96,11 @@ class TrackedJobsHandler(OffloadingHandler):
                     io = isinstance(err, OSError)
                     if isinstance(err, BlockTransferError):
                         bad, io, rejected = tuple(err.slots), err.io, tuple(sorted(err.reasons.items()))
-                    if err is not None:
+                    skipped = isinstance(err, StoreSkipped)
+                    if err is not None and not skipped:
                         self._log_failure(direction, err)
                     out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
-                                              direction, bad, io, rejected))
+                                              direction, bad, io, rejected, skipped))
         return out
 
     def _log_failure(self, direction: str, err: BaseException) -> None:

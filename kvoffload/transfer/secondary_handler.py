@@ -12,20 +12,24 @@ reused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec, KeyedLoadStoreSpec
-from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
+from kvoffload.transfer.backpressure import StoreBackpressure
+from kvoffload.transfer.handler import StoreSkipped, TrackedJobsHandler, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
-from kvoffload.transfer.streams import CPUStreamPool
+from kvoffload.transfer.streams import DirectionLanes, JobHandle, failed_handle
 from kvoffload.transfer.tier_io import TierIO
 from kvoffload_ext import copy_block_groups
+
+logger = logging.getLogger(__name__)
 
 
 def copy_direction(src: str, dst: str) -> str:
@@ -37,7 +41,8 @@ def copy_direction(src: str, dst: str) -> str:
 class SecondaryTierHandler(TrackedJobsHandler):
     def __init__(self, medium: Medium, io: TierIO, kv: CanonicalKVCache, host: HostBlockBuffer, block_size_factor: int,
                  block_bytes: int, host_fences: SlotFences, tier_fences: SlotFences,
-                 upstream: Mapping[Medium, tuple[TierIO, SlotFences]] | None = None, num_threads: int = 2) -> None:
+                 upstream: Mapping[Medium, tuple[TierIO, SlotFences]] | None = None,
+                 store_latency_bound_s: float | None = None) -> None:
         if kv.page_bytes * block_size_factor != block_bytes:
             raise ValueError(
                 f"{io.name} holds {block_bytes}-byte blocks but an offloaded block is "
@@ -55,7 +60,9 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.upstream = dict(upstream or {})
         for chunk in host.chunks:  # victims leave from here: let the tier copy them in place
             io.register_memory(chunk.data_ptr(), chunk.numel() * chunk.element_size())
-        self.pool = CPUStreamPool(num_threads)
+        self.pool = DirectionLanes()  # loads never wait behind stores
+        self.backpressure = StoreBackpressure(store_latency_bound_s)
+        self._skip_logged = False
         self.from_host = copy_direction(Medium.CPU, medium)
         self.to_device = copy_direction(medium, Medium.GPU)
         directions = [self.from_host, self.to_device, *(copy_direction(m, medium) for m in self.upstream)]
@@ -81,7 +88,9 @@ class SecondaryTierHandler(TrackedJobsHandler):
         nbytes = len(dst_slots) * self.block_bytes
         if isinstance(src, CPULoadStoreSpec):
             host_blocks = src.block_ids.tolist()
-            handle = self.pool.submit(self.from_host, lambda: self._from_host(host_blocks, dst_slots, keys))
+            if not self._admit(self.from_host, job_id):
+                return True
+            handle = self._submit_store(self.from_host, nbytes, lambda: self._from_host(host_blocks, dst_slots, keys))
             self.host_fences.mark(host_blocks, handle)
             self._track(self.from_host, job_id, handle, nbytes)
             return True
@@ -90,10 +99,37 @@ class SecondaryTierHandler(TrackedJobsHandler):
             return False
         direction = copy_direction(src.medium(), self.medium)
         src_slots = src.block_ids.tolist()
-        handle = self.pool.submit(direction, lambda: self._from_tier(up[0], src_slots, dst_slots, keys))
+        if not self._admit(direction, job_id):
+            return True
+        handle = self._submit_store(direction, nbytes, lambda: self._from_tier(up[0], src_slots, dst_slots, keys))
         up[1].mark(src_slots, handle)
         self._track(direction, job_id, handle, nbytes)
         return True
+
+    def _admit(self, direction: str, job_id: int) -> bool:
+        """Backpressure: a store the tier is too slow to take now finishes at once, skipped."""
+        if self.backpressure.admit():
+            return True
+        if not self._skip_logged:
+            self._skip_logged = True
+            bp = self.backpressure
+            logger.warning("kvoffload: %s: stores skipped while they run late (%.1fx the time allowed: %g ms per MiB "
+                           "+ %g ms per store, queueing included); counted in kvoffload_tier_stores_skipped_total, "
+                           "the blocks stay in the tiers above (logged once)", self.io.name, bp.lateness,
+                           (bp.s_per_mib or 0.0) * 1e3, bp.per_job_s * 1e3)
+        self._track(direction, job_id, failed_handle(StoreSkipped(self.io.name)), 0)
+        return False
+
+    def _submit_store(self, direction: str, nbytes: int, write: Callable[[], None]) -> JobHandle:
+        token = self.backpressure.started(nbytes)
+
+        def timed() -> None:
+            try:
+                write()
+            finally:
+                self.backpressure.finished(token)
+
+        return self.pool.submit(direction, timed)
 
     def _from_host(self, host_blocks: list[int], slots: list[int], keys: list) -> None:
         self.tier_fences.wait(slots)  # a victim in these slots is read out first

@@ -91,6 +91,41 @@ class CPUStreamPool(StreamPool):
         self._executor.shutdown(wait=True)
 
 
+class DirectionLanes(StreamPool):
+    """A thread per direction: a direction's jobs run in order, and no direction waits behind
+    another's (a tier's loads never queue behind its stores, however slow those are)."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, cf.ThreadPoolExecutor] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, direction: str, fn: Callable[[], None]) -> JobHandle:
+        with self._lock:
+            lane = self._lanes.get(direction)
+            if lane is None:
+                lane = self._lanes[direction] = cf.ThreadPoolExecutor(1, thread_name_prefix=f"kvoffload-{direction}")
+
+        def run() -> float:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        return _FutureHandle(lane.submit(run))
+
+    def close(self) -> None:
+        with self._lock:
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.shutdown(wait=True)
+
+
+def failed_handle(exc: BaseException) -> JobHandle:
+    """A job that is over before it started (e.g. a store skipped by backpressure)."""
+    future: cf.Future[float] = cf.Future()
+    future.set_exception(exc)
+    return _FutureHandle(future)
+
+
 class _CudaHandle(JobHandle):
     __slots__ = ("end", "exc", "start")
 

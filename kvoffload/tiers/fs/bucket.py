@@ -1,0 +1,143 @@
+"""Bucket: one slice of a shared cache directory, with its own lock and byte count.
+
+Every process that writes to a directory takes a bucket's lock for the whole of a write (check,
+reserve, write a temporary, rename), so within a bucket there is never more than one writer and
+the count is exact; buckets are small (a key's hash picks one), so writers rarely meet. The
+lock is a POSIX record lock on the bucket's ``.used`` file, which also holds the count: the
+kernel (or the NFS lock manager) drops it when its holder dies, even by kill -9.
+
+The count is raised before a record is written and lowered after one is deleted, so a process
+killed between the two leaves it too high, never too low: the bucket can only hold less than
+its share, never more. Any sweep (an eviction, or the one-off sweep a process runs at start)
+recounts exactly and deletes temporaries: under the lock, every temporary is a dead writer's.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+#: Files are counted at their size rounded up to this (the allocation unit of common file systems).
+ALLOC_BYTES = 4096
+RECORD_SUFFIX = ".kv"
+TEMP_SUFFIX = ".tmp"
+#: An eviction frees the bucket down to this share of its capacity, so one scan serves many writes.
+LOW_WATERMARK = 0.9
+
+
+def allocated(size: int) -> int:
+    return -(-size // ALLOC_BYTES) * ALLOC_BYTES
+
+
+class BucketBusyError(OSError):
+    """The bucket's lock was not free within the timeout (another process is writing there)."""
+
+
+class Bucket:
+    def __init__(self, path: Path, capacity: int, lock_timeout_s: float = 2.0) -> None:
+        self.path = path
+        self.capacity = capacity
+        self.lock_timeout_s = lock_timeout_s
+        self._counter = path / ".used"
+        self._threads = threading.Lock()  # POSIX locks are per process: this process's threads queue here
+        self.num_evicted = 0
+        self.num_temps_reclaimed = 0
+
+    @contextmanager
+    def locked(self) -> Iterator[HeldBucket]:
+        if not self._threads.acquire(timeout=self.lock_timeout_s):
+            raise BucketBusyError(errno.EBUSY, "bucket busy in this process", str(self.path))
+        try:
+            fd = os.open(self._counter, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                deadline = time.monotonic() + self.lock_timeout_s
+                while True:
+                    try:
+                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except OSError as exc:
+                        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                            raise
+                        if time.monotonic() > deadline:
+                            raise BucketBusyError(errno.EBUSY, "bucket locked by another process",
+                                                  str(self.path)) from None
+                        time.sleep(0.0005)
+                yield HeldBucket(self, fd)
+            finally:
+                os.close(fd)  # releases the record lock
+        finally:
+            self._threads.release()
+
+
+class HeldBucket:
+    """A bucket while this process holds its lock: the count, reservations and sweeps."""
+
+    def __init__(self, bucket: Bucket, fd: int) -> None:
+        self.bucket = bucket
+        self._fd = fd
+
+    def used(self) -> int:
+        raw = os.pread(self._fd, 8, 0)
+        if len(raw) < 8:  # a new bucket, or a counter lost: count what is there
+            return self.sweep()
+        return int.from_bytes(raw, "little")
+
+    def _set_used(self, nbytes: int) -> None:
+        os.pwrite(self._fd, max(0, nbytes).to_bytes(8, "little"), 0)
+
+    def reserve(self, nbytes: int) -> bool:
+        """Count ``nbytes`` about to be written, evicting the oldest records if they do not fit;
+        False if they cannot fit even in an empty bucket."""
+        cap = self.bucket.capacity
+        if nbytes > cap:
+            return False
+        used = self.used()
+        if used + nbytes > cap:
+            used = self.sweep(target=max(0, int(cap * LOW_WATERMARK) - nbytes))
+            if used + nbytes > cap:
+                return False
+        self._set_used(used + nbytes)
+        return True
+
+    def release(self, nbytes: int) -> None:
+        """Uncount ``nbytes`` deleted (or never written after ``reserve``)."""
+        self._set_used(self.used() - nbytes)
+
+    def sweep(self, target: int | None = None) -> int:
+        """Recount the bucket exactly, delete temporaries (dead writers') and, with ``target``,
+        the least recently used records until at most ``target`` bytes remain. Returns the count.
+        A reader with a record open keeps reading it: unlinking removes the name, not the data."""
+        records: list[tuple[int, int, str]] = []
+        with os.scandir(self.bucket.path) as entries:
+            for entry in entries:
+                if entry.name.endswith(TEMP_SUFFIX):
+                    _unlink(entry.path)
+                    self.bucket.num_temps_reclaimed += 1
+                elif entry.name.endswith(RECORD_SUFFIX):
+                    try:
+                        st = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    records.append((st.st_mtime_ns, allocated(st.st_size), entry.path))
+        total = sum(size for _, size, _ in records)
+        if target is not None and total > target:
+            records.sort()
+            for _, size, path in records:
+                if total <= target:
+                    break
+                _unlink(path)
+                total -= size
+                self.bucket.num_evicted += 1
+        self._set_used(total)
+        return total
+
+
+def _unlink(path: str) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
