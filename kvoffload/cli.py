@@ -22,6 +22,7 @@ BENCHMARKS = {
     "transfer": "device <-> host block copies: batched vs a per-block loop vs one contiguous copy",
     "disk": "disk-tier record I/O vs sequential file I/O; restart recovery time",
     "remote": "the Mooncake tier's store and load paths vs the raw store calls",
+    "fs": "the shared fs tier with 1-4 processes on one directory vs plain file I/O; lookups/s",
     "preemption": "swap vs recompute preemption on a workload that forces it",
     "chaos": "random engines, tiers and faults: every output checked against a reference",
 }

@@ -79,6 +79,9 @@ class FsTier(TierKind):
     @classmethod
     def validate(cls, tier: TierConfig, key: str) -> None:
         tier_roots(tier, key)
+        if tier.eviction_policy != "lru":
+            raise ConfigError(f"{key}.eviction_policy: {tier.eviction_policy!r}; the fs tier evicts least recently "
+                              "used records (file times every process sharing the directory sees); remove the key")
 
     @classmethod
     def check_environment(cls, tier: TierConfig, key: str) -> list[str]:
@@ -118,7 +121,8 @@ class FsTier(TierKind):
         c = self.ctx
         roots = tier_roots(c.tier, c.key)
         share = c.tier.capacity_bytes // len(roots)
-        return FsStore([FsDirectory(Path(r), share, HEADER_BYTES + c.block_bytes, f"{c.key}.path") for r in roots])
+        return FsStore([FsDirectory(Path(r), share, HEADER_BYTES + c.block_bytes, f"{c.key}.path") for r in roots],
+                       self.options.io_threads)
 
     def build_manager(self) -> RemoteTierManager:
         store = self.store()

@@ -18,9 +18,11 @@ class FsOptions:
     max_store_ms_per_mib: float = 20.0
     #: An I/O outage takes the tier out this long, then it is tried again.
     retry_after_s: float = 10.0
+    #: Threads each process reads and writes a batch's files with.
+    io_threads: int = 4
 
 
-OPTION_KEYS = frozenset({"paths", "max_store_ms_per_mib", "retry_after_s"})
+OPTION_KEYS = frozenset({"paths", "max_store_ms_per_mib", "retry_after_s", "io_threads"})
 
 
 def _number(raw: Mapping[str, Any], name: str, default: float, low: float, high: float, key: str, eg: str) -> float:
@@ -38,6 +40,9 @@ def parse_options(raw: Mapping[str, Any], key: str) -> FsOptions:
                           "[/mnt/nvme0/kv, /mnt/nvme1/kv]")
     if len(set(paths)) != len(paths):
         raise ConfigError(f"{key}.paths: {paths[:4]!r} names a directory twice; list each directory once")
-    return FsOptions(paths=tuple(paths),
+    threads = raw.get("io_threads", 4)
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+        raise ConfigError(f"{key}.io_threads: {threads!r}; give a whole number from 1 to 64, e.g. 4")
+    return FsOptions(paths=tuple(paths), io_threads=threads,
                      max_store_ms_per_mib=_number(raw, "max_store_ms_per_mib", 20.0, 0.0, 60_000.0, key, "20"),
                      retry_after_s=_number(raw, "retry_after_s", 10.0, 0.0, 86_400.0, key, "10"))

@@ -18,9 +18,12 @@ import ctypes
 import errno
 import logging
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
+from typing import TypeVar
 
 import xxhash
 
@@ -34,6 +37,9 @@ MISSING = -errno.ENOENT
 BUSY = -errno.EBUSY
 NO_ROOM = -errno.EFBIG
 _NOT_IO = {MISSING, BUSY, NO_ROOM}
+T = TypeVar("T")
+#: A read refreshes a record's mtime (its recency) when it is older than this.
+TOUCH_AFTER_S = 1.0
 
 
 def _buffer(ptr: int, size: int) -> memoryview:
@@ -41,8 +47,12 @@ def _buffer(ptr: int, size: int) -> memoryview:
 
 
 class FsStore(KeyValueStore):
-    def __init__(self, directories: Sequence[FsDirectory]) -> None:
+    def __init__(self, directories: Sequence[FsDirectory], io_threads: int = 4) -> None:
         self.directories = list(directories)
+        #: Files of one batch are written and read in parallel (the kernel copies on every core,
+        #: and a network file system overlaps round trips); 1: in the calling thread.
+        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvoffload-fs") if io_threads > 1 else None
+        self.io_threads = io_threads
         roots = ", ".join(str(d.root) for d in self.directories)
         self.name = f"fs tier {roots}"
         self._temp_tag = f".{os.getpid()}{TEMP_SUFFIX}"
@@ -87,9 +97,27 @@ class FsStore(KeyValueStore):
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         return self.get_into_parts(keys, [[p] for p in ptrs], [[s] for s in sizes])
 
+    def _fan_out(self, fn: Callable[[T], None], items: list[T]) -> None:
+        """``fn`` over ``items``, in one chunk per I/O thread (a task per item costs more than a
+        small file's copy)."""
+        k = min(self.io_threads, len(items))
+        if self._pool is None or k < 2:
+            for item in items:
+                fn(item)
+            return
+
+        def chunk(part: list[T]) -> None:
+            for item in part:
+                fn(item)
+
+        for future in [self._pool.submit(chunk, items[j::k]) for j in range(k)]:
+            future.result()
+
     def put_from_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
         status = [0] * len(keys)
-        for bucket, items in self._by_bucket(keys):
+
+        def write_bucket(group: tuple[Bucket, list[tuple[int, str]]]) -> None:
+            bucket, items = group
             try:
                 with bucket.locked() as held:
                     for i, path in items:
@@ -101,6 +129,8 @@ class FsStore(KeyValueStore):
                 code = -errno.ENODEV if exc.errno == errno.ENOENT else -(exc.errno or errno.EIO)
                 for i, _ in items:
                     status[i] = code
+
+        self._fan_out(write_bucket, list(self._by_bucket(keys)))
         return status
 
     def _write(self, held: HeldBucket, path: str, ptrs: list[int], sizes: list[int]) -> int:
@@ -131,34 +161,40 @@ class FsStore(KeyValueStore):
             return -errno.ENODEV if exc.errno == errno.ENOENT else -(exc.errno or errno.EIO)
 
     def get_into_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
-        status = []
-        wrong_size = []
-        for key, p, s in zip(keys, ptrs, sizes):
-            path = self.place(key)[1]
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except (FileNotFoundError, NotADirectoryError):
-                status.append(MISSING)
-                continue
-            except OSError as exc:
-                status.append(-(exc.errno or errno.EIO))
-                continue
-            try:
-                size = os.fstat(fd).st_size
-                if size != sum(s):
-                    status.append(size)  # not a record of this layout, or torn: never served
-                    wrong_size.append(key)
-                    continue
-                status.append(_read_all(fd, [_buffer(a, n) for a, n in zip(p, s)]))
-                with suppress(OSError):
-                    os.utime(fd)  # recency, for eviction
-            except OSError as exc:
-                status.append(MISSING if exc.errno == errno.ESTALE else -(exc.errno or errno.EIO))
-            finally:
-                os.close(fd)
+        status = [0] * len(keys)
+        wrong_size: list[str] = []
+
+        def read(i: int) -> None:
+            status[i] = self._read(self.place(keys[i])[1], ptrs[i], sizes[i])
+            if status[i] >= 0 and status[i] != sum(sizes[i]):
+                wrong_size.append(keys[i])
+
+        self._fan_out(read, list(range(len(keys))))
         if wrong_size:
             self.remove(wrong_size)
         return status
+
+    @staticmethod
+    def _read(path: str, ptrs: list[int], sizes: list[int]) -> int:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return MISSING
+        except OSError as exc:
+            return -(exc.errno or errno.EIO)
+        try:
+            st = os.fstat(fd)
+            if st.st_size != sum(sizes):
+                return st.st_size  # not a record of this layout, or torn: never served (and deleted)
+            n = _read_all(fd, [_buffer(a, s) for a, s in zip(ptrs, sizes)])
+            if time.time() - st.st_mtime > TOUCH_AFTER_S:
+                with suppress(OSError):
+                    os.utime(fd)  # recency, for eviction (a metadata write: not for every read of a hot record)
+            return n
+        except OSError as exc:
+            return MISSING if exc.errno == errno.ESTALE else -(exc.errno or errno.EIO)
+        finally:
+            os.close(fd)
 
     def remove(self, keys: list[str]) -> None:
         for bucket, items in self._by_bucket(keys):
@@ -182,6 +218,10 @@ class FsStore(KeyValueStore):
                         held.sweep()
                 except OSError as exc:
                     logger.debug("%s: sweep of %s skipped (%s)", self.name, bucket.path, exc)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     def usage(self) -> tuple[int, int]:
         """(bytes counted, capacity) over every bucket (reads the counts without locking)."""

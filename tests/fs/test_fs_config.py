@@ -1,0 +1,67 @@
+"""The fs tier's keys are validated like every other key: one line naming the key, the value
+and the fix; ``kvoffload config check`` checks the directories."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload.cli import main
+from kvoffload.config import ConfigError, OffloadConfig
+
+
+def _config(*tiers):
+    return OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB"}, *tiers]})
+
+
+def test_defaults_one_directory_and_several(tmp_path):
+    tier = _config({"medium": "fs", "path": str(tmp_path), "capacity": "1GiB"}).tiers[1]
+    assert tier.write_through and tier.path == str(tmp_path) and tier.options.paths == ()
+    assert tier.options.max_store_ms_per_mib == 20.0 and tier.options.retry_after_s == 10.0
+    assert tier.options.io_threads == 4
+    two = _config({"medium": "fs", "paths": ["/a", "/b"], "capacity": "1GiB", "max_store_ms_per_mib": 5,
+                   "write_through": False}).tiers[1]
+    assert two.options.paths == ("/a", "/b") and two.options.max_store_ms_per_mib == 5.0 and not two.write_through
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"path": None}, r"tiers\[1\]\.path: required for medium fs; give the shared cache directory"),
+    ({"paths": ["/a", "/b"]}, r"tiers\[1\]: both path and paths given"),
+    ({"path": None, "paths": "/a"}, r"tiers\[1\]\.paths: '/a'; give a list of directories"),
+    ({"path": None, "paths": ["/a", ""]}, r"tiers\[1\]\.paths: "),
+    ({"path": None, "paths": ["/a", "/a"]}, r"tiers\[1\]\.paths: \['/a', '/a'\] names a directory twice"),
+    ({"max_store_ms_per_mib": 0}, r"tiers\[1\]\.max_store_ms_per_mib: 0; give a number above 0"),
+    ({"max_store_ms_per_mib": "fast"}, r"tiers\[1\]\.max_store_ms_per_mib: 'fast'"),
+    ({"retry_after_s": True}, r"tiers\[1\]\.retry_after_s: True"),
+    ({"io_threads": 0}, r"tiers\[1\]\.io_threads: 0; give a whole number from 1 to 64"),
+    ({"capacity": None}, r"tiers\[1\]\.capacity: required"),
+    ({"stripe": 4}, r"tiers\[1\]\.stripe: unknown key; allowed keys here: .*paths"),
+    ({"eviction_policy": "arc"}, r"tiers\[1\]\.eviction_policy: 'arc'; the fs tier evicts least recently used"),
+])
+def test_bad_values_name_the_key_and_the_fix(change, match):
+    tier = {"medium": "fs", "path": "/tmp/kv", "capacity": "1GiB", **change}
+    tier = {k: v for k, v in tier.items() if v is not None}
+    with pytest.raises(ConfigError, match=match):
+        _config(tier)
+
+
+def test_fs_is_the_last_tier(tmp_path):
+    with pytest.raises(ConfigError, match=r"tiers\[2\]: a tier after the fs tier; fs must be the last tier"):
+        _config({"medium": "fs", "path": str(tmp_path), "capacity": "1GiB"},
+                {"medium": "disk", "path": str(tmp_path / "d"), "capacity": "1GiB"})
+    ok = _config({"medium": "disk", "path": str(tmp_path / "d"), "capacity": "1GiB"},
+                 {"medium": "fs", "path": str(tmp_path / "f"), "capacity": "1GiB"})
+    assert [t.medium for t in ok.tiers] == ["cpu", "disk", "fs"]
+
+
+def test_config_check_reports_an_unwritable_directory(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text(f"tiers:\n  - {{medium: cpu, capacity: 1MiB}}\n  - {{medium: fs, path: {tmp_path / 'kv'}, "
+                    "capacity: 1MiB}\n")
+    assert main(["config", "check", str(good)]) == 0
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"tiers:\n  - {{medium: cpu, capacity: 1MiB}}\n  - {{medium: fs, path: {blocked / 'kv'}, "
+                   "capacity: 1MiB}\n")
+    assert main(["config", "check", str(bad)]) != 0
+    assert "tiers[1].path" in capsys.readouterr().err
