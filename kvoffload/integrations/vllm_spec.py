@@ -47,8 +47,9 @@ def check_config(cfg: OffloadConfig, extra: dict) -> None:
         )
     if len(cfg.tiers) != 1 or cfg.tiers[0].medium != "cpu":
         raise ConfigError(
-            f"tiers: {SPEC_NAME} serves exactly one CPU tier (vLLM's OffloadingConnector cannot report a failed "
-            "disk read); for a disk tier use \"kv_connector\": \"KVOffloadConnector\""
+            f"tiers: {SPEC_NAME} serves exactly one CPU tier, not {'+'.join(t.medium for t in cfg.tiers)} (vLLM's "
+            "OffloadingConnector cannot report a failed read of a slower tier); for disk, fs or mooncake tiers use "
+            "\"kv_connector\": \"KVOffloadConnector\""
         )
     if cfg.offloaded_block_size is not None:
         raise ConfigError(

@@ -49,8 +49,9 @@ if __name__ == "__main__":
     if spec.get("kv_events_config"):
         kw["kv_events_config"] = spec["kv_events_config"]
     llm = LLM(**kw)
-    prompts = [{"prompt_token_ids": [(i * 37 + j) % 500 + 1 for j in range(300)]} for i in range(3)]
-    params = SamplingParams(max_tokens=8, temperature=0)
+    prompts = [{"prompt_token_ids": p} for p in spec.get("prompts")
+               or [[(i * 37 + j) % 500 + 1 for j in range(300)] for i in range(3)]]
+    params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0, ignore_eos=spec.get("ignore_eos", False))
     rounds = []
     for r in range(spec.get("rounds", 2)):
         new_weights = spec.get("new_weights_before") == r
