@@ -248,3 +248,15 @@ def test_a_vanished_directory_is_all_misses_and_write_errors(tmp_path):
     status = put(store, ["b"], [value(2)])
     assert status == [-errno.ENODEV] and store.unreachable(status[0])
     assert not (tmp_path / "cache").exists()  # never recreated: it may be an unmounted volume
+
+
+def test_a_file_system_without_posix_locks_is_refused_at_start(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op, *args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    with pytest.raises(ConfigError, match=r"tiers\[1\]\.path: .* does not support POSIX locks \(No locks available\); "
+                                          r"mount it with locking"):
+        open_store(tmp_path)

@@ -10,6 +10,7 @@ the whole directory.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from kvoffload.config import format_bytes
 from kvoffload.errors import ConfigError
-from kvoffload.tiers.fs.bucket import Bucket, allocated
+from kvoffload.tiers.fs.bucket import Bucket, BucketBusyError, allocated
 
 META_NAME = "kvoffload-fs.json"
 FORMAT = 1
@@ -53,9 +54,24 @@ class FsDirectory:
             self.buckets = [Bucket(root / f"b{i:02x}", share) for i in range(n)]
             for b in self.buckets:
                 b.path.mkdir(exist_ok=True)
+            self._check_locks()
         except OSError as exc:
             raise ConfigError(f"{key}: {str(root)[:200]!r} is not usable ({exc.strerror or exc}); give a writable "
                               "directory") from None
+
+    def _check_locks(self) -> None:
+        """Sharing is safe only where POSIX locks work: refuse a file system without them."""
+        try:
+            with self.buckets[0].locked():
+                pass
+        except BucketBusyError:
+            pass  # another process holds it: locks work
+        except OSError as exc:
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise ConfigError(f"{self.key}: {self.root} does not support POSIX locks ({exc.strerror}); mount it "
+                                  "with locking (NFS: without nolock; Lustre: -o flock) or use another "
+                                  "directory") from None
+            raise
 
     def _bucket_count(self, proposed: int) -> int:
         meta = self.root / META_NAME
