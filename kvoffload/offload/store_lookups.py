@@ -112,4 +112,5 @@ class StoreLookups:
             logger.warning("%s: a lookup did not return within %.0f s; leaving its client open", self.store.name,
                            timeout_s)
             return
+        self._pool.shutdown(wait=True)  # nothing runs: its idle thread ends now, not after we return
         self.store.close()

@@ -1,7 +1,7 @@
 """Chaos harness: random configurations and fault plans, checked against a no-offload run.
 
 Each case draws tiers (CPU, CPU + disk write-back, CPU + disk write-through, either with a
-third in-memory tier behind the disk), an eviction
+third tier behind the disk: the in-memory test tier or an fs directory), an eviction
 policy, the reuse filter, the offloaded-block factor, recompute or swap preemption, greedy /
 parallel sampling / beam search, a device cache from tiny to roomy, and a fault plan: failed
 reads (EIO), writes (ENOSPC) and stores, slow copies, flipped or relocated disk records
@@ -56,6 +56,9 @@ class ChaosCase:
     #: "tiny", or "tiny-hybrid" (sliding-window + full-attention groups; window 32 against
     #: offloaded blocks of 16, 32 or 64 tokens).
     model: str = "tiny"
+    #: What the third tier is: the in-memory test tier, or an fs directory (shared with the
+    #: killed child of a "kill" restart, like the disk path).
+    shared: str = "memory"
 
 
 def draw_case(seed: int) -> ChaosCase:
@@ -92,6 +95,7 @@ def draw_case(seed: int) -> ChaosCase:
         # Drawn last, so every earlier draw of a seed is what it always was.
         remote_blocks=rng.choice((0, 0, 8, 64)) if disk else 0,
         model=rng.choice(("tiny", "tiny", "tiny-hybrid")),
+        shared=rng.choice(("memory", "memory", "fs")),
     )
 
 
@@ -123,7 +127,9 @@ def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
     if case.tiers != "cpu":
         tiers.append({"medium": "disk", "path": path, "capacity": case.disk_blocks * block,
                       "eviction_policy": case.policy, "write_through": case.tiers == "writethrough"})
-    if case.remote_blocks:
+    if case.remote_blocks and case.shared == "fs":
+        tiers.append({"medium": "fs", "path": os.path.join(path, "fs"), "capacity": case.remote_blocks * block})
+    elif case.remote_blocks:
         tiers.append({"medium": "kvoffload.testing.memory_tier:MemoryTier", "capacity": case.remote_blocks * block,
                       "eviction_policy": case.policy})
     cfg: dict[str, Any] = {"tiers": tiers, "offloaded_block_size": 16 * case.factor,

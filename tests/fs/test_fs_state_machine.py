@@ -5,7 +5,6 @@ read returns the block written under that key or a miss, never other bytes."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np

@@ -57,3 +57,16 @@ def test_the_spec_route_refuses_an_fs_tier_naming_the_connector_that_serves_it(m
     with pytest.raises(AssertionError, match=r"tiers: KVOffloadSpec serves exactly one CPU tier, not cpu\+fs .* "
                                              r"use \"kv_connector\": \"KVOffloadConnector\""):
         run_job({"model": model, "kv_transfer_config": spec_route(_tiers(tmp_path / "shared")), "rounds": 1})
+
+
+def test_tensor_parallel_ranks_write_and_read_their_own_shards(model, tmp_path):
+    """TP=2: each rank stores its half of every block as its own file; a later TP=2 process is
+    served only when both halves are there, token for token."""
+    cfg = ktc(_tiers(tmp_path / "shared"))
+    plain = run_job({"model": model, "rounds": 1, "tp": 2})
+    first = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1, "tp": 2})
+    second = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1, "tp": 2})
+    assert first[0]["tokens"] == second[0]["tokens"] == plain[0]["tokens"]
+    assert all(c >= 256 for c in second[0]["cached"]), second[0]["cached"]
+    shards = {p.name for p in (tmp_path / "shared").rglob("*.kv")}
+    assert len(shards) % 2 == 0 and len(shards) >= 2 * 6  # 3 prompts x 2 stored blocks x 2 ranks

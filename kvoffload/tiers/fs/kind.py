@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -128,7 +127,7 @@ class FsTier(TierKind):
         store = self.store()
         # Temporaries of processes killed mid-write, and counts they left high: reclaimed once,
         # off the critical path (evictions reclaim them too, bucket by bucket).
-        threading.Thread(target=store.sweep_all, name="kvoffload-fs-sweep", daemon=True).start()
+        store.start_sweep()
         logger.info("kvoffload: %s (fs): %s, %s over %d bucket(s) per directory%s", self.ctx.key, store.name,
                     format_bytes(self.ctx.tier.capacity_bytes), len(store.directories[0].buckets),
                     f", records authenticated (secret id {self._tagger.key_id})" if self._tagger.authenticated else "")

@@ -18,6 +18,7 @@ import ctypes
 import errno
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,8 @@ class FsStore(KeyValueStore):
         #: and a network file system overlaps round trips); 1: in the calling thread.
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvoffload-fs") if io_threads > 1 else None
         self.io_threads = io_threads
+        self._closing = threading.Event()
+        self._sweeper: threading.Thread | None = None
         roots = ", ".join(str(d.root) for d in self.directories)
         self.name = f"fs tier {roots}"
         self._temp_tag = f".{os.getpid()}{TEMP_SUFFIX}"
@@ -212,11 +215,18 @@ class FsStore(KeyValueStore):
                     held.release(allocated(size))
 
     # ---- upkeep --------------------------------------------------------------------------
+    def start_sweep(self) -> None:
+        """``sweep_all`` on a thread of its own (``close`` stops and joins it)."""
+        self._sweeper = threading.Thread(target=self.sweep_all, name="kvoffload-fs-sweep", daemon=True)
+        self._sweeper.start()
+
     def sweep_all(self) -> None:
         """Recount every bucket and reclaim dead writers' temporaries (run once at start, off the
         critical path). A bucket that cannot be locked or read is left for its next eviction."""
         for d in self.directories:
             for bucket in d.buckets:
+                if self._closing.is_set():
+                    return
                 try:
                     with bucket.locked() as held:
                         held.sweep()
@@ -224,6 +234,9 @@ class FsStore(KeyValueStore):
                     logger.debug("%s: sweep of %s skipped (%s)", self.name, bucket.path, exc)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._sweeper is not None:
+            self._sweeper.join()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
