@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA path on a machine with an NVIDIA GPU, in one command: the CUDA tests (copies against
 # a reference, pinned chunks, stream ordering, compute never blocked, real CUDA KV layouts,
-# the bundled engine on cuda with CPU and CPU + disk tiers) and `kvoffload bench transfer` on
+# the bundled engine on cuda with CPU, CPU + disk and CPU + fs tiers) and `kvoffload bench transfer` on
 # the GPU. Writes a short results file (default gpu_results.txt); exit status 1 if a test failed.
 #   bash scripts/gpu_check.sh [results-file]        PYTHON=... picks the interpreter
 set -uo pipefail

@@ -3,7 +3,8 @@ checksummed block records (the tier's own FsStore and StoreIO), and lookups, vs 
 sequential file I/O of the same bytes by the same processes in the same run (one file per
 process, written and read in block-sized calls). Both go through the OS page cache, as the tier
 does in service; neither side fsyncs (the tier does not: a record torn by a power loss fails its
-checksum and is a miss)."""
+checksum and is a miss), and the page cache is flushed between phases, so no phase pays for the
+writeback of another."""
 
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ def _one_rep(job: Job, roots: list[Path], data: np.ndarray, barrier: Any) -> tup
 
     times: dict[str, tuple[float, float]] = {}
     for name, fn in zip(PHASES, (store_all, load_all, lookup_all, plain_write, plain_read)):
+        os.sync()  # the previous phase's (and run's) writeback is not charged to this one
         barrier.wait()
         t0 = time.monotonic()
         fn()

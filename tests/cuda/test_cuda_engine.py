@@ -42,3 +42,14 @@ def test_cpu_and_disk_tiers_on_cuda(baseline, tmp_path):
     assert stats["prefix_hit_tokens"]["cpu"] > 0 and stats["prefix_hit_tokens"]["disk"] > 0
     assert all(d["failed"] == 0 for d in stats["transfer"].values())
 
+
+
+def test_cpu_and_shared_fs_tiers_on_cuda_across_two_engines(baseline, tmp_path):
+    """A second engine on the same fs directory loads the first one's blocks into CUDA memory."""
+    tiers = [{"name": "cpu", "medium": "cpu", "capacity": 120 * BLOCK_BYTES},
+             {"name": "shared", "medium": "fs", "path": str(tmp_path), "capacity": "64MiB"}]
+    first, _ = run({"tiers": tiers})
+    second, stats = run({"tiers": tiers})
+    assert first == second == baseline[0]
+    assert stats["prefix_hit_tokens"]["fs"] > 0
+    assert all(d["failed"] == 0 for d in stats["transfer"].values())
