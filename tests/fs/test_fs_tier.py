@@ -67,8 +67,13 @@ def result(proc: subprocess.Popen, timeout: float = 240) -> dict:
 
 
 def test_four_processes_share_one_directory_within_its_capacity(tmp_path, baseline):
-    capacity = 96 * allocated(8192 + 64)  # the four workloads write about 260 records: evictions run
+    """Round 1: four processes write their own workloads at once, about 220 records into room
+    for 128, so evictions run while they share the directory. Round 2: process 0 alone serves a
+    fresh workload. Round 3: the other three serve it too, and find it on the fs tier: blocks
+    another process wrote."""
+    capacity = 128 * allocated(8192 + 64)
     root = tmp_path / "shared"
+    (tmp_path / "barrier").mkdir()
     peak = [0]
     stop = threading.Event()
 
@@ -79,19 +84,26 @@ def test_four_processes_share_one_directory_within_its_capacity(tmp_path, baseli
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    # No backpressure here: four engines on two cores run every store late, and a skipped
+    # store would be a block the others cannot find (backpressure has tests of its own).
+    kv = fs_offload(str(root), str(capacity), max_store_ms_per_mib=60_000)
+    seeds = [[0, 9, None]] + [[i, None, 9] for i in range(1, 4)]
     try:
-        procs = [start({"kv_offload": fs_offload(str(root), str(capacity)), "seeds": [i, (i + 1) % 4]})
-                 for i in range(4)]
+        procs = [start({"kv_offload": kv, "seeds": seeds[i],
+                        "barrier": {"dir": str(tmp_path / "barrier"), "rank": i, "procs": 4}}) for i in range(4)]
         results = [result(p) for p in procs]
     finally:
         stop.set()
         watcher.join()
+    fresh = run_rounds(None, [9])[0][0]
     for i, r in enumerate(results):
-        assert r["tokens"] == [baseline[i], baseline[(i + 1) % 4]], f"process {i}: tokens differ from no offload"
+        expected = [baseline[i], fresh, None] if i == 0 else [baseline[i], None, fresh]
+        assert r["tokens"] == expected, f"process {i}: tokens differ from no offload"
         assert r["connector"]["tier_io_errors"] == {"fs": 0}
-    # Round 2 replays a neighbour's round 1: whatever it finds on the fs tier came from another process.
-    assert sum(r["fs_hits"][1] for r in results) > 0
-    assert 0 < peak[0] <= capacity, f"directory peaked at {peak[0]} bytes, capacity {capacity}"
+    for r in results[1:]:
+        assert r["fs_hits"][2] >= 128, f"found only {r['fs_hits'][2]} tokens of process 0's workload"
+    assert sum(r["connector"]["blocks_demoted"] for r in results) > 128  # more than the directory holds
+    assert 0.9 * capacity <= peak[0] <= capacity, f"directory peaked at {peak[0]} bytes, capacity {capacity}"
     store = FsStore([FsDirectory(root, capacity, 8192 + 64, "fs")])
     store.sweep_all()
     assert store.usage()[0] == directory_bytes(root) <= capacity
@@ -166,3 +178,16 @@ def test_a_record_copied_under_another_namespace_s_name_is_rejected_and_deleted(
     assert store.exists([b.key(b"h" * 32, 0), a.key(b"h" * 32, 0)]) == [0, 1]
     io_a.read([0], [b"h" * 32], [out.data])
     assert np.array_equal(out, block)
+
+
+def test_the_tier_reports_the_whole_directory_s_fill_not_only_its_own_writes(tmp_path, baseline):
+    from kvoffload.engine import LLM
+    from tests.fs.fs_job import engine_config
+
+    kv = fs_offload(str(tmp_path / "shared"), "4MiB")
+    run_rounds(kv, [0])  # another process's writes, as far as the next engine knows
+    records = len(list((tmp_path / "shared").rglob("*.kv")))
+    assert records > 0
+    with LLM(engine_config(kv)) as llm:  # has written nothing yet
+        used, capacity = llm.stats()["connector"]["tier_usage"]["fs"]
+    assert used == records and capacity == (4 << 20) // allocated(8192 + 64)

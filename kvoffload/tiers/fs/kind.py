@@ -5,8 +5,9 @@ directories (``paths:``, one per drive) with blocks spread over them by key.
 It is a shared store made of files (FsStore), so it reuses what every shared tier has: lookups
 asked once per request on a background thread (StoreLookups: a slow file system costs misses,
 never a stalled step), keyed and checksummed records (StoreIO, the same records as Mooncake's),
-the remote ledger (RemoteTierManager) and the chain's fences, promotion and metrics. Written
-through by default: a process shares every block it computes, not only its CPU victims.
+the remote ledger (FsTierManager, which reports the whole directory's fill) and the chain's
+fences, promotion and metrics. Written through by default: a process shares every block it
+computes, not only its CPU victims.
 """
 
 from __future__ import annotations
@@ -21,35 +22,21 @@ from typing import Any
 from kvoffload.auth import RecordTagger
 from kvoffload.config import TierConfig, format_bytes
 from kvoffload.errors import ConfigError
-from kvoffload.offload.abstract import Medium
-from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.offload.remote_manager import RemoteTierManager
 from kvoffload.offload.store_keys import StoreKeys
-from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.fs.directory import FsDirectory
+from kvoffload.tiers.fs.manager import FsTierManager
 from kvoffload.tiers.fs.options import OPTION_KEYS, FsOptions, parse_options
+from kvoffload.tiers.fs.spec import FS, FsLoadStoreSpec
 from kvoffload.tiers.fs.store import FsStore
 from kvoffload.transfer.store_io import StoreIO
 from kvoffload.transfer.store_record import HEADER_BYTES
 
 logger = logging.getLogger(__name__)
 
-FS = Medium.register("FS")
 #: Records of a worker's StoreIO staging arena: only their headers are used (files are read
 #: into and written from the blocks' own memory), so the rest is never touched.
 STAGING_RECORDS = 64
-
-
-class FsLoadStoreSpec(KeyedLoadStoreSpec):
-    """Blocks of a shared fs tier: the hashes address them (as file names); the slot ids only
-    pair each block with its hash in the scheduler's ledger."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def medium() -> Medium:
-        return FS
 
 
 def tier_roots(tier: TierConfig, key: str) -> list[str]:
@@ -123,7 +110,7 @@ class FsTier(TierKind):
         return FsStore([FsDirectory(Path(r), share, HEADER_BYTES + c.block_bytes, f"{c.key}.path") for r in roots],
                        self.options.io_threads)
 
-    def build_manager(self) -> RemoteTierManager:
+    def build_manager(self) -> FsTierManager:
         store = self.store()
         # Temporaries of processes killed mid-write, and counts they left high: reclaimed once,
         # off the critical path (evictions reclaim them too, bucket by bucket).
@@ -131,8 +118,8 @@ class FsTier(TierKind):
         logger.info("kvoffload: %s (fs): %s, %s over %d bucket(s) per directory%s", self.ctx.key, store.name,
                     format_bytes(self.ctx.tier.capacity_bytes), len(store.directories[0].buckets),
                     f", records authenticated (secret id {self._tagger.key_id})" if self._tagger.authenticated else "")
-        return RemoteTierManager(self.spec_type, StoreLookups(store, self.keys()), self.ctx.num_slots,
-                                 self.options.retry_after_s, name=store.name)
+        return FsTierManager(store, self.keys(), HEADER_BYTES + self.ctx.block_bytes, self.ctx.num_slots,
+                             self.options.retry_after_s)
 
     def build_io(self) -> StoreIO:
         record = HEADER_BYTES + self.ctx.block_bytes

@@ -203,6 +203,12 @@ class FsStore(KeyValueStore):
         finally:
             os.close(fd)
 
+    def touch(self, keys: list[str]) -> None:
+        """Mark records recently used (their mtime), so evictions by any process keep them."""
+        for key in keys:
+            with suppress(OSError):
+                os.utime(self.place(key)[1])
+
     def remove(self, keys: list[str]) -> None:
         for bucket, items in self._by_bucket(keys):
             with suppress(OSError), bucket.locked() as held:
