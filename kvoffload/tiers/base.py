@@ -91,8 +91,9 @@ class TierKind(ABC):
         self.ctx = ctx
 
     def store_latency_bound_s(self) -> float | None:
-        """Backpressure: stores to this tier are skipped while its writes average more than this
-        many seconds per MiB, queueing included (None: never skipped)."""
+        """Backpressure: a store to this tier is allowed 10 ms plus this many seconds per MiB,
+        queueing included; while stores run later than that, new ones are skipped
+        (``kvoffload.transfer.backpressure``; None: never skipped)."""
         return None
 
     @abstractmethod
