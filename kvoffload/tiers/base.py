@@ -21,6 +21,7 @@ from kvoffload.config import TierConfig
 from kvoffload.namespace import KVNamespace
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
+from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.offload.tier import Tier
 from kvoffload.transfer.tier_io import TierIO
 
@@ -47,6 +48,11 @@ class TierContext:
         if key_id == "none":
             return self.layout_digest
         return hashlib.sha256(f"{self.layout_digest}|auth={key_id}".encode()).hexdigest()[:16]
+
+    def store_keys(self, key_id: str) -> StoreKeys:
+        """The key names of this tier's blocks in a shared key-value store (``key_id``: the
+        secret's id, as ``tier_digest`` folds it in)."""
+        return StoreKeys.of(self.tier_digest(key_id), self.block_tokens, self.block_bytes, self.world_size)
 
 
 class TierKind(ABC):

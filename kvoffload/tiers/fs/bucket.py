@@ -29,6 +29,8 @@ RECORD_SUFFIX = ".kv"
 TEMP_SUFFIX = ".tmp"
 #: An eviction frees the bucket down to this share of its capacity, so one scan serves many writes.
 LOW_WATERMARK = 0.9
+#: A bucket's ``.used`` file: its byte count, little-endian.
+COUNTER_BYTES = 8
 
 
 def allocated(size: int) -> int:
@@ -48,6 +50,11 @@ class Bucket:
         self._threads = threading.Lock()  # POSIX locks are per process: this process's threads queue here
         self.num_evicted = 0
         self.num_temps_reclaimed = 0
+
+    def counted(self) -> int:
+        """The bucket's count as last written, read without the lock (for reports: a write in
+        progress may change it the next moment); 0 when there is none yet."""
+        return _decode(self._counter.read_bytes())
 
     @contextmanager
     def locked(self) -> Iterator[HeldBucket]:
@@ -83,13 +90,13 @@ class HeldBucket:
         self._fd = fd
 
     def used(self) -> int:
-        raw = os.pread(self._fd, 8, 0)
-        if len(raw) < 8:  # a new bucket, or a counter lost: count what is there
+        raw = os.pread(self._fd, COUNTER_BYTES, 0)
+        if len(raw) < COUNTER_BYTES:  # a new bucket, or a counter lost: count what is there
             return self.sweep()
-        return int.from_bytes(raw, "little")
+        return _decode(raw)
 
     def _set_used(self, nbytes: int) -> None:
-        os.pwrite(self._fd, max(0, nbytes).to_bytes(8, "little"), 0)
+        os.pwrite(self._fd, max(0, nbytes).to_bytes(COUNTER_BYTES, "little"), 0)
 
     def reserve(self, nbytes: int) -> bool:
         """Count ``nbytes`` about to be written, evicting the oldest records if they do not fit;
@@ -136,6 +143,11 @@ class HeldBucket:
                 self.bucket.num_evicted += 1
         self._set_used(total)
         return total
+
+
+def _decode(raw: bytes) -> int:
+    """A ``.used`` file's count (0 for a file shorter than one)."""
+    return int.from_bytes(raw[:COUNTER_BYTES], "little") if len(raw) >= COUNTER_BYTES else 0
 
 
 def _unlink(path: str) -> None:

@@ -99,8 +99,7 @@ class FsTier(TierKind):
         return self.options.max_store_ms_per_mib / 1000.0
 
     def keys(self) -> StoreKeys:
-        c = self.ctx
-        return StoreKeys.of(c.tier_digest(self._tagger.key_id), c.block_tokens, c.block_bytes, c.world_size)
+        return self.ctx.store_keys(self._tagger.key_id)
 
     def store(self) -> FsStore:
         """The directories, opened: one record is this rank's share of a block and its header."""

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from pathlib import Path
 from typing import TypeVar
 
 import xxhash
@@ -252,7 +251,7 @@ class FsStore(KeyValueStore):
         for d in self.directories:
             for bucket in d.buckets:
                 with suppress(OSError):
-                    used += int.from_bytes(Path(bucket.path, ".used").read_bytes()[:8], "little")
+                    used += bucket.counted()
         return used, sum(d.capacity for d in self.directories)
 
 

@@ -62,8 +62,7 @@ class MooncakeTier(TierKind):
         self._tagger = RecordTagger(self._secret, "", ctx.auth.algorithm)  # the key name carries the namespace
 
     def keys(self) -> StoreKeys:
-        c = self.ctx
-        return StoreKeys.of(c.tier_digest(self._tagger.key_id), c.block_tokens, c.block_bytes, c.world_size)
+        return self.ctx.store_keys(self._tagger.key_id)
 
     def build_manager(self) -> RemoteTierManager:
         if not self._tagger.authenticated:
