@@ -65,3 +65,14 @@ def test_config_check_reports_an_unwritable_directory(tmp_path, capsys):
                    "capacity: 1MiB}\n")
     assert main(["config", "check", str(bad)]) != 0
     assert "tiers[1].path" in capsys.readouterr().err
+
+
+def test_config_check_looks_at_every_directory_of_paths(tmp_path, capsys):
+    """A first directory short of space is a warning; an unwritable second one is still an error."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    cfg = tmp_path / "paths.yaml"
+    cfg.write_text(f"tiers:\n  - {{medium: cpu, capacity: 1MiB}}\n  - {{medium: fs, capacity: 64000TiB, "
+                   f"paths: [{tmp_path / 'a'}, {blocked / 'b'}]}}\n")
+    assert main(["config", "check", str(cfg)]) != 0
+    assert f"{blocked / 'b'}" in capsys.readouterr().err

@@ -74,6 +74,7 @@ class FsTier(TierKind):
         """Each directory creatable and writable, and its share of the capacity within its free space."""
         roots = tier_roots(tier, key)
         share = tier.capacity_bytes // len(roots)
+        warnings = []
         for root in roots:
             p = Path(root)
             target = next((a for a in (p, *p.parents) if a.exists()), None)
@@ -82,9 +83,9 @@ class FsTier(TierKind):
                                   "directory")
             free = shutil.disk_usage(target).free
             if share > free:
-                return [f"{key}: {format_bytes(share)} of capacity on {root}, which has {format_bytes(free)} free "
-                        "(shared directories may be filled by other processes too)"]
-        return []
+                warnings.append(f"{key}: {format_bytes(share)} of capacity on {root}, which has {format_bytes(free)} "
+                                "free (shared directories may be filled by other processes too)")
+        return warnings
 
     @property
     def options(self) -> FsOptions:

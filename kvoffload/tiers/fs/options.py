@@ -14,7 +14,8 @@ from kvoffload.errors import ConfigError
 class FsOptions:
     #: Directories the blocks are spread over by key (``paths:``); empty: the tier's ``path``.
     paths: tuple[str, ...] = ()
-    #: Stores are skipped while writes average more than this many ms per MiB (queue included).
+    #: Backpressure: a store is allowed 10 ms plus this many ms per MiB (queueing included);
+    #: while stores run later than that, new ones are skipped.
     max_store_ms_per_mib: float = 20.0
     #: An I/O outage takes the tier out this long, then it is tried again.
     retry_after_s: float = 10.0
