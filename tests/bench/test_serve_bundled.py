@@ -124,3 +124,18 @@ def test_configuration_names_read_plain_default_as_plain_and_refuse_unknown_ones
     assert configs["cpu"]["kv_connector_extra_config"]["config"]["tiers"][0]["medium"] == "cpu"
     with pytest.raises(ValueError, match="'gpu'; use plain, cpu, cpu"):
         serve_bench.configurations(["gpu"], "1GB", "2GB", tmp_path)
+
+
+@pytest.mark.parametrize("hf, hybrid, expected", [
+    ({}, False, False),                                                     # Llama-shaped: one KV kind
+    ({"layer_types": ["full_attention"] * 4}, False, False),
+    ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64}, False, True),  # Gemma 3
+    ({"sliding_window": 4096}, False, True),                                # Mistral-style window
+    ({}, True, True),                                                       # Mamba state groups
+])
+def test_the_hybrid_allocator_setting_is_compared_only_where_it_changes_the_engine(hf, hybrid, expected):
+    from types import SimpleNamespace
+
+    from kvoffload.bench.serve_bench import _has_several_kv_kinds
+
+    assert _has_several_kv_kinds(SimpleNamespace(hf_text_config=SimpleNamespace(**hf), is_hybrid=hybrid)) is expected
