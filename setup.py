@@ -7,5 +7,6 @@ kvoffload uses its pure-Python ledger (logged once at start-up).
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("kvoffload_ext._ledger", ["kvoffload_ext/_ledger.c"], optional=True,
-                             depends=["kvoffload_ext/ledger_containers.h", "kvoffload_ext/ledger_policy.h"],
+                             depends=["kvoffload_ext/ledger_containers.h", "kvoffload_ext/ledger_policy.h",
+                                      "kvoffload_ext/ledger_prefix_value.h"],
                              extra_compile_args=["-O2", "-std=c11"])])

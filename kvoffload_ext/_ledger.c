@@ -133,7 +133,7 @@ static PyObject *L_touch(Ledger *self, PyObject *arg) {
 }
 
 static PyObject *L_refresh(Ledger *self, PyObject *arg) {
-    if (self->policy == POL_CLASSIC) Py_RETURN_NONE; /* classic ARC has no notion of it */
+    if (self->policy == POL_CLASSIC || self->policy == POL_PV) Py_RETURN_NONE; /* no notion of it */
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
     for (Py_ssize_t i = kk.n - 1; i >= 0; i--) {
@@ -201,6 +201,10 @@ static PyObject *L_prepare_store(Ledger *self, PyObject *arg) {
                 in_b2 |= self->hits.tag[hit] == T2;
             }
         }
+    }
+    if (self->policy == POL_PV && nnew) {
+        nnew = pv_admit(self, kk.items, kk.hs, newpos, nnew);
+        if (nnew < 0) goto done;
     }
     need = nnew - (self->nfree + (self->cap - self->allocated));
     if (need > self->cap) { result = Py_None; goto done; }
@@ -466,9 +470,9 @@ static int L_init(Ledger *self, PyObject *args, PyObject *kwds) {
     int cap, policy;
     PyObject *refs;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiO", kw, &cap, &policy, &refs)) return -1;
-    if (cap < 1 || policy < POL_LRU || policy > POL_CLASSIC) {
-        PyErr_Format(PyExc_ValueError, "Ledger(capacity=%d, policy=%d): capacity >= 1, policy 1 (LRU), 2 (ARC) or "
-                     "3 (classic ARC)", cap, policy);
+    if (cap < 1 || policy < POL_LRU || policy > POL_PV) {
+        PyErr_Format(PyExc_ValueError, "Ledger(capacity=%d, policy=%d): capacity >= 1, policy 1 (LRU), 2 (ARC), "
+                     "3 (classic ARC) or 4 (prefix_value)", cap, policy);
         return -1;
     }
     if (PyObject_GetBuffer(refs, &self->refs_buf, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) return -1;
@@ -493,7 +497,8 @@ static int L_init(Ledger *self, PyObject *args, PyObject *kwds) {
     self->vbuf2 = policy != POL_LRU ? PyMem_Malloc(n * sizeof(int32_t)) : NULL;
     if (!self->key || !self->khash || !self->prev || !self->next || !self->tag || !self->mark || !self->free_stack
         || (policy != POL_LRU && (!self->vbuf1 || !self->vbuf2)) || tbl_init(&self->index, cap) < 0
-        || pool_init(&self->ghosts) < 0 || pool_init(&self->hits) < 0) {
+        || pool_init(&self->ghosts) < 0 || pool_init(&self->hits) < 0
+        || (policy == POL_PV && (!(self->pv = pv_new(cap)) || !pv_complete(self->pv)))) {
         PyErr_NoMemory();
         return -1;
     }
@@ -531,6 +536,7 @@ static void L_dealloc(Ledger *self) {
     PyMem_Free(self->index.b);
     pool_free(&self->ghosts);
     pool_free(&self->hits);
+    pv_free(self->pv);
     if (self->refs_buf.obj) PyBuffer_Release(&self->refs_buf);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -573,7 +579,7 @@ static PyTypeObject LedgerType = {
     .tp_name = "kvoffload_ext._ledger.Ledger",
     .tp_basicsize = sizeof(Ledger),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Ledger(capacity, policy, refs): one tier's slots, ref counts and LRU (1) / ARC (2) / classic ARC (3) order.",
+    .tp_doc = "Ledger(capacity, policy, refs): one tier's slots, ref counts and LRU (1) / ARC (2) / classic ARC (3) / prefix_value (4) order.",
     .tp_new = L_new,
     .tp_dealloc = (destructor)L_dealloc,
     .tp_methods = L_methods,
@@ -594,7 +600,8 @@ PyMODINIT_FUNC PyInit__ledger(void) {
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "LRU", POL_LRU) < 0 || PyModule_AddIntConstant(m, "ARC", POL_ARC) < 0
-        || PyModule_AddIntConstant(m, "CLASSIC_ARC", POL_CLASSIC) < 0) {
+        || PyModule_AddIntConstant(m, "CLASSIC_ARC", POL_CLASSIC) < 0
+        || PyModule_AddIntConstant(m, "PREFIX_VALUE", POL_PV) < 0) {
         Py_DECREF(m);
         return NULL;
     }

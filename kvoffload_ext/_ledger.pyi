@@ -6,6 +6,7 @@ from collections.abc import Hashable, Iterable, Sequence
 LRU: int
 ARC: int
 CLASSIC_ARC: int
+PREFIX_VALUE: int
 
 class Ledger:
     target_t1_size: float

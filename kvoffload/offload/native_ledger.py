@@ -1,4 +1,5 @@
-"""NativeSlotLedger: the SlotLedger in C (``kvoffload_ext._ledger``) for "lru", "arc", "arc_classic".
+"""NativeSlotLedger: the SlotLedger in C (``kvoffload_ext._ledger``) for "lru", "arc", "arc_classic"
+and "prefix_value".
 
 The same contract, slots, eviction order and ghost lists as the Python ledger; one C call per
 run of hashes instead of Python work per hash. ``make_ledger`` picks it for those names when the
@@ -29,7 +30,7 @@ else:
 logger = logging.getLogger(__name__)
 
 #: Policy names the native ledger implements, and its code for each.
-NATIVE_POLICIES = {"lru": 1, "arc": 2, "arc_classic": 3}
+NATIVE_POLICIES = {"lru": 1, "arc": 2, "arc_classic": 3, "prefix_value": 4}
 
 _warned = False
 
@@ -78,7 +79,7 @@ class NativeSlotLedger(SlotLedger):
         refs = array("i", bytes(4 * capacity))
         self._core = core = _ledger.Ledger(capacity, NATIVE_POLICIES[cache_policy], refs)
         self._view = NativeLedgerView(core, refs, capacity)
-        view = NativeLRUView if cache_policy == "lru" else NativeARCView
+        view = NativeLRUView if cache_policy in ("lru", "prefix_value") else NativeARCView
         self._policy_view = view(core, refs, capacity)
 
     @property

@@ -67,6 +67,13 @@ class CachePolicy(ABC):
         re-ranked in prefix order when it finishes (vLLM's request-scoped access). Frequency
         policies must not count it as a use; the default ignores it."""
 
+    def admitted(self, block_hashes: list[BlockHash]) -> list[BlockHash]:
+        """Of these absent blocks offered for store, the ones worth a slot, in order; the rest
+        are not stored (the offer is answered as if they were). An admission policy declines
+        blocks it predicts will not be reused, instead of evicting a useful block for each.
+        The default admits every block."""
+        return block_hashes
+
 
 class SlotPolicy(ABC):
     """The slot-level calls a manager drives a policy through (it has updated its ledger's

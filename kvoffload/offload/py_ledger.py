@@ -121,6 +121,8 @@ class PySlotLedger(SlotLedger):
         book = self.book
         index = book.index
         new = [h for h in hashes if h not in index]
+        if new:
+            new = self._policy.admitted(new)
         need = len(new) - self.num_free
         evicted: list[BlockHash] = []
         evicted_slots: list[int] = []

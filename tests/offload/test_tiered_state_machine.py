@@ -20,7 +20,7 @@ from kvoffload.tiers.disk.ledger import DiskOffloadingManager
 
 HASHES = st.integers(min_value=0, max_value=6)
 CPU, DISK = 4, 6
-LIVE_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic"]
+LIVE_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value"]
 
 
 def make_machine(policy: str, threshold: int):

@@ -282,3 +282,15 @@ def test_kv_cache_group_kinds_we_cannot_offload_are_refused_by_name():
     mamba = MambaSpec.__new__(MambaSpec)  # its fields vary by version: the kind is what is checked
     with pytest.raises(ValueError, match=r"KV-cache group of kind MambaSpec is not supported"):
         _group_window(mamba)
+
+
+def test_prefix_value_policy_runs_behind_the_offloading_spec():
+    m = KVOffloadManager(lambda: CPUOffloadingManager(2, "prefix_value"))
+    slots = []
+    for i, rid in enumerate("abc"):
+        ctx = ReqContext(rid)
+        slots += store(m, ctx, [i])
+        m.on_request_finished(ctx)
+    assert slots[:2] == [0, 1] and slots[2] in (0, 1)  # the third block took an evicted block's slot
+    assert m.lookup(key(2), ReqContext("d")) is LookupResult.HIT
+    assert [m.lookup(key(i), ReqContext("d")) for i in (0, 1)].count(LookupResult.HIT) == 1
