@@ -164,7 +164,8 @@ def test_offloading_spec_route_with_vllms_own_connector(model, plain, chunk_toke
 
 
 def test_offloading_spec_route_by_plugin_name(model, plain):
-    cfg = spec_route(CPU)
+    # Also the KV-aware policy, live in vLLM: its tier serves the second round.
+    cfg = spec_route([{**CPU[0], "eviction_policy": "prefix_value"}])
     del cfg["kv_connector_extra_config"]["spec_module_path"]  # the plugin registered "KVOffloadSpec"
     rounds = run_job({"model": model, "kv_transfer_config": cfg})
     assert all(c >= 256 for c in rounds[1]["cached"])
