@@ -73,6 +73,7 @@ static void pv_insert(Ledger *self, int32_t s) {
         pv->depth[s] = pv->hdepth[g];
         pv->end[s] = pv->hend[g];
         pv->has_end[s] = pv->hhas_end[g];
+        pv->epoch[s] = pv->hepoch[g];
         pv_hist_del(pv, g);
     } else {
         pv->kind[s] = PV_DEFAULT_KIND;
@@ -80,6 +81,7 @@ static void pv_insert(Ledger *self, int32_t s) {
         pv->depth[s] = 0;
         pv->end[s] = 0;
         pv->has_end[s] = 0;
+        pv->epoch[s] = pv->epochc;
     }
     pv_push(pv, s);
 }
@@ -89,6 +91,7 @@ static int pv_touch(Ledger *self, PyObject *const *items, const Py_hash_t *hs, P
     if (n == 0) return 0;
     PV *pv = self->pv;
     Py_hash_t end = hs[n - 1];
+    uint64_t epoch = ++pv->epochc;
     Py_ssize_t known = 0;
     while (known < n) {
         int32_t s = find(self, items[known], hs[known]);
@@ -113,6 +116,7 @@ static int pv_touch(Ledger *self, PyObject *const *items, const Py_hash_t *hs, P
             pv->end[s] = end;
             pv->has_end[s] = 1;
             pv->depth[s] = (int32_t)i;
+            pv->epoch[s] = epoch;
             pv_push(pv, s);
             continue;
         }
@@ -125,7 +129,7 @@ static int pv_touch(Ledger *self, PyObject *const *items, const Py_hash_t *hs, P
             pv_outcome(pv, pv->hist.tag[g], 1);
         }
         int kind = pv_kind(sight, n - 1 - i, new_chain, new_blocks);
-        if (pv_remember(pv, items[i], hs[i], g, kind, sight, 1, end, (int32_t)i) < 0) {
+        if (pv_remember(pv, items[i], hs[i], g, kind, sight, 1, end, (int32_t)i, epoch) < 0) {
             PyErr_NoMemory();
             return -1;
         }
@@ -153,7 +157,7 @@ static int pv_evict(Ledger *self, int32_t n, int32_t *out) {
         if (pv->prio[s] > pv->level) pv->level = pv->prio[s];
         self->tag[s] = FREE_TAG;
         if (pv_remember(pv, self->key[s], self->khash[s], NIL, pv->kind[s], pv->sight[s], pv->has_end[s], pv->end[s],
-                        pv->depth[s]) < 0)
+                        pv->depth[s], pv->epoch[s]) < 0)
             return -1;
     }
     return 1;

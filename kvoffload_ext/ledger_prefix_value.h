@@ -9,7 +9,7 @@
 
 #define PV_KINDS 30
 #define PV_DEFAULT_KIND 23 /* seen once, body, new chain, > 32 new blocks: nothing known */
-#define PV_DEPTH_EPS 1e-7
+#define PV_GRID 64.0 /* values on a 1/64 grid: equal kinds tie, recency decides */
 
 typedef struct {
     /* per slot */
@@ -18,19 +18,20 @@ typedef struct {
     Py_hash_t *end;
     uint8_t *has_end;
     double *prio;
-    uint64_t *seq;
+    uint64_t *seq, *epoch; /* epoch: the touch call of the last sighting */
     int32_t *heap, hsize;
     /* history: a key pool (tag = kind) in FIFO order; fields per pool node */
     Pool hist;
     List order;
     int32_t *hsight, *hdepth, hnodes;
+    uint64_t *hepoch;
     Py_hash_t *hend;
     uint8_t *hhas_end;
     Py_ssize_t hist_size;
     double wins[PV_KINDS], trials[PV_KINDS];
     Py_ssize_t outcomes;
     double level, threshold, prior_a, prior_b;
-    uint64_t seqc;
+    uint64_t seqc, epochc;
 } PV;
 
 /* Python: _kind(sightings, from_end, new_chain, new_blocks). */
@@ -59,8 +60,12 @@ static void pv_outcome(PV *pv, int kind, int reused) {
 
 /* ---- the heap ------------------------------------------------------------------------------ */
 
+/* Python's heap order: (priority, epoch, -depth, sequence). */
 static inline int pv_less(const PV *pv, int32_t a, int32_t b) {
-    return pv->prio[a] < pv->prio[b] || (pv->prio[a] == pv->prio[b] && pv->seq[a] < pv->seq[b]);
+    if (pv->prio[a] != pv->prio[b]) return pv->prio[a] < pv->prio[b];
+    if (pv->epoch[a] != pv->epoch[b]) return pv->epoch[a] < pv->epoch[b];
+    if (pv->depth[a] != pv->depth[b]) return pv->depth[a] > pv->depth[b];
+    return pv->seq[a] < pv->seq[b];
 }
 
 static inline void pv_place(PV *pv, int32_t i, int32_t s) {
@@ -109,7 +114,7 @@ static void pv_heap_del(PV *pv, int32_t s) {
 
 /* Python: _push. A fresh priority and sequence; the slot moves within the heap or joins it. */
 static void pv_push(PV *pv, int32_t s) {
-    pv->prio[s] = pv->level + pv_value(pv, pv->kind[s]) - PV_DEPTH_EPS * pv->depth[s];
+    pv->prio[s] = pv->level + (double)(int64_t)(pv_value(pv, pv->kind[s]) * PV_GRID) / PV_GRID;
     pv->seq[s] = ++pv->seqc;
     if (pv->pos[s] == NIL) {
         pv_heap_add(pv, s);
@@ -132,7 +137,9 @@ static int pv_hist_reserve(PV *pv) {
     if (c) pv->hend = c;
     uint8_t *d = PyMem_Realloc(pv->hhas_end, n);
     if (d) pv->hhas_end = d;
-    if (!a || !b || !c || !d) return -1;
+    uint64_t *e = PyMem_Realloc(pv->hepoch, n * sizeof(uint64_t));
+    if (e) pv->hepoch = e;
+    if (!a || !b || !c || !d || !e) return -1;
     pv->hnodes = pv->hist.nodes;
     return 0;
 }
@@ -145,7 +152,7 @@ static void pv_hist_del(PV *pv, int32_t g) {
 /* Python: _remember. Key k's last sighting, newest in the FIFO; the oldest beyond the bound
  * leave as failed experiments. g: its node when the caller found one, else NIL. */
 static int pv_remember(PV *pv, PyObject *k, Py_hash_t h, int32_t g, int kind, int32_t sight, int has_end,
-                       Py_hash_t end, int32_t depth) {
+                       Py_hash_t end, int32_t depth, uint64_t epoch) {
     if (g == NIL) {
         g = pool_add(&pv->hist, k, h, kind);
         if (g < 0 || pv_hist_reserve(pv) < 0) return -1;
@@ -158,6 +165,7 @@ static int pv_remember(PV *pv, PyObject *k, Py_hash_t h, int32_t g, int kind, in
     pv->hdepth[g] = depth;
     pv->hend[g] = end;
     pv->hhas_end[g] = (uint8_t)has_end;
+    pv->hepoch[g] = epoch;
     while (pv->order.size > pv->hist_size) {
         int32_t old = pv->order.head;
         pv_outcome(pv, pv->hist.tag[old], 0);
@@ -180,6 +188,7 @@ static PV *pv_new(int32_t cap) {
     pv->has_end = PyMem_Calloc(n, 1);
     pv->prio = PyMem_Calloc(n, sizeof(double));
     pv->seq = PyMem_Calloc(n, sizeof(uint64_t));
+    pv->epoch = PyMem_Calloc(n, sizeof(uint64_t));
     pv->heap = PyMem_Malloc(n * sizeof(int32_t));
     pv->hist_size = 2 * (Py_ssize_t)cap > 1024 ? 2 * (Py_ssize_t)cap : 1024; /* history_factor 2 */
     pv->threshold = 0.2;
@@ -187,15 +196,15 @@ static PV *pv_new(int32_t cap) {
     pv->prior_b = 3.0;
     pv->order = (List){NIL, NIL, 0};
     if (!pv->kind || !pv->sight || !pv->depth || !pv->pos || !pv->end || !pv->has_end || !pv->prio || !pv->seq
-        || !pv->heap || pool_init(&pv->hist) < 0)
+        || !pv->epoch || !pv->heap || pool_init(&pv->hist) < 0)
         return pv; /* the caller sees a missing array and frees */
     for (int32_t s = 0; s < cap; s++) pv->pos[s] = NIL;
     return pv;
 }
 
 static int pv_complete(const PV *pv) {
-    return pv->kind && pv->sight && pv->depth && pv->pos && pv->end && pv->has_end && pv->prio && pv->seq && pv->heap
-           && pv->hist.index.b;
+    return pv->kind && pv->sight && pv->depth && pv->pos && pv->end && pv->has_end && pv->prio && pv->seq
+           && pv->epoch && pv->heap && pv->hist.index.b;
 }
 
 static void pv_free(PV *pv) {
@@ -208,12 +217,14 @@ static void pv_free(PV *pv) {
     PyMem_Free(pv->has_end);
     PyMem_Free(pv->prio);
     PyMem_Free(pv->seq);
+    PyMem_Free(pv->epoch);
     PyMem_Free(pv->heap);
     pool_free(&pv->hist);
     PyMem_Free(pv->hsight);
     PyMem_Free(pv->hdepth);
     PyMem_Free(pv->hend);
     PyMem_Free(pv->hhas_end);
+    PyMem_Free(pv->hepoch);
     PyMem_Free(pv);
 }
 

@@ -15,9 +15,12 @@ the share of blocks of each *kind* that are seen again, and keeps the blocks who
   bounded history of ``history_factor`` x capacity hashes unseen. ``p(kind)`` is the success
   share, counts halved every ``history`` outcomes so the estimate follows the workload.
 * **Eviction** is GreedyDual: priority ``L + p(kind)`` at each sighting, where ``L`` is the
-  priority of the last victim, so recency and value trade off without a tuning knob; a
-  request's deeper blocks rank a hair lower (a tail leaves before its prefix). A heap with
-  lazy invalidation keeps every operation O(log n).
+  priority of the last victim, so recency and value trade off without a tuning knob. Values
+  sit on a 1/64 grid so that equal kinds tie exactly; ties go to recency (the touch call of the
+  last sighting), then the deeper block (a tail leaves before its prefix). A heap with lazy
+  invalidation keeps every operation O(log n).
+* **Admission**: when the tier is full, blocks of kinds worth less than ``admit_threshold``
+  are not stored (``admitted``), so a block that rarely returns does not evict one that might.
 
 A sighting is counted once per request: the engine touches a request's chain more than once
 (lookup, then each store), and all those calls end at the same block hash, so a block
@@ -36,7 +39,7 @@ from kvoffload.offload.policy import CachePolicy
 
 #: Kind of a block we know nothing about (inserted without a touch, e.g. restored at start).
 _DEFAULT_KIND = (1, 2, True, 3)
-_DEPTH_EPS = 1e-7
+_GRID = 64.0
 
 
 def _kind(sightings: int, from_end: int, new_chain: bool, new_blocks: int) -> tuple:
@@ -54,6 +57,7 @@ class _Entry:
     sightings: int
     end: Hashable  # last hash of the touch that counted the last sighting
     depth: int
+    epoch: int  # the touch call of its last sighting
     priority: float = 0.0
     seq: int = 0  # of its live heap entry; older entries are stale
 
@@ -66,6 +70,7 @@ class _Seen:
     sightings: int
     end: Hashable
     depth: int
+    epoch: int
 
 
 class PrefixValueCachePolicy(CachePolicy):
@@ -77,9 +82,10 @@ class PrefixValueCachePolicy(CachePolicy):
         self.blocks: dict[Hashable, _Entry] = {}
         self.history: OrderedDict[Hashable, _Seen] = OrderedDict()
         self.history_size = max(history_factor * cache_capacity, 1024)
-        self.heap: list[tuple[float, int, Hashable]] = []
+        self.heap: list[tuple[float, int, int, int, Hashable]] = []
         self.level = 0.0  # GreedyDual's L
         self._seq = 0
+        self.epoch = 0  # touch calls so far
         self.prior = prior
         self.wins: dict[tuple, float] = {}
         self.trials: dict[tuple, float] = {}
@@ -113,12 +119,14 @@ class PrefixValueCachePolicy(CachePolicy):
 
     # ---- ordering ------------------------------------------------------------------------
     def _push(self, h: Hashable, e: _Entry) -> None:
-        e.priority = self.level + self.value(e.kind) - _DEPTH_EPS * e.depth
+        # Values on a 1/64 grid: equal kinds tie exactly, so recency (the sighting's touch
+        # call, then the deeper block first) orders them, not the drift of a learned share.
+        e.priority = self.level + int(self.value(e.kind) * _GRID) / _GRID
         self._seq += 1
         e.seq = self._seq
-        heapq.heappush(self.heap, (e.priority, self._seq, h))
+        heapq.heappush(self.heap, (e.priority, e.epoch, -e.depth, self._seq, h))
         if len(self.heap) > 4 * len(self.blocks) + 64:
-            self.heap = [(x.priority, x.seq, k) for k, x in self.blocks.items()]
+            self.heap = [(x.priority, x.epoch, -x.depth, x.seq, k) for k, x in self.blocks.items()]
             heapq.heapify(self.heap)
 
     # ---- the CachePolicy contract --------------------------------------------------------
@@ -129,9 +137,9 @@ class PrefixValueCachePolicy(CachePolicy):
     def insert(self, h: Hashable, block: BlockStatus) -> None:
         seen = self.history.pop(h, None)
         if seen is None:
-            e = _Entry(block, _DEFAULT_KIND, 1, None, 0)
+            e = _Entry(block, _DEFAULT_KIND, 1, None, 0, self.epoch)
         else:
-            e = _Entry(block, seen.kind, seen.sightings, seen.end, seen.depth)
+            e = _Entry(block, seen.kind, seen.sightings, seen.end, seen.depth, seen.epoch)
         self.blocks[h] = e
         self._push(h, e)
 
@@ -144,6 +152,8 @@ class PrefixValueCachePolicy(CachePolicy):
             return
         end = hashes[-1]
         n = len(hashes)
+        self.epoch += 1
+        epoch = self.epoch
         blocks, history = self.blocks, self.history
         known = 0
         while known < n and (hashes[known] in blocks or hashes[known] in history):
@@ -158,7 +168,7 @@ class PrefixValueCachePolicy(CachePolicy):
                 self._outcome(e.kind, True)
                 e.sightings += 1
                 e.kind = _kind(e.sightings, n - 1 - i, new_chain, new_blocks)
-                e.end, e.depth = end, i
+                e.end, e.depth, e.epoch = end, i, epoch
                 self._push(h, e)
                 continue
             seen = history.get(h)
@@ -169,7 +179,7 @@ class PrefixValueCachePolicy(CachePolicy):
                 sightings = seen.sightings + 1
                 self._outcome(seen.kind, True)
             kind = _kind(sightings, n - 1 - i, new_chain, new_blocks)
-            self._remember(h, _Seen(kind, sightings, end, i))
+            self._remember(h, _Seen(kind, sightings, end, i, epoch))
 
     def admitted(self, block_hashes: list[Hashable]) -> list[Hashable]:
         if len(self.blocks) < self.cache_capacity:
@@ -191,7 +201,7 @@ class PrefixValueCachePolicy(CachePolicy):
         skipped: list[tuple[float, int, Hashable]] = []
         while heap and len(out) < n:
             item = heapq.heappop(heap)
-            _, seq, h = item
+            seq, h = item[3], item[4]
             e = blocks.get(h)
             if e is None or e.seq != seq:
                 continue  # stale
@@ -204,10 +214,10 @@ class PrefixValueCachePolicy(CachePolicy):
         if len(out) < n:  # not enough evictable blocks: change nothing
             for h, _ in out:
                 e = blocks[h]
-                heapq.heappush(heap, (e.priority, e.seq, h))
+                heapq.heappush(heap, (e.priority, e.epoch, -e.depth, e.seq, h))
             return None
         for h, _ in out:
             e = blocks.pop(h)
             self.level = max(self.level, e.priority)
-            self._remember(h, _Seen(e.kind, e.sightings, e.end, e.depth))
+            self._remember(h, _Seen(e.kind, e.sightings, e.end, e.depth, e.epoch))
         return out

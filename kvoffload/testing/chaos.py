@@ -28,7 +28,7 @@ from typing import Any
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
 
-POLICIES = ("lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic")
+POLICIES = ("lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value")
 BLOCK_BYTES = 8192  # the tiny model's KV per 16-token block
 #: The hybrid model's (Gemma 3 shaped, window 32): 4 KV-cache groups of one layer sharing one
 #: tensor, so a block is a quarter of the memory and the same device memory is 4x the blocks.
