@@ -22,6 +22,9 @@ the share of blocks of each *kind* that are seen again, and keeps the blocks who
 * **Admission**: when the tier is full, blocks of kinds worth less than ``admit_threshold``
   are not stored (``admitted``), so a block that rarely returns does not evict one that might.
 
+The native ledger runs this policy with the defaults below (``eviction_policy: prefix_value``);
+other parameters take a policy object, which runs on the Python ledger.
+
 A sighting is counted once per request: the engine touches a request's chain more than once
 (lookup, then each store), and all those calls end at the same block hash, so a block
 touched again by a call ending where its last sighting ended is the same request.
@@ -79,6 +82,10 @@ class PrefixValueCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         if history_factor < 1:
             raise ValueError(f"history_factor={history_factor}: must be >= 1")
+        if len(prior) != 2 or min(prior) <= 0:
+            raise ValueError(f"prior={prior!r}: give (successes, failures), both > 0, e.g. (1.0, 3.0)")
+        if not 0 <= admit_threshold <= 1:
+            raise ValueError(f"admit_threshold={admit_threshold}: a reuse share in [0, 1] (0 admits every block)")
         self.blocks: dict[Hashable, _Entry] = {}
         self.history: OrderedDict[Hashable, _Seen] = OrderedDict()
         self.history_size = max(history_factor * cache_capacity, 1024)
@@ -198,7 +205,7 @@ class PrefixValueCachePolicy(CachePolicy):
             return []
         blocks, heap = self.blocks, self.heap
         out: list[tuple[Hashable, BlockStatus]] = []
-        skipped: list[tuple[float, int, Hashable]] = []
+        skipped: list[tuple[float, int, int, int, Hashable]] = []
         while heap and len(out) < n:
             item = heapq.heappop(heap)
             seq, h = item[3], item[4]

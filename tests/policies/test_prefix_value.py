@@ -3,6 +3,7 @@ eviction, and the live path (bundled engine, identical tokens)."""
 
 from __future__ import annotations
 
+import pytest
 from kvoffload_policies.prefix_value import PrefixValueCachePolicy
 from kvoffload_policies.simulator import replay
 
@@ -114,3 +115,13 @@ def test_bundled_engine_with_prefix_value_tier_gives_identical_tokens():
             if kv:
                 assert llm.stats()["connector"]["blocks_loaded"] > 0
     assert outs["prefix_value"] == outs["none"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"history_factor": 0}, "history_factor=0: must be >= 1"),
+    ({"prior": (0.0, 3.0)}, r"prior=\(0.0, 3.0\): give \(successes, failures\), both > 0"),
+    ({"admit_threshold": 1.5}, r"admit_threshold=1.5: a reuse share in \[0, 1\]"),
+])
+def test_bad_parameters_are_refused_with_the_value_and_the_fix(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PrefixValueCachePolicy(8, **kwargs)
