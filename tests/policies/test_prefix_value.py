@@ -125,3 +125,24 @@ def test_bundled_engine_with_prefix_value_tier_gives_identical_tokens():
 def test_bad_parameters_are_refused_with_the_value_and_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PrefixValueCachePolicy(8, **kwargs)
+
+
+def test_the_bounds_script_orders_its_ceilings_on_the_packaged_sample(capsys):
+    """examples/policy_bounds.py (the analysis behind policy_experiment.md) keeps running, and
+    its ceilings keep their order: oracle admission >= LRU at every capacity."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("policy_bounds", root / "examples" / "policy_bounds.py")
+    assert spec is not None and spec.loader is not None
+    bounds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bounds)
+    bounds.main(str(root / "kvoffload" / "examples" / "traces" / "mooncake_conversation_1500.jsonl.gz"))
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.lstrip().startswith(("1%", "2%", "5%", "10%"))]
+    assert len(rows) == 4
+    for row in rows:
+        lru, oracle, shares = (float(row[i].rstrip("%")) for i in (2, 7, 14))
+        assert oracle >= lru and shares > 0
+    assert any("body / new chain" in line for line in lines)
