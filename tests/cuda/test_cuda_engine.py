@@ -53,3 +53,30 @@ def test_cpu_and_shared_fs_tiers_on_cuda_across_two_engines(baseline, tmp_path):
     assert first == second == baseline[0]
     assert stats["prefix_hit_tokens"]["fs"] > 0
     assert all(d["failed"] == 0 for d in stats["transfer"].values())
+
+
+HYBRID_PROMPTS = [[1 + (i * 7 + j * 13) % 250 for j in range(n)] for i, n in enumerate((40, 100, 200, 150))]
+
+
+def _run_hybrid(kv_offload):
+    from kvoffload.engine import SamplingParams
+
+    cfg = EngineConfig(model="tiny-hybrid", block_size=8, num_gpu_blocks=400, max_num_batched_tokens=64,
+                       device="cuda", kv_offload=kv_offload)
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    with LLM(cfg) as llm:
+        assert all(t.is_cuda for t in llm.runner.kv_caches)
+        first = [o.token_ids for o in llm.generate(HYBRID_PROMPTS, sp)]
+        assert llm.reset_prefix_cache()  # round 2 can only hit the offload tier
+        second = [o.token_ids for o in llm.generate(HYBRID_PROMPTS, sp)]
+        return first, second, llm.stats()
+
+
+def test_hybrid_sliding_window_model_on_cuda_loads_from_the_cpu_tier():
+    """The hybrid (1 full + 3 sliding-window groups) model on CUDA: same tokens with a CPU tier,
+    every whole prompt block served from it on the second round."""
+    ref = _run_hybrid(None)
+    first, second, stats = _run_hybrid({"tiers": [{"medium": "cpu", "capacity": "8MiB"}]})
+    assert (first, second) == ref[:2]
+    assert stats["external_hit_tokens"] == sum(len(p) // 8 * 8 for p in HYBRID_PROMPTS)
+    assert all(d["failed"] == 0 for d in stats["transfer"].values())
