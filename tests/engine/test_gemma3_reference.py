@@ -108,3 +108,22 @@ def test_soft_capping_matches_transformers(tmp_path):
     assert float(ref.abs().max()) <= 2.0  # the final cap is in effect
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
     assert out.token_ids == ref.argmax(-1).tolist()
+
+
+def test_kvoffload_run_on_a_gemma3_checkpoint(hf_gemma3, tmp_path, capsys):
+    """The README's first command on a hybrid checkpoint directory: same tokens with the CPU
+    tier, and its prefixes served from it."""
+    import json
+
+    from kvoffload.cli import main
+
+    _, path = hf_gemma3
+    out = tmp_path / "run.json"
+    assert main(["run", "--model", path, "--conversations", "4", "--turns", "2", "--system-tokens", "96",
+                 "--user-tokens", "24", "--max-tokens", "4", "--num-gpu-blocks", "24", "--block-size", "8",
+                 "--json", str(out)]) == 0
+    assert "blocks of the hybrid model's KV-cache groups" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["outputs_identical"] is True
+    hits = {k: v for k, v in data["columns"]["offload"].items() if k.startswith("prefix hits")}
+    assert any(v for k, v in hits.items() if "cpu" in k), hits
