@@ -32,8 +32,9 @@ def copy_blocks(
 
 def copy_block_groups(groups: Sequence[CopyGroup]) -> None:
     groups = [(s, d, as_ids(si), as_ids(di)) for s, d, si, di in groups]
+    bounds: dict[int, tuple[int, int]] = {}
     for group in groups:
-        check_group(*group)
+        check_group(*group, bounds=bounds)
     groups = [g for g in groups if len(g[2])]
     if not groups:
         return

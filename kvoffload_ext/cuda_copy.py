@@ -1,9 +1,12 @@
 """CUDA block copies: one gather/scatter kernel launch for a job's small rows, copy engines for large ones.
 
 Small rows (per-layer K/V of one block: 8-64 KiB) go through one CuPy RawKernel launch for
-every range of the call: a small fixed grid striding over (range, 64 KiB slice) items, 16-byte
+every row of the call: a small fixed grid striding over (row, 64 KiB slice) items, 16-byte
 vector loads where source and destination share their alignment, four loads in flight per
-thread (reads of pinned host memory cross PCIe and need many outstanding requests). Pinned
+thread (reads of pinned host memory cross PCIe and need many outstanding requests). The
+kernel reads the job as a compact group table (``group_table``: where each layer view's
+rows start, their stride, the block ids once) and computes every row's address itself, so
+the host's work per call does not grow with layers x blocks. Pinned
 host memory is read or written directly through its device-mapped address (unified
 addressing). The grid is small on purpose: measured on an H100, 32 blocks of 512 threads move
 as much as a full grid, and the SMs they hold are all a compute kernel queued meanwhile waits
@@ -17,52 +20,67 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from kvoffload_ext.ranges import CopyGroup, byte_ranges
+from kvoffload_ext.group_table import GroupTable, group_table
+from kvoffload_ext.ranges import CopyGroup
 
 log = logging.getLogger("kvoffload")
 # CuPy 14 deprecates ExternalStream for Stream.from_external; CuPy 13 has only the former.
 warnings.filterwarnings("ignore", message="ExternalStream is deprecated", category=DeprecationWarning)
 
 _KERNEL_SRC = r"""
-extern "C" __global__ void copy_ranges(const long long* table, long long n, long long slice, long long per_range) {
-    // Work item w is slice (w % per_range) of range (w / per_range); a capped grid strides over them.
+__device__ void copy_slice(const unsigned char* s, unsigned char* d, long long lo, long long hi) {
+    // Bytes [lo, hi) of one row, by the whole thread block: int4 words where both sides share
+    // their alignment, four loads in flight per thread; bytes elsewhere.
     const long long step = blockDim.x;
-    for (long long w = blockIdx.x; w < n * per_range; w += gridDim.x) {
-        const long long r = w / per_range;
-        const long long len = table[2 * n + r];
-        const long long lo = (w % per_range) * slice;
-        if (lo >= len) continue;
-        const long long hi = lo + slice < len ? lo + slice : len;
-        const unsigned char* s = (const unsigned char*)table[r];
-        unsigned char* d = (unsigned char*)table[n + r];
-        if ((((long long)s + lo) & 15) != (((long long)d + lo) & 15)) {
-            for (long long i = lo + threadIdx.x; i < hi; i += step) d[i] = s[i];
-            continue;
+    if ((((long long)s + lo) & 15) != (((long long)d + lo) & 15)) {
+        for (long long i = lo + threadIdx.x; i < hi; i += step) d[i] = s[i];
+        return;
+    }
+    long long head = lo + ((16 - (((long long)s + lo) & 15)) & 15);
+    if (head > hi) head = hi;
+    for (long long i = lo + threadIdx.x; i < head; i += step) d[i] = s[i];
+    const long long words = (hi - head) >> 4;
+    const int4* s4 = reinterpret_cast<const int4*>(s + head);
+    int4* d4 = reinterpret_cast<int4*>(d + head);
+    long long i = threadIdx.x;
+    for (; i + 3 * step < words; i += 4 * step) {
+        int4 a = s4[i], b = s4[i + step], c = s4[i + 2 * step], e = s4[i + 3 * step];
+        d4[i] = a; d4[i + step] = b; d4[i + 2 * step] = c; d4[i + 3 * step] = e;
+    }
+    for (; i < words; i += step) d4[i] = s4[i];
+    for (long long j = head + (words << 4) + threadIdx.x; j < hi; j += step) d[j] = s[j];
+}
+
+extern "C" __global__ void copy_groups(const long long* t, long long groups, long long slice) {
+    // t: the group table (kvoffload_ext/group_table.py). A capped grid strides over work items
+    // (one slice of one row); an item's group is the last whose first item is <= it.
+    const long long items = t[groups];
+    for (long long w = blockIdx.x; w < items; w += gridDim.x) {
+        long long lo = 0, hi = groups - 1;
+        while (lo < hi) {
+            const long long mid = (lo + hi + 1) >> 1;
+            if (t[mid] <= w) lo = mid; else hi = mid - 1;
         }
-        long long head = lo + ((16 - (((long long)s + lo) & 15)) & 15);
-        if (head > hi) head = hi;
-        for (long long i = lo + threadIdx.x; i < head; i += step) d[i] = s[i];
-        const long long words = (hi - head) >> 4;
-        const int4* s4 = reinterpret_cast<const int4*>(s + head);
-        int4* d4 = reinterpret_cast<int4*>(d + head);
-        long long i = threadIdx.x;
-        for (; i + 3 * step < words; i += 4 * step) {
-            int4 a = s4[i], b = s4[i + step], c = s4[i + 2 * step], e = s4[i + 3 * step];
-            d4[i] = a; d4[i + step] = b; d4[i + 2 * step] = c; d4[i + 3 * step] = e;
-        }
-        for (; i < words; i += step) d4[i] = s4[i];
-        for (long long j = head + (words << 4) + threadIdx.x; j < hi; j += step) d[j] = s[j];
+        const long long* g = t + groups + 1 + 8 * lo;
+        const long long local = w - t[lo];
+        const long long row = local / g[7];
+        const long long first = (local - row * g[7]) * slice;
+        const long long last = first + slice < g[4] ? first + slice : g[4];
+        const unsigned char* s = (const unsigned char*)(g[0] + t[g[5] + row] * g[1]);
+        unsigned char* d = (unsigned char*)(g[2] + t[g[6] + row] * g[3]);
+        copy_slice(s, d, first, last);
     }
 }
 """
 
-#: Bytes one thread block copies at a time (a multiple of 16); larger ranges are split.
+#: Bytes one thread block copies at a time (a multiple of 16); larger rows are split.
 SLICE_BYTES = 64 << 10
 THREADS = 512
 #: Thread blocks of one launch: enough loads in flight to fill PCIe, few SMs held.
@@ -78,7 +96,7 @@ def _get_kernel():
     if _kernel is None:
         import cupy
 
-        _kernel = cupy.RawKernel(_KERNEL_SRC, "copy_ranges")
+        _kernel = cupy.RawKernel(_KERNEL_SRC, "copy_groups")
     return _kernel
 
 
@@ -92,22 +110,63 @@ def check_device_addressable(t: torch.Tensor) -> None:
         raise ValueError("host side of a CUDA block copy must be pinned memory (HostBlockBuffer(pin=True))")
 
 
-def copy_ranges_cuda(src: np.ndarray, dst: np.ndarray, lens: np.ndarray, device: torch.device) -> None:
-    """Launch one kernel on the current stream that copies every range (addresses device-usable)."""
+class _TableStaging:
+    """Pinned host memory for one device's kernel tables, reused across calls (pinning a
+    fresh one per call costs a page-locking allocation each time). Two buffers alternate;
+    one is refilled only once the event recorded behind its last upload has passed (normally
+    long since)."""
+
+    def __init__(self) -> None:
+        self._bufs: list[torch.Tensor | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def upload(self, table: np.ndarray, device: torch.device, stream: torch.cuda.Stream) -> torch.Tensor:
+        """``table`` (int64) in device memory, its upload queued on ``stream``."""
+        n = len(table)
+        with self._lock:
+            i = self._next
+            self._next ^= 1
+            event = self._events[i]
+            if event is not None:
+                event.synchronize()
+            buf = self._bufs[i]
+            if buf is None or buf.numel() < n:
+                buf = torch.empty(max(n, 2 * (0 if buf is None else buf.numel()), 1 << 12), dtype=torch.int64,
+                                  pin_memory=True)
+                self._bufs[i] = buf
+            buf.numpy()[:n] = table
+            with torch.cuda.stream(stream):
+                on_device = buf[:n].to(device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._events[i] = event
+        return on_device
+
+
+_staging: dict[int, _TableStaging] = {}
+_staging_lock = threading.Lock()
+
+
+def _table_staging(device: torch.device) -> _TableStaging:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _staging_lock:
+        return _staging.setdefault(index, _TableStaging())
+
+
+def copy_table_cuda(table: GroupTable, device: torch.device) -> None:
+    """Launch one kernel on the current stream that copies every row of ``table``'s groups."""
+    if not table.num_items:
+        return
     import cupy
 
-    n = len(lens)
-    if not n:
-        return
-    per_range = -(-int(lens.max()) // SLICE_BYTES)
-    blocks = min(n * per_range, GRID_BLOCKS)
     stream = torch.cuda.current_stream(device)
-    host_table = torch.from_numpy(np.concatenate([src, dst, lens]).astype(np.int64)).pin_memory()
-    table = host_table.to(device, non_blocking=True)  # the pinned table stays alive until its copy ran
+    on_device = _table_staging(device).upload(table.data, device, stream)
     with cupy.cuda.Device(device.index or 0), cupy.cuda.ExternalStream(stream.cuda_stream, device.index or 0):
-        _get_kernel()((blocks,), (THREADS,),
-                      (table.data_ptr(), np.int64(n), np.int64(SLICE_BYTES), np.int64(per_range)))
-    table.record_stream(stream)
+        _get_kernel()((min(table.num_items, GRID_BLOCKS),), (THREADS,),
+                      (on_device.data_ptr(), np.int64(table.num_groups), np.int64(table.slice_bytes)))
+    on_device.record_stream(stream)
 
 
 def copy_groups_cuda(groups: Sequence[CopyGroup], device: torch.device) -> None:
@@ -116,7 +175,7 @@ def copy_groups_cuda(groups: Sequence[CopyGroup], device: torch.device) -> None:
         check_device_addressable(dst)
     small = [g for g in groups if g[0].shape[1] < DMA_MIN_BYTES]
     if small and cupy_available():
-        copy_ranges_cuda(*byte_ranges(small), device)
+        copy_table_cuda(group_table(small, SLICE_BYTES), device)
     elif small:
         global _warned
         if not _warned:

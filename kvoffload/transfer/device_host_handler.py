@@ -28,9 +28,9 @@ def host_copy_groups(kv: CanonicalKVCache, host: HostBlockBuffer, direction: str
     groups: list[CopyGroup] = []
     for chunk, local_rows, dev in host.group(host_rows, device_ids):
         order = np.argsort(dev if direction == DEVICE_TO_HOST else local_rows, kind="stable")
-        local_rows, dev = local_rows[order], dev[order]
+        local_rows, dev = local_rows[order].astype(np.int64, copy=False), dev[order].astype(np.int64, copy=False)
         for view, offset in zip(kv.views, kv.row_offsets):
-            cols = chunk[:, offset : offset + view.shape[1]]
+            cols = host.columns(chunk, offset, view.shape[1])
             if direction == DEVICE_TO_HOST:
                 groups.append((view, cols, dev, local_rows))
             else:

@@ -52,6 +52,7 @@ class HostBlockBuffer:
             n = min(remaining, self.rows_per_chunk)
             self.chunks.append(torch.empty((n, row_bytes), dtype=torch.uint8, pin_memory=pin))
             remaining -= n
+        self._columns: dict[tuple[int, int, int], torch.Tensor] = {}
         #: Bytes faulted in at construction (0: small, pinned, or a kernel without the call).
         self.prefaulted = 0
         if not pin and self.nbytes >= PREFAULT_MIN_BYTES:
@@ -63,14 +64,26 @@ class HostBlockBuffer:
     def nbytes(self) -> int:
         return self.num_rows * self.row_bytes
 
-    def group(self, rows: np.ndarray, others: np.ndarray) -> Iterator[tuple[torch.Tensor, np.ndarray, np.ndarray]]:
-        """Split (host row, other id) pairs by chunk: (chunk, local rows, other ids)."""
+    def group(self, rows: np.ndarray, others: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Split (host row, other id) pairs by chunk: (chunk index, local rows, other ids)."""
         if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
             raise IndexError(f"host row out of range [0, {self.num_rows})")
+        if len(self.chunks) == 1:
+            yield 0, rows, others
+            return
         chunk_of = rows // self.rows_per_chunk
         for c in np.unique(chunk_of):
             sel = chunk_of == c
-            yield self.chunks[int(c)], rows[sel] - int(c) * self.rows_per_chunk, others[sel]
+            yield int(c), rows[sel] - int(c) * self.rows_per_chunk, others[sel]
+
+    def columns(self, chunk: int, offset: int, width: int) -> torch.Tensor:
+        """Bytes ``[offset, offset + width)`` of every row of one chunk, as a 2-D view (one per
+        layer view of a KV page; cached: a job asks for every one of them)."""
+        key = (chunk, offset, width)
+        view = self._columns.get(key)
+        if view is None:
+            view = self._columns[key] = self.chunks[chunk][:, offset : offset + width]
+        return view
 
     def rows(self, first: int, count: int) -> torch.Tensor:
         """``count`` consecutive rows inside one chunk, as a 2-D view."""

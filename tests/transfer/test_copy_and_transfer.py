@@ -9,7 +9,7 @@ from kvoffload.transfer.device_host_handler import DeviceHostHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, CPUStreamPool
-from kvoffload_ext import copy_blocks
+from kvoffload_ext import copy_block_groups, copy_blocks
 
 
 def test_copy_blocks_rows_and_runs():
@@ -178,6 +178,36 @@ def test_byte_ranges_fold_rows_that_continue_each_other():
     base_s, base_d = src.data_ptr(), dst.data_ptr()
     assert (s - base_s).tolist() == [32, 112, 0] and (d - base_d).tolist() == [80, 0, 16]
     assert n.tolist() == [48, 16, 16]  # rows 2..4 -> 5..7 in one range; 7 -> 0 and 0 -> 1 stay apart
+
+
+def test_byte_ranges_of_many_groups_match_a_row_by_row_reference():
+    """The all-groups-at-once computation against the obvious per-row one: groups of several
+    widths and strides (views into wider rows), shared and empty id arrays, then folded."""
+    from kvoffload_ext.ranges import byte_ranges, fold
+
+    rng = np.random.default_rng(7)
+    base = [torch.zeros(40, 96, dtype=torch.uint8), torch.zeros(40, 96, dtype=torch.uint8)]
+    shared = rng.permutation(40)[:12]
+    groups = []
+    for off, w in ((0, 8), (8, 24), (32, 64)):
+        groups.append((base[0][:, off : off + w], base[1][:, off : off + w], shared, rng.permutation(40)[:12]))
+    groups.append((base[0][:, :8], base[1][:, :8], np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)))
+    groups.append((base[1], base[0], np.arange(5, 9), np.arange(6, 10)))  # whole rows: they fold
+    rows = [(s.data_ptr() + int(i) * s.stride(0), d.data_ptr() + int(j) * d.stride(0), s.shape[1])
+            for s, d, si, di in groups for i, j in zip(si, di)]
+    want = fold(*(np.array(col, dtype=np.int64) for col in zip(*rows)))
+    got = byte_ranges(groups)
+    for a, b in zip(got, want):
+        assert a.tolist() == b.tolist()
+    assert len(got[0]) < len(rows)  # the last group's consecutive rows folded
+
+
+def test_an_out_of_range_id_is_refused_in_every_group_sharing_its_array():
+    src, dst = torch.zeros(8, 16, dtype=torch.uint8), torch.zeros(4, 16, dtype=torch.uint8)
+    ids = np.array([0, 1, 2])
+    copy_block_groups([(src, src, ids, ids)])  # the array checked (and memoized) against 8 rows
+    with pytest.raises(IndexError, match=r"dst block id 2 out of range \[0, 2\)"):
+        copy_block_groups([(src, src, ids, ids), (src, dst[:2], ids, ids)])  # same array, fewer rows
 
 
 def test_bench_transfer_smoke(capsys):
