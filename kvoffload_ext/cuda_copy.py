@@ -112,36 +112,36 @@ def check_device_addressable(t: torch.Tensor) -> None:
 
 class _TableStaging:
     """Pinned host memory for one device's kernel tables, reused across calls (pinning a
-    fresh one per call costs a page-locking allocation each time). Two buffers alternate;
-    one is refilled only once the event recorded behind its last upload has passed (normally
-    long since)."""
+    fresh one per call costs a page-locking allocation each time). A buffer is reused only
+    once the event recorded behind its last upload has passed; the host never waits for one
+    (an upload can sit behind a store that waits for the compute stream): while every pooled
+    buffer is busy, a new one is pinned."""
+
+    #: Buffers kept per device; past this, a busy pool pins a one-off buffer per call.
+    MAX_POOLED = 8
 
     def __init__(self) -> None:
-        self._bufs: list[torch.Tensor | None] = [None, None]
-        self._events: list[torch.cuda.Event | None] = [None, None]
-        self._next = 0
+        self._pool: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
         self._lock = threading.Lock()
 
     def upload(self, table: np.ndarray, device: torch.device, stream: torch.cuda.Stream) -> torch.Tensor:
         """``table`` (int64) in device memory, its upload queued on ``stream``."""
         n = len(table)
         with self._lock:
-            i = self._next
-            self._next ^= 1
-            event = self._events[i]
-            if event is not None:
-                event.synchronize()
-            buf = self._bufs[i]
-            if buf is None or buf.numel() < n:
-                buf = torch.empty(max(n, 2 * (0 if buf is None else buf.numel()), 1 << 12), dtype=torch.int64,
-                                  pin_memory=True)
-                self._bufs[i] = buf
+            slot = next((i for i, (_, ev) in enumerate(self._pool) if ev is None or ev.query()), None)
+            if slot is None and len(self._pool) < self.MAX_POOLED:
+                self._pool.append((torch.empty(0, dtype=torch.int64), None))
+                slot = len(self._pool) - 1
+            buf = self._pool[slot][0] if slot is not None else torch.empty(0, dtype=torch.int64)
+            if buf.numel() < n:
+                buf = torch.empty(max(n, 2 * buf.numel(), 1 << 12), dtype=torch.int64, pin_memory=True)
             buf.numpy()[:n] = table
             with torch.cuda.stream(stream):
                 on_device = buf[:n].to(device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-            self._events[i] = event
+            if slot is not None:
+                event = torch.cuda.Event()
+                event.record(stream)
+                self._pool[slot] = (buf, event)
         return on_device
 
 

@@ -190,3 +190,26 @@ def test_layouts_of_real_cuda_kv_round_trip(layout):
     assert r.success
     assert [page(kv, i) for i in (1, 2, 3)] == [originals[i] for i in (6, 17, 18)]
     handler.close()
+
+
+def test_issuing_copies_never_waits_for_an_earlier_held_up_copy():
+    """A copy queued behind ~200 ms of GPU work (a store waiting for the compute stream) still
+    holds its kernel table's pinned staging buffer; later copies on a free stream must be
+    issued at once (another buffer), never wait for it on the host."""
+    pytest.importorskip("cupy")
+    src = torch.randint(0, 256, (64, 8192), dtype=torch.uint8, device="cuda")
+    dst = torch.zeros(64, 8192, dtype=torch.uint8).pin_memory()
+    copy_blocks(src, dst, [0], [0])  # compile the kernel outside the timed part
+    torch.cuda.synchronize()
+    held, free = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(held):
+        torch.cuda._sleep(400_000_000)
+        copy_blocks(src, dst, list(range(32)), list(range(32)))
+    t0 = time.perf_counter()
+    with torch.cuda.stream(free):
+        for _ in range(20):
+            copy_blocks(src, dst, list(range(32, 64)), list(range(32, 64)))
+    issued = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    assert issued < 0.1, f"issuing 20 copies took {issued * 1e3:.0f} ms: the host waited for the held-up one"
+    assert torch.equal(dst, src.cpu())
