@@ -76,3 +76,19 @@ def test_config_check_looks_at_every_directory_of_paths(tmp_path, capsys):
                    f"paths: [{tmp_path / 'a'}, {blocked / 'b'}]}}\n")
     assert main(["config", "check", str(cfg)]) != 0
     assert f"{blocked / 'b'}" in capsys.readouterr().err
+
+
+def test_a_process_with_another_capacity_on_a_shared_directory_is_warned(tmp_path, caplog):
+    import logging
+
+    from kvoffload.tiers.fs.directory import FsDirectory
+
+    FsDirectory(tmp_path, 1 << 20, 4096 + 64, "tiers[1].path")  # the first process fixes the description
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        FsDirectory(tmp_path, 1 << 20, 4096 + 64, "tiers[1].path")
+        assert not caplog.records  # the same capacity: nothing to say
+        second = FsDirectory(tmp_path, 4 << 20, 4096 + 64, "tiers[1].path")
+    (record,) = caplog.records
+    assert "created with capacity 1.00 MiB, this process bounds it at 4.00 MiB" in record.getMessage()
+    assert "give every process sharing it the same capacity" in record.getMessage()
+    assert len(second.buckets) == len(FsDirectory(tmp_path, 1 << 20, 4096 + 64, "x").buckets)  # the first's buckets

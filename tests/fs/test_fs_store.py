@@ -99,7 +99,7 @@ def test_bucket_count_is_fixed_by_the_first_process_and_shared(tmp_path):
     first = open_store(tmp_path, capacity=1 << 30)
     second = open_store(tmp_path, capacity=8 << 20)  # would pick fewer buckets alone
     assert len(first.directories[0].buckets) == len(second.directories[0].buckets) == 256
-    assert json.loads((tmp_path / META_NAME).read_text()) == {"format": 1, "buckets": 256}
+    assert json.loads((tmp_path / META_NAME).read_text()) == {"format": 1, "buckets": 256, "capacity": 1 << 30}
     assert first.place("x")[0].path == second.place("x")[0].path and first.place("x")[1] == second.place("x")[1]
     with pytest.raises(ConfigError, match=r"tiers\[1\]\.path: 1\.00 MiB over the 256 buckets of .* raise capacity"):
         open_store(tmp_path, capacity=1 << 20)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -19,6 +20,8 @@ from pathlib import Path
 from kvoffload.config import format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.tiers.fs.bucket import Bucket, BucketBusyError, allocated
+
+logger = logging.getLogger(__name__)
 
 META_NAME = "kvoffload-fs.json"
 FORMAT = 1
@@ -43,7 +46,7 @@ class FsDirectory:
         self.key = key
         try:
             root.mkdir(parents=True, exist_ok=True)
-            n = self._bucket_count(bucket_count(capacity, record_bytes))
+            n = self._bucket_count(bucket_count(capacity, record_bytes), capacity)
             share = capacity // n
             if share < allocated(record_bytes):
                 raise ConfigError(
@@ -73,11 +76,11 @@ class FsDirectory:
                                   "directory") from None
             raise
 
-    def _bucket_count(self, proposed: int) -> int:
+    def _bucket_count(self, proposed: int, capacity: int) -> int:
         meta = self.root / META_NAME
         if not meta.exists():
             temp = self.root / f".{META_NAME}.{uuid.uuid4().hex}.tmp"
-            temp.write_text(json.dumps({"format": FORMAT, "buckets": proposed}) + "\n")
+            temp.write_text(json.dumps({"format": FORMAT, "buckets": proposed, "capacity": capacity}) + "\n")
             try:
                 os.link(temp, meta)  # atomic and exclusive, on local and network file systems alike
             except FileExistsError:
@@ -93,6 +96,14 @@ class FsDirectory:
         if not ok:
             raise ConfigError(f"{self.key}: {meta} is not a kvoffload fs directory description (format {FORMAT}); "
                               "point the tier at another directory, or delete the file if the directory is ours")
+        first = data.get("capacity")
+        if isinstance(first, int) and first != capacity:
+            # Each process bounds the directory by its own capacity: the largest one holds, and a
+            # process with a smaller one evicts down to it whenever it writes.
+            logger.warning("kvoffload: %s: %s was created with capacity %s, this process bounds it at %s: the "
+                           "directory may hold up to the larger, and smaller ones evict more; give every process "
+                           "sharing it the same capacity", self.key, self.root, format_bytes(first),
+                           format_bytes(capacity))
         return int(n)
 
     @property
