@@ -18,8 +18,8 @@ CopyGroup = tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]
 
 
 def as_ids(ids: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
-    """Ids as a 1-D int64 array; one already is comes back as the same object (a job's groups
-    share their id arrays, and the checks below see that by identity)."""
+    """Ids as a 1-D int64 array; an array that already is one comes back as the same object (a
+    job's groups share their id arrays, and the checks below see that by identity)."""
     if isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1:
         return ids
     if isinstance(ids, torch.Tensor):
@@ -58,8 +58,8 @@ def check_group(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_i
 
 
 def byte_ranges(groups: Sequence[CopyGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(src addresses, dst addresses, lengths) of every row pair, groups in order, then folded.
-    Computed for all groups at once (a job has one group per layer view and host chunk: a
+    """(src addresses, dst addresses, lengths) of every row pair, groups in order, folded where a
+    group has whole rows on both sides (only then can its rows continue each other). Computed for all groups at once (a job has one group per layer view and host chunk: a
     per-group loop of small numpy calls cost more than the copy itself for 8 KiB rows)."""
     live = [g for g in groups if len(g[2]) and g[0].shape[1]]
     if not live:
