@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvoffload_ext.ranges import CopyGroup
+from kvoffload_ext.ranges import CopyGroup, live_groups
 
 #: int64 fields per group record.
 FIELDS = 8
@@ -43,7 +43,7 @@ class GroupTable:
 def group_table(groups: Sequence[CopyGroup], slice_bytes: int) -> GroupTable:
     """The table of ``groups`` (empty ones left out); an id array shared by several groups (the
     same object: the caller keeps them all alive) is stored once."""
-    live = [g for g in groups if len(g[2]) and g[0].shape[1]]
+    live = live_groups(groups)
     n = len(live)
     head = n + 1 + FIELDS * n
     id_arrays: list[np.ndarray] = []

@@ -57,12 +57,17 @@ def check_group(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_i
             raise IndexError(f"{name} block id {bad} out of range [0, {rows})")
 
 
+def live_groups(groups: Sequence[CopyGroup]) -> list[CopyGroup]:
+    """The groups that copy anything: some ids, rows wider than 0 bytes."""
+    return [g for g in groups if len(g[2]) and g[0].shape[1]]
+
+
 def byte_ranges(groups: Sequence[CopyGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src addresses, dst addresses, lengths) of every row pair, groups in order, folded where a
     group has whole rows on both sides (only then can its rows continue each other). Computed
     for all groups at once (a job has one group per layer view and host chunk: a per-group
     loop of small numpy calls cost more than the copy itself for 8 KiB rows)."""
-    live = [g for g in groups if len(g[2]) and g[0].shape[1]]
+    live = live_groups(groups)
     if not live:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty, empty
