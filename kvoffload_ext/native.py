@@ -1,9 +1,10 @@
-"""An optional native copy loop, compiled on first use with the system C compiler.
+"""Optional native loops, compiled on first use with the system C compiler: the host copy loop
+(here) and the fs tier's batched record files (``fs_files``).
 
-One ctypes call copies every byte range of a job (ctypes releases the GIL for its duration),
-so small rows no longer pay a Python iteration each. Built into a per-user cache directory
-with an atomic rename; when no compiler is present the pure-Python memmove loop is used, and
-that is logged once.
+One ctypes call runs a whole job's loop (ctypes releases the GIL for its duration), so small
+items no longer pay a Python iteration each and other threads run meanwhile. Each library is
+built into a per-user cache directory with an atomic rename; when no compiler is present the
+pure-Python fallback is used, and that is logged once.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ void kvo_copy_ranges(const int64_t* src, const int64_t* dst, const int64_t* len,
 }
 """
 
-_lib: ctypes.CDLL | None = None
-_tried = False
+_libs: dict[str, ctypes.CDLL | None] = {}
 
 
 def _cache_dir() -> Path:
@@ -40,41 +40,46 @@ def _cache_dir() -> Path:
     return Path(base)
 
 
-def _build() -> ctypes.CDLL | None:
-    if os.environ.get("KVOFFLOAD_NO_NATIVE"):
-        return None
+def compile_library(stem: str, source: str, fallback: str) -> ctypes.CDLL | None:
+    """``source`` compiled into a shared library (once per process; cached on disk by its
+    digest) and loaded, or None without a compiler, with ``KVOFFLOAD_NO_NATIVE`` set, or when
+    the build fails (logged once: ``fallback`` says what is used instead)."""
+    if stem in _libs:
+        return _libs[stem]
+    _libs[stem] = lib = None if os.environ.get("KVOFFLOAD_NO_NATIVE") else _build(stem, source, fallback)
+    return lib
+
+
+def _build(stem: str, source: str, fallback: str) -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
-        log.info("no C compiler found: host block copies use the slower Python memmove loop")
+        log.info("no C compiler found: %s", fallback)
         return None
-    digest = hashlib.sha256(_SOURCE.encode()).hexdigest()[:12]
-    target = _cache_dir() / f"kvo_copy_{digest}.so"
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    target = _cache_dir() / f"{stem}_{digest}.so"
     try:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory() as tmp:
-                src = Path(tmp) / "kvo_copy.c"
-                src.write_text(_SOURCE)
-                out = Path(tmp) / "kvo_copy.so"
-                subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)],
+                src = Path(tmp) / f"{stem}.c"
+                src.write_text(source)
+                out = Path(tmp) / f"{stem}.so"
+                subprocess.run([compiler, "-O2", "-std=c11", "-shared", "-fPIC", "-o", str(out), str(src)],
                                check=True, capture_output=True, timeout=60)
                 staged = target.with_suffix(f".{os.getpid()}.tmp")
                 shutil.copyfile(out, staged)
                 os.replace(staged, target)
-        lib = ctypes.CDLL(str(target))
+        return ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as e:
-        log.warning("could not build the native copy loop with %s (%s): host block copies use the slower "
-                    "Python memmove loop", compiler, e)
+        log.warning("could not build %s with %s (%s): %s", stem, compiler, e, fallback)
         return None
-    fn = lib.kvo_copy_ranges
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    return lib
 
 
 def native_lib() -> ctypes.CDLL | None:
-    global _lib, _tried
-    if not _tried:
-        _tried = True
-        _lib = _build()
-    return _lib
+    """The copy loop's library (``kvo_copy_ranges``), or None."""
+    lib = compile_library("kvo_copy", _SOURCE, "host block copies use the slower Python memmove loop")
+    if lib is not None:
+        fn = lib.kvo_copy_ranges
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return lib

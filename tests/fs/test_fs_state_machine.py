@@ -1,7 +1,8 @@
 """A state machine over one fs directory: random writes, reads, deletions, evictions, writers
-killed mid-write, files truncated or deleted behind the tier's back, sweeps. Invariants: the
-directory never holds more than its capacity, the count is never below what it holds, and a
-read returns the block written under that key or a miss, never other bytes."""
+killed mid-write, files truncated or deleted behind the tier's back, sweeps, by two stores
+sharing it (native and Python record files, as two processes of different builds would).
+Invariants: the directory never holds more than its capacity, the count is never below what it
+holds, and a read returns the block written under that key or a miss, never other bytes."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.directory import FsDirectory
 from kvoffload.tiers.fs.store import MISSING, FsStore
+from kvoffload_ext import fs_files
 
 RECORD = 4096 - 64 + 100  # allocated as 8 KiB
 KEYS = st.sampled_from([f"ns/k{i}" for i in range(24)])
+#: Which store a step uses: the native one (where it builds) or the Python one.
+WHICH = st.sampled_from([True, False] if fs_files.available() else [False])
 
 
 def value(key: str) -> np.ndarray:
@@ -32,7 +36,9 @@ class FsDirectoryMachine(RuleBasedStateMachine):
         self.root = Path(tempfile.mkdtemp(prefix="kvoffload-fs-sm-"))
         self.capacity = buckets * records * allocated(RECORD)
         (self.root / "kvoffload-fs.json").write_text(f'{{"format": 1, "buckets": {buckets}}}\n')
-        self.store = FsStore([FsDirectory(self.root, self.capacity, RECORD, "fs")], io_threads=1)
+        self.stores = {native: FsStore([FsDirectory(self.root, self.capacity, RECORD, "fs")], io_threads=1,
+                                       native=native) for native in ([True, False] if fs_files.available() else [False])}
+        self.store = self.stores[False]
 
     def teardown(self):
         import shutil
@@ -43,16 +49,16 @@ class FsDirectoryMachine(RuleBasedStateMachine):
     def _on_disk(self) -> int:
         return sum(allocated(p.stat().st_size) for p in self.root.rglob("*") if p.suffix in (".kv", ".tmp"))
 
-    @rule(key=KEYS)
-    def put(self, key):
+    @rule(key=KEYS, native=WHICH)
+    def put(self, key, native):
         v = value(key)
-        assert self.store.put_from([key], [v.ctypes.data], [v.nbytes]) == [0]
+        assert self.stores[native].put_from([key], [v.ctypes.data], [v.nbytes]) == [0]
         assert self.store.exists([key]) == [1]  # just written (or already there): present
 
-    @rule(key=KEYS)
-    def get(self, key):
+    @rule(key=KEYS, native=WHICH)
+    def get(self, key, native):
         out = np.zeros(RECORD, dtype=np.uint8)
-        (status,) = self.store.get_into([key], [out.ctypes.data], [RECORD])
+        (status,) = self.stores[native].get_into([key], [out.ctypes.data], [RECORD])
         assert status == MISSING or status >= 0, status  # a wrong size is reported, then deleted
         if status == RECORD:
             assert np.array_equal(out, value(key)), "served bytes of another key"

@@ -3,8 +3,8 @@
 Every process that writes to a directory takes a bucket's lock for the whole of a write (check,
 reserve, write a temporary, rename), so within a bucket there is never more than one writer and
 the count is exact; buckets are small (a key's hash picks one), so writers rarely meet. The
-lock is a POSIX record lock on the bucket's ``.used`` file, which also holds the count: the
-kernel (or the NFS lock manager) drops it when its holder dies, even by kill -9.
+lock is a record lock on the bucket's ``.used`` file, which also holds the count: the kernel
+(or the NFS lock manager) drops it when its holder dies, even by kill -9.
 
 The count is raised before a record is written and lowered after one is deleted, so a process
 killed between the two leaves it too high, never too low: the bucket can only hold less than
@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +32,9 @@ TEMP_SUFFIX = ".tmp"
 LOW_WATERMARK = 0.9
 #: A bucket's ``.used`` file: its byte count, little-endian.
 COUNTER_BYTES = 8
+#: ``struct flock`` (64-bit Linux) for an exclusive lock on a whole file; l_pid 0, as OFD locks need.
+_WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+_ofd = hasattr(fcntl, "F_OFD_SETLK")
 
 
 def allocated(size: int) -> int:
@@ -44,6 +48,7 @@ class BucketBusyError(OSError):
 class Bucket:
     def __init__(self, path: Path, capacity: int, lock_timeout_s: float = 2.0) -> None:
         self.path = path
+        self.prefix = f"{path}{os.sep}"  # record paths are this + a file name (placed on every access)
         self.capacity = capacity
         self.lock_timeout_s = lock_timeout_s
         self._counter = path / ".used"
@@ -51,35 +56,40 @@ class Bucket:
         self.num_evicted = 0
         self.num_temps_reclaimed = 0
 
+    @property
+    def counter(self) -> Path:
+        """The ``.used`` file: the bucket's lock and count."""
+        return self._counter
+
     def counted(self) -> int:
         """The bucket's count as last written, read without the lock (for reports: a write in
         progress may change it the next moment); 0 when there is none yet."""
         return _decode(self._counter.read_bytes())
 
     @contextmanager
-    def locked(self) -> Iterator[HeldBucket]:
+    def turn(self) -> Iterator[None]:
+        """This process's turn at the bucket: its threads queue here (cheaper than polling the
+        file lock, which excludes them too)."""
         if not self._threads.acquire(timeout=self.lock_timeout_s):
             raise BucketBusyError(errno.EBUSY, "bucket busy in this process", str(self.path))
         try:
-            fd = os.open(self._counter, os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                deadline = time.monotonic() + self.lock_timeout_s
-                while True:
-                    try:
-                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except OSError as exc:
-                        if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                            raise
-                        if time.monotonic() > deadline:
-                            raise BucketBusyError(errno.EBUSY, "bucket locked by another process",
-                                                  str(self.path)) from None
-                        time.sleep(0.0005)
-                yield HeldBucket(self, fd)
-            finally:
-                os.close(fd)  # releases the record lock
+            yield
         finally:
             self._threads.release()
+
+    @contextmanager
+    def locked(self) -> Iterator[HeldBucket]:
+        with self.turn():
+            fd = os.open(self._counter, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                deadline = time.monotonic() + self.lock_timeout_s
+                while not lock_file(fd):
+                    if time.monotonic() > deadline:
+                        raise BucketBusyError(errno.EBUSY, "bucket locked by another process", str(self.path))
+                    time.sleep(0.0005)
+                yield HeldBucket(self, fd)
+            finally:
+                os.close(fd)  # releases the lock
 
 
 class HeldBucket:
@@ -143,6 +153,28 @@ class HeldBucket:
                 self.bucket.num_evicted += 1
         self._set_used(total)
         return total
+
+
+def lock_file(fd: int) -> bool:
+    """Take an exclusive lock on the whole of ``fd``'s file without waiting: True if taken,
+    False if another holder has it. An open-file-description lock where the kernel has them:
+    closing some other descriptor of the file in this process (a report reading the count)
+    does not drop it, as it would a classic POSIX lock; classic locks are the fallback."""
+    global _ofd
+    while True:
+        try:
+            if _ofd:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_LOCK)
+            else:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if _ofd and exc.errno == errno.EINVAL:
+                _ofd = False  # a kernel without OFD locks
+                continue
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
 
 
 def _decode(raw: bytes) -> int:
