@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
+from kvoffload_ext import fs_files
 
 BLOCKS = (64 << 10, 256 << 10, 1 << 20, 2 << 20)
 PHASES = ("store", "load", "lookup", "plain_write", "plain_read")
@@ -153,8 +154,10 @@ def main(argv: list[str] | None = None) -> None:
         named = "one directory" if len(given) == 1 else f"paths: {len(given)} directories"
         setups = [(given, named)] if given else [
             ((tmp,), "one directory"), ((f"{tmp}/a", f"{tmp}/b"), "paths: two directories (one file system here)")]
-        print(f"fs tier vs plain sequential file I/O of the same bytes (one file per process, block-sized calls, "
-              f"page cache), {args.total_mib} MiB per run; GB/s, lookups in keys/s; {preamble(args.reps)}")
+        files = "native" if fs_files.available() else "Python (no C compiler)"
+        print(f"fs tier ({files} record files, io_threads {args.io_threads}) vs plain sequential file I/O of the "
+              f"same bytes (one file per process, block-sized calls, page cache), {args.total_mib} MiB per run; "
+              f"GB/s, lookups in keys/s; {preamble(args.reps)}")
         for dirs, label in setups:
             print(f"\n{label}: {', '.join(dirs)}")
             print(f"{'procs':>5}{'block':>8}{'store':>14}{'plain write':>14}{'ratio':>13}"
