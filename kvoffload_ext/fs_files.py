@@ -21,26 +21,23 @@ EXISTED = 1
 #: A record that did not fit its bucket's count (or the count is missing): sweep, then retry.
 NEEDS_ROOM = 2
 
-_I64P = ctypes.POINTER(ctypes.c_int64)
-_lib: ctypes.CDLL | None = None
-_loaded = False
+
+def _source() -> str:
+    return files("kvoffload_ext").joinpath("fs_files.c").read_text()
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.kvo_fs_put.restype = ctypes.c_int64
+    lib.kvo_fs_put.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_int64,
+                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_void_p]
+    lib.kvo_fs_get.restype = None
+    lib.kvo_fs_get.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_double, ctypes.c_void_p]
 
 
 def _library() -> ctypes.CDLL | None:
-    global _lib, _loaded
-    if not _loaded:
-        _loaded = True
-        source = files("kvoffload_ext").joinpath("fs_files.c").read_text()
-        _lib = compile_library("kvo_fs_files", source, "the fs tier reads and writes files from Python")
-        if _lib is not None:
-            _lib.kvo_fs_put.restype = ctypes.c_int64
-            _lib.kvo_fs_put.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double,
-                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            _lib.kvo_fs_get.restype = None
-            _lib.kvo_fs_get.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                        ctypes.c_void_p, ctypes.c_double, ctypes.c_void_p]
-    return _lib
+    return compile_library("kvo_fs_files", _source, _declare, "the fs tier reads and writes files from Python")
 
 
 def available() -> bool:

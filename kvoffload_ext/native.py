@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("kvoffload")
@@ -40,13 +41,18 @@ def _cache_dir() -> Path:
     return Path(base)
 
 
-def compile_library(stem: str, source: str, fallback: str) -> ctypes.CDLL | None:
-    """``source`` compiled into a shared library (once per process; cached on disk by its
-    digest) and loaded, or None without a compiler, with ``KVOFFLOAD_NO_NATIVE`` set, or when
-    the build fails (logged once: ``fallback`` says what is used instead)."""
+def compile_library(stem: str, source: Callable[[], str], declare: Callable[[ctypes.CDLL], None],
+                    fallback: str) -> ctypes.CDLL | None:
+    """``source()`` compiled into a shared library (cached on disk by its digest), loaded and its
+    functions' signatures set by ``declare``, once per process; None without a compiler, with
+    ``KVOFFLOAD_NO_NATIVE`` set, or when the build fails (logged once: ``fallback`` says what
+    is used instead)."""
     if stem in _libs:
         return _libs[stem]
-    _libs[stem] = lib = None if os.environ.get("KVOFFLOAD_NO_NATIVE") else _build(stem, source, fallback)
+    lib = None if os.environ.get("KVOFFLOAD_NO_NATIVE") else _build(stem, source(), fallback)
+    if lib is not None:
+        declare(lib)
+    _libs[stem] = lib
     return lib
 
 
@@ -75,11 +81,11 @@ def _build(stem: str, source: str, fallback: str) -> ctypes.CDLL | None:
         return None
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.kvo_copy_ranges.restype = None
+    lib.kvo_copy_ranges.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+
+
 def native_lib() -> ctypes.CDLL | None:
     """The copy loop's library (``kvo_copy_ranges``), or None."""
-    lib = compile_library("kvo_copy", _SOURCE, "host block copies use the slower Python memmove loop")
-    if lib is not None:
-        fn = lib.kvo_copy_ranges
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    return lib
+    return compile_library("kvo_copy", lambda: _SOURCE, _declare, "host block copies use the slower Python memmove loop")
