@@ -99,10 +99,14 @@ static int64_t move_all(int fd, int writing, const int64_t *ptrs, const int64_t 
     return total;
 }
 
-static int64_t allocated(const int64_t *lens, int64_t lo, int64_t hi, int64_t unit) {
+static int64_t parts_size(const int64_t *lens, int64_t lo, int64_t hi) {
     int64_t size = 0;
     for (int64_t p = lo; p < hi; p++) size += lens[p];
-    return (size + unit - 1) / unit * unit;
+    return size;
+}
+
+static int64_t allocated(const int64_t *lens, int64_t lo, int64_t hi, int64_t unit) {
+    return (parts_size(lens, lo, hi) + unit - 1) / unit * unit;
 }
 
 static int64_t failure(int err) { return err == ENOENT || err == ENOTDIR ? -ENODEV : -err; }
@@ -187,7 +191,7 @@ void kvo_fs_get(int64_t n, const char *const *paths, const int64_t *first_part, 
             status[i] = -errno;
             continue;
         }
-        int64_t size = allocated(lens, first_part[i], first_part[i + 1], 1);
+        int64_t size = parts_size(lens, first_part[i], first_part[i + 1]);
         struct stat st;
         if (fstat(fd, &st) != 0) {
             status[i] = -errno;
