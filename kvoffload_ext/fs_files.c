@@ -6,7 +6,11 @@
  * the reference and the fallback: a bucket's writes run under an exclusive lock on its .used
  * file, whose first 8 bytes (little-endian) count the bytes it holds; an existing record is
  * only touched; a new one is counted first, written to a temporary and renamed into place;
- * anything the count cannot settle here (a bucket to sweep, a count to rebuild) is handed back.
+ * anything the count cannot settle here (a bucket to sweep, a count to rebuild, a counter that
+ * is not a plain file) is handed back. Every name is opened relative to the bucket's directory
+ * descriptor, never through a symlink (O_NOFOLLOW), never blocking on a FIFO (O_NONBLOCK), and
+ * only a regular file with one link is read, written or touched; temporaries are created with
+ * O_EXCL under random names, so nothing a co-tenant plants in a shared directory redirects a write.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -109,17 +113,34 @@ static int64_t allocated(const int64_t *lens, int64_t lo, int64_t hi, int64_t un
     return (parts_size(lens, lo, hi) + unit - 1) / unit * unit;
 }
 
+#define KVO_SAFE (O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+
+/* name in dir_fd, opened only if it is a regular file with one link; -errno otherwise
+ * (-ELOOP for a symlink, FIFO, directory or hard-linked file). */
+static int open_own(int dir_fd, const char *name, int flags) {
+    int fd = openat(dir_fd, name, flags | KVO_SAFE, 0666);
+    if (fd < 0) return errno == EISDIR || errno == ENXIO ? -ELOOP : -errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+        close(fd);
+        return -ELOOP;
+    }
+    return fd;
+}
+
 static int64_t failure(int err) { return err == ENOENT || err == ENOTDIR ? -ENODEV : -err; }
 
-/* One bucket's writes. status[i]: KVO_WRITTEN, KVO_EXISTED (touched), KVO_NEEDS_ROOM, -EFBIG
- * (larger than the bucket) or -errno (-ENODEV: the directory is gone). Returns 0, -errno when
- * the lock file cannot be opened or locked (-EBUSY: held past the timeout), or KVO_NEEDS_ROOM
- * when the count is missing (nothing done: the caller recounts). */
-int64_t kvo_fs_put(const char *counter, int64_t capacity, int64_t alloc_unit, double timeout_s, int64_t n,
-                   const char *const *temps, const char *const *finals, const int64_t *first_part,
+/* One bucket's writes (names in dir_fd). status[i]: KVO_WRITTEN, KVO_EXISTED (touched),
+ * KVO_NEEDS_ROOM, -EFBIG (larger than the bucket) or -errno (-ENODEV: the directory is gone).
+ * Returns 0, -errno when the lock file cannot be opened or locked (-EBUSY: held past the
+ * timeout), or KVO_NEEDS_ROOM when the count is missing or its file is not a plain file of
+ * ours (nothing done: the caller recounts, or replaces it). */
+int64_t kvo_fs_put(int dir_fd, const char *counter, int64_t capacity, int64_t alloc_unit, double timeout_s,
+                   int64_t n, const char *const *temps, const char *const *finals, const int64_t *first_part,
                    const int64_t *ptrs, const int64_t *lens, int64_t *status) {
-    int fd = open(counter, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) return failure(errno);
+    int fd = open_own(dir_fd, counter, O_RDWR | O_CREAT);
+    if (fd == -ELOOP) return KVO_NEEDS_ROOM;
+    if (fd < 0) return failure(-fd);
     int rc = lock_file(fd, timeout_s);
     if (rc < 0) {
         close(fd);
@@ -133,9 +154,10 @@ int64_t kvo_fs_put(const char *counter, int64_t capacity, int64_t alloc_unit, do
     int64_t added = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t need = allocated(lens, first_part[i], first_part[i + 1], alloc_unit);
-        struct stat st;
-        if (stat(finals[i], &st) == 0) {
-            utimensat(AT_FDCWD, finals[i], NULL, 0); /* another writer's, or ours: now recently used */
+        int old = open_own(dir_fd, finals[i], O_RDONLY);
+        if (old >= 0) {
+            futimens(old, NULL); /* another writer's, or ours: now recently used */
+            close(old);
             status[i] = KVO_EXISTED;
         } else if (need > capacity) {
             status[i] = -EFBIG;
@@ -155,7 +177,7 @@ int64_t kvo_fs_put(const char *counter, int64_t capacity, int64_t alloc_unit, do
     int64_t unwritten = 0;
     for (int64_t i = 0; i < n; i++) {
         if (status[i] != KVO_PENDING) continue;
-        int out = open(temps[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        int out = openat(dir_fd, temps[i], O_WRONLY | O_CREAT | O_EXCL | KVO_SAFE, 0666);
         int err = 0;
         if (out < 0) {
             err = errno;
@@ -163,8 +185,8 @@ int64_t kvo_fs_put(const char *counter, int64_t capacity, int64_t alloc_unit, do
             int64_t moved = move_all(out, 1, ptrs, lens, first_part[i], first_part[i + 1]);
             if (moved < 0) err = (int)-moved;
             if (close(out) != 0 && err == 0) err = errno;
-            if (err == 0 && rename(temps[i], finals[i]) != 0) err = errno;
-            if (err != 0) unlink(temps[i]);
+            if (err == 0 && renameat(dir_fd, temps[i], dir_fd, finals[i]) != 0) err = errno;
+            if (err != 0) unlinkat(dir_fd, temps[i], 0);
         }
         if (err == 0) {
             status[i] = KVO_WRITTEN;
@@ -178,17 +200,18 @@ int64_t kvo_fs_put(const char *counter, int64_t capacity, int64_t alloc_unit, do
     return 0;
 }
 
-/* Reads whole records. status[i]: the bytes read; the file's size instead when it differs from
- * the parts' total (nothing read: not a record of this layout); or -errno. A record whose mtime
- * is older than touch_after_s gets it refreshed (its recency, for evictions). */
-void kvo_fs_get(int64_t n, const char *const *paths, const int64_t *first_part, const int64_t *ptrs,
-                const int64_t *lens, double touch_after_s, int64_t *status) {
+/* Reads whole records (names[i] in dir_fds[i]). status[i]: the bytes read; the file's size
+ * instead when it differs from the parts' total (nothing read: not a record of this layout);
+ * -ELOOP when the name is not a regular file of one link; or -errno. A record whose mtime is
+ * older than touch_after_s gets it refreshed (its recency, for evictions). */
+void kvo_fs_get(int64_t n, const int64_t *dir_fds, const char *const *names, const int64_t *first_part,
+                const int64_t *ptrs, const int64_t *lens, double touch_after_s, int64_t *status) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     for (int64_t i = 0; i < n; i++) {
-        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+        int fd = open_own((int)dir_fds[i], names[i], O_RDONLY);
         if (fd < 0) {
-            status[i] = -errno;
+            status[i] = fd;
             continue;
         }
         int64_t size = parts_size(lens, first_part[i], first_part[i + 1]);

@@ -28,12 +28,12 @@ def _source() -> str:
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.kvo_fs_put.restype = ctypes.c_int64
-    lib.kvo_fs_put.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_int64,
+    lib.kvo_fs_put.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_int64,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_void_p]
     lib.kvo_fs_get.restype = None
     lib.kvo_fs_get.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                               ctypes.c_double, ctypes.c_void_p]
+                               ctypes.c_void_p, ctypes.c_double, ctypes.c_void_p]
 
 
 def _library() -> ctypes.CDLL | None:
@@ -73,25 +73,28 @@ class _Batch:
         return [self.firsts.buffer_info()[0], self.ptrs.buffer_info()[0], self.lens.buffer_info()[0]]
 
 
-def put_bucket(counter: str, capacity: int, alloc_unit: int, timeout_s: float, temps: Sequence[str],
+def put_bucket(dir_fd: int, counter: str, capacity: int, alloc_unit: int, timeout_s: float, temps: Sequence[str],
                finals: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
                ) -> tuple[int, list[int]]:
-    """One bucket's writes under its lock: (the call's status, each record's status). The call's
-    is 0, NEEDS_ROOM (the count is missing: nothing done) or -errno (the lock file could not be
+    """One bucket's writes under its lock (every name relative to ``dir_fd``): (the call's
+    status, each record's status). The call's is 0, NEEDS_ROOM (the count is missing, or its
+    file is not a plain file of ours: nothing done) or -errno (the lock file could not be
     opened, or stayed locked: -EBUSY); a record's is WRITTEN, EXISTED, NEEDS_ROOM or -errno."""
     lib = _required()
     batch = _Batch(finals, ptrs, sizes)
     temp_names = _Batch.strings(temps)
-    code = lib.kvo_fs_put(os.fsencode(counter), capacity, alloc_unit, timeout_s, batch.n, temp_names,
+    code = lib.kvo_fs_put(dir_fd, os.fsencode(counter), capacity, alloc_unit, timeout_s, batch.n, temp_names,
                           batch.paths, *batch.args(), batch.status.buffer_info()[0])
     return int(code), batch.status.tolist()
 
 
-def get_records(paths: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]],
-                touch_after_s: float) -> list[int]:
-    """Each record read whole into its parts: the bytes read, the file's size when it is not the
-    parts' total (nothing read), or -errno."""
+def get_records(dir_fds: Sequence[int], names: Sequence[str], ptrs: Sequence[Sequence[int]],
+                sizes: Sequence[Sequence[int]], touch_after_s: float) -> list[int]:
+    """Each record (``names[i]`` in ``dir_fds[i]``) read whole into its parts: the bytes read,
+    the file's size when it is not the parts' total (nothing read), -ELOOP for a name that is
+    not a regular file of one link, or -errno."""
     lib = _required()
-    batch = _Batch(paths, ptrs, sizes)
-    lib.kvo_fs_get(batch.n, batch.paths, *batch.args(), touch_after_s, batch.status.buffer_info()[0])
+    batch = _Batch(names, ptrs, sizes)
+    fds = array("q", dir_fds)
+    lib.kvo_fs_get(batch.n, fds.buffer_info()[0], batch.paths, *batch.args(), touch_after_s, batch.status.buffer_info()[0])
     return batch.status.tolist()

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from kvoffload.auth import RecordTagger
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.tiers.disk.format import RECORD_HEADER, DiskLayout, key_bytes, parse_record_header, record_header
+from kvoffload.tiers.safe_files import open_file
 from kvoffload.transfer.handler import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
 
@@ -35,15 +36,28 @@ class DiskIO(TierIO):
         self.tagger = tagger or RecordTagger()
         self.path = str(path)
         self.name = f"disk tier {self.path}"
-        # O_CREAT: the worker may start before the scheduler side creates and sizes the file
-        # (vLLM builds workers first); the scheduler side then writes its header in place.
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Opened at the first transfer, not here: the worker may start before the scheduler side
+        # creates and locks the file (vLLM builds workers first), and a file created here could
+        # be cleared (it is unlocked) and leave this process writing to a deleted one. Every
+        # transfer comes after the scheduler side has opened and locked the file.
+        self.fd = -1
+
+    def _file(self) -> int:
+        if self.fd < 0:
+            try:
+                self.fd = open_file(self.path, os.O_RDWR)
+            except OSError as exc:
+                raise BlockTransferError(f"{self.name}: cannot open ({exc.strerror}); the scheduler side creates "
+                                         "it: is it running, and is nothing else writing the directory?",
+                                         [], io=True) from exc
+        return self.fd
 
     def write(self, blocks: Sequence[memoryview], slots: list[int], keys: list[BlockHash]) -> None:
         try:
+            fd = self._file()
             for data, slot, key in zip(blocks, slots, keys):
                 header = record_header(key, self.tagger.tag(key_bytes(key), data))
-                written = os.pwritev(self.fd, [header, data], self.layout.offset(slot))
+                written = os.pwritev(fd, [header, data], self.layout.offset(slot))
                 if written != RECORD_HEADER + len(data):
                     raise OSError(f"short write of slot {slot}: {written} bytes")
         except OSError as exc:
@@ -53,9 +67,10 @@ class DiskIO(TierIO):
         bad: list[int] = []
         reasons: Counter[str] = Counter()
         header = bytearray(RECORD_HEADER)
+        fd = self._file()
         for slot, key, block in zip(slots, keys, out):
             try:
-                n = os.preadv(self.fd, [header, block], self.layout.offset(slot))
+                n = os.preadv(fd, [header, block], self.layout.offset(slot))
             except OSError as exc:
                 raise BlockTransferError(f"{self.name}: read of slot {slot} failed: {exc}", [slot], io=True) from exc
             reason = record_problem(header, block, n == RECORD_HEADER + len(block), key, self.tagger)

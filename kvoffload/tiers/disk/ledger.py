@@ -25,6 +25,7 @@ from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.tiers.disk.format import DiskLayout, scan_records
+from kvoffload.tiers.safe_files import ForeignEntryError, open_file, read_file, replace_file, warn_if_shared_with_others
 
 logger = logging.getLogger(__name__)
 
@@ -38,30 +39,45 @@ def tier_file(path: str | Path, layout: DiskLayout) -> Path:
     return Path(path) / f"kvoffload-{layout.digest}-{layout.block_bytes}{suffix}.kvdata"
 
 
-#: Beside each namespace's tier files, the components its digest covers (``KVNamespace.as_dict``).
+#: Beside each tier's files, the components its namespace covers (``KVNamespace.as_dict``) and
+#: the namespace digest, named like the tier files: by the tier digest (the namespace folded with
+#: the secret's id), so a file and its namespace file always go together.
 NAMESPACE_GLOB = "kvoffload-*.namespace.json"
+#: The namespace file's entry holding the namespace digest (the rest are its components).
+NAMESPACE_KEY = "namespace"
 
 
-def namespace_file(directory: Path, digest: str) -> Path:
-    return directory / f"kvoffload-{digest}.namespace.json"
+def namespace_file(directory: Path, tier_digest: str) -> Path:
+    return directory / f"kvoffload-{tier_digest}.namespace.json"
 
 
 def sidecar_digest(path: Path) -> str:
-    """The namespace digest a ``namespace_file`` is named by."""
+    """The tier digest a ``namespace_file`` is named by."""
     return path.name[len("kvoffload-"):-len(".namespace.json")]
 
 
 def read_namespace_files(directory: Path) -> dict[str, dict[str, str]]:
-    """Every readable namespace file in ``directory``: digest -> components, by digest."""
+    """Every readable namespace file in ``directory``: tier digest -> its entries (components,
+    and the namespace digest under ``NAMESPACE_KEY``). Never read through a link or a FIFO."""
     out: dict[str, dict[str, str]] = {}
     for side in sorted(directory.glob(NAMESPACE_GLOB)):
         try:
-            data = json.loads(side.read_text())
+            data = json.loads(read_file(side))
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):
             out[sidecar_digest(side)] = {str(k): str(v) for k, v in data.items()}
     return out
+
+
+def same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` (not followed) still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def lock_holder(path: Path) -> str:
@@ -130,6 +146,7 @@ class DiskOffloadingManager(LedgerTier):
         super().__init__(ledger, DiskLoadStoreSpec, layout.block_tokens, enable_events, retry_after_s)
         self.layout = layout
         directory = prepare_tier_dir(path, key)
+        warn_if_shared_with_others(directory, f"{key}: the disk tier directory")
         self.paths = [tier_file(directory, layout.for_rank(r)) for r in range(layout.world_size)]
         self.path = self.paths[0]
         self.num_recovered = 0
@@ -164,37 +181,53 @@ class DiskOffloadingManager(LedgerTier):
         in the directory are not reused; the components are kept beside the file for that."""
         logger.info("kvoffload: disk tier %s: %s; recovered %d blocks", self.path, namespace.describe(),
                     self.num_recovered)
-        stale = [f"{digest} ({', '.join(namespace.differences(other)) or 'format'} differ)"
-                 for digest, other in read_namespace_files(directory).items() if digest != namespace.digest]
+        stale = []
+        for digest, other in read_namespace_files(directory).items():
+            if digest == self.layout.digest:
+                continue
+            theirs = other.pop(NAMESPACE_KEY, "")
+            why = "the secret differs" if theirs == namespace.digest else \
+                f"{', '.join(namespace.differences(other)) or 'format'} differ"
+            stale.append(f"{theirs or digest} ({why})")
         if stale:
             logger.warning("kvoffload: disk tier %s: not reusing the cache of namespace %s in the same directory: "
                            "what changes the KV changed; those files stay until removed", self.path, "; ".join(stale))
-        sidecar = namespace_file(directory, namespace.digest)
+        sidecar = namespace_file(directory, self.layout.digest)
+        entries = namespace.as_dict() | {NAMESPACE_KEY: namespace.digest}
         try:
-            tmp = sidecar.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(namespace.as_dict(), indent=1, sort_keys=True))
-            os.replace(tmp, sidecar)
+            replace_file(sidecar, json.dumps(entries, indent=1, sort_keys=True).encode())
         except OSError as exc:
             logger.warning("kvoffload: disk tier %s: cannot write %s (%s); it only explains namespace changes",
                            self.path, sidecar, exc.strerror)
 
     @staticmethod
     def _open_locked(path: Path) -> int:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise DiskTierError(f"disk tier {path}: cannot open ({exc.strerror}); fix its permissions or "
-                                "pick another path") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+        """The tier file, created if missing and locked; the lock is taken before the file is
+        written and kept only while ``path`` still names the file locked (a ``cache clear``
+        between open and lock removed that one: open again). A symlink, FIFO or hard-linked
+        file planted at ``path`` is refused: the tier would truncate whatever it points at."""
+        for _ in range(8):
+            try:
+                fd = open_file(path, os.O_RDWR | os.O_CREAT, mode=0o644)
+            except ForeignEntryError as exc:
+                raise DiskTierError(f"disk tier {path} is {exc.strerror}: someone else writes {path.parent}; "
+                                    "remove it and keep the directory to this user") from None
+            except OSError as exc:
+                raise DiskTierError(f"disk tier {path}: cannot open ({exc.strerror}); fix its permissions or "
+                                    "pick another path") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise DiskTierError(f"disk tier {path} is in use by {lock_holder(path)}; stop that engine (a "
+                                        "killed server can leave its engine processes running), or give each "
+                                        "engine its own path") from None
+                raise DiskTierError(f"disk tier {path}: cannot lock ({exc.strerror})") from None
+            if same_file(fd, path):
+                return fd
             os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise DiskTierError(f"disk tier {path} is in use by {lock_holder(path)}; stop that engine (a "
-                                    "killed server can leave its engine processes running), or give each engine "
-                                    "its own path") from None
-            raise DiskTierError(f"disk tier {path}: cannot lock ({exc.strerror})") from None
-        return fd
+        raise DiskTierError(f"disk tier {path}: removed each time it was opened; stop whatever deletes it")
 
     def _open_or_create(self) -> None:
         layouts = [self.layout.for_rank(r) for r in range(self.layout.world_size)]

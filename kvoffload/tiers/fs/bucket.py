@@ -6,6 +6,10 @@ the count is exact; buckets are small (a key's hash picks one), so writers rarel
 lock is a record lock on the bucket's ``.used`` file, which also holds the count: the kernel
 (or the NFS lock manager) drops it when its holder dies, even by kill -9.
 
+Every name is opened relative to the bucket's directory descriptor without following symlinks
+(``kvoffload.tiers.safe_files``): a co-tenant who plants a link at ``.used`` or a record's name
+cannot make this process write outside the directory; a planted counter is removed and remade.
+
 The count is raised before a record is written and lowered after one is deleted, so a process
 killed between the two leaves it too high, never too low: the bucket can only hold less than
 its share, never more. Any sweep (an eviction, or the one-off sweep a process runs at start)
@@ -23,6 +27,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+
+from kvoffload.tiers.safe_files import ForeignEntryError, is_own_file, note_foreign, open_file, remove_entry
 
 #: Files are counted at their size rounded up to this (the allocation unit of common file systems).
 ALLOC_BYTES = 4096
@@ -45,13 +51,20 @@ class BucketBusyError(OSError):
     """The bucket's lock was not free within the timeout (another process is writing there)."""
 
 
+COUNTER_NAME = ".used"
+
+
 class Bucket:
-    def __init__(self, path: Path, capacity: int, lock_timeout_s: float = 2.0) -> None:
+    """``dir_fd``: the bucket directory, opened once (a name swapped for a symlink later is
+    never followed: every file is opened relative to it)."""
+
+    def __init__(self, path: Path, dir_fd: int, capacity: int, lock_timeout_s: float = 2.0) -> None:
         self.path = path
-        self.prefix = f"{path}{os.sep}"  # record paths are this + a file name (placed on every access)
+        self.dir_fd = dir_fd
+        self.prefix = f"{path}{os.sep}"  # for messages and tests: record names are relative to dir_fd
         self.capacity = capacity
         self.lock_timeout_s = lock_timeout_s
-        self._counter = path / ".used"
+        self._counter = path / COUNTER_NAME
         self._threads = threading.Lock()  # POSIX locks are per process: this process's threads queue here
         self.num_evicted = 0
         self.num_temps_reclaimed = 0
@@ -64,7 +77,24 @@ class Bucket:
     def counted(self) -> int:
         """The bucket's count as last written, read without the lock (for reports: a write in
         progress may change it the next moment); 0 when there is none yet."""
-        return _decode(self._counter.read_bytes())
+        try:
+            fd = open_file(COUNTER_NAME, os.O_RDONLY, self.dir_fd)
+        except ForeignEntryError:
+            return 0
+        try:
+            return _decode(os.pread(fd, COUNTER_BYTES, 0))
+        finally:
+            os.close(fd)
+
+    def open_counter(self) -> int:
+        """The ``.used`` file, opened read-write (created when missing); a planted entry there
+        (symlink, FIFO, hard link, directory) is removed and a fresh counter created instead."""
+        try:
+            return open_file(COUNTER_NAME, os.O_RDWR | os.O_CREAT, self.dir_fd)
+        except ForeignEntryError as exc:
+            note_foreign(str(self.path), exc)
+            remove_entry(COUNTER_NAME, self.dir_fd)
+            return open_file(COUNTER_NAME, os.O_RDWR | os.O_CREAT, self.dir_fd)
 
     @contextmanager
     def turn(self) -> Iterator[None]:
@@ -80,7 +110,7 @@ class Bucket:
     @contextmanager
     def locked(self) -> Iterator[HeldBucket]:
         with self.turn():
-            fd = os.open(self._counter, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = self.open_counter()
             try:
                 deadline = time.monotonic() + self.lock_timeout_s
                 while not lock_file(fd):
@@ -131,24 +161,29 @@ class HeldBucket:
         the least recently used records until at most ``target`` bytes remain. Returns the count.
         A reader with a record open keeps reading it: unlinking removes the name, not the data."""
         records: list[tuple[int, int, str]] = []
-        with os.scandir(self.bucket.path) as entries:
+        dir_fd = self.bucket.dir_fd
+        with os.scandir(dir_fd) as entries:
             for entry in entries:
                 if entry.name.endswith(TEMP_SUFFIX):
-                    _unlink(entry.path)
+                    _unlink(entry.name, dir_fd)
                     self.bucket.num_temps_reclaimed += 1
                 elif entry.name.endswith(RECORD_SUFFIX):
                     try:
-                        st = entry.stat()
+                        st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    records.append((st.st_mtime_ns, allocated(st.st_size), entry.path))
+                    if is_own_file(st):
+                        records.append((st.st_mtime_ns, allocated(st.st_size), entry.name))
+                    else:  # planted: a link or FIFO is never a record (only the name goes)
+                        with suppress(OSError):
+                            remove_entry(entry.name, dir_fd)
         total = sum(size for _, size, _ in records)
         if target is not None and total > target:
             records.sort()
             for _, size, path in records:
                 if total <= target:
                     break
-                _unlink(path)
+                _unlink(path, dir_fd)
                 total -= size
                 self.bucket.num_evicted += 1
         self._set_used(total)
@@ -182,6 +217,6 @@ def _decode(raw: bytes) -> int:
     return int.from_bytes(raw[:COUNTER_BYTES], "little") if len(raw) >= COUNTER_BYTES else 0
 
 
-def _unlink(path: str) -> None:
-    with suppress(FileNotFoundError):
-        os.unlink(path)
+def _unlink(name: str, dir_fd: int) -> None:
+    with suppress(FileNotFoundError, IsADirectoryError):
+        os.unlink(name, dir_fd=dir_fd)

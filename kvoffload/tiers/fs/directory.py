@@ -6,6 +6,10 @@ Each bucket is a subdirectory ``bNN`` holding ``<key digest>.kv`` records and it
 and count; the directory's capacity is split evenly over its buckets. A key's digest picks its
 bucket, so the buckets fill alike and evicting each one's oldest records approximates LRU over
 the whole directory.
+
+The directory and its buckets are opened once, as descriptors: every later name is resolved
+relative to them without following symlinks, so whoever else can write the directory cannot
+redirect this process's writes outside it (a planted bucket link is refused at start).
 """
 
 from __future__ import annotations
@@ -14,12 +18,22 @@ import errno
 import json
 import logging
 import os
-import uuid
+import weakref
+from contextlib import suppress
 from pathlib import Path
 
 from kvoffload.config import format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.tiers.fs.bucket import Bucket, BucketBusyError, allocated
+from kvoffload.tiers.safe_files import (
+    ForeignEntryError,
+    create_exclusive,
+    describe,
+    open_dir,
+    open_file,
+    temp_name,
+    warn_if_shared_with_others,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +58,13 @@ class FsDirectory:
     def __init__(self, root: Path, capacity: int, record_bytes: int, key: str) -> None:
         self.root = root
         self.key = key
+        self._fds: list[int] = []
+        self._closer = weakref.finalize(self, _close_all, self._fds)
         try:
             root.mkdir(parents=True, exist_ok=True)
+            self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._fds.append(self.root_fd)
+            warn_if_shared_with_others(root, f"{key}: the fs tier directory")
             n = self._bucket_count(bucket_count(capacity, record_bytes), capacity)
             share = capacity // n
             if share < allocated(record_bytes):
@@ -54,13 +73,30 @@ class FsDirectory:
                     f"{format_bytes(share)} each, less than one {format_bytes(allocated(record_bytes))} record; "
                     f"raise capacity to at least {format_bytes(n * allocated(record_bytes) * RECORDS_PER_BUCKET)} "
                     "or use a fresh directory")
-            self.buckets = [Bucket(root / f"b{i:02x}", share) for i in range(n)]
-            for b in self.buckets:
-                b.path.mkdir(exist_ok=True)
+            self.buckets = [self._open_bucket(f"b{i:02x}", share) for i in range(n)]
             self._check_locks()
+        except ForeignEntryError as exc:
+            self.close()
+            raise ConfigError(f"{key}: {root / str(exc.filename)} is {exc.strerror}: someone else writes {root}; "
+                              "remove that entry and give the directory to the engines' user alone") from None
         except OSError as exc:
+            self.close()
             raise ConfigError(f"{key}: {str(root)[:200]!r} is not usable ({exc.strerror or exc}); give a writable "
                               "directory") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_bucket(self, name: str, share: int) -> Bucket:
+        with suppress(FileExistsError):
+            os.mkdir(name, 0o777, dir_fd=self.root_fd)
+        fd = open_dir(name, self.root_fd)
+        self._fds.append(fd)
+        return Bucket(self.root / name, fd, share)
+
+    def close(self) -> None:
+        """Close the directory's descriptors (also done when it is garbage-collected)."""
+        self._closer()
 
     def _check_locks(self) -> None:
         """Sharing is safe only where POSIX locks work: refuse a file system without them."""
@@ -78,20 +114,25 @@ class FsDirectory:
 
     def _bucket_count(self, proposed: int, capacity: int) -> int:
         meta = self.root / META_NAME
-        if not meta.exists():
-            temp = self.root / f".{META_NAME}.{uuid.uuid4().hex}.tmp"
-            temp.write_text(json.dumps({"format": FORMAT, "buckets": proposed, "capacity": capacity}) + "\n")
-            try:
-                os.link(temp, meta)  # atomic and exclusive, on local and network file systems alike
+        fd = self.root_fd
+        try:
+            os.stat(META_NAME, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            temp = temp_name(f".{META_NAME}")
+            out = create_exclusive(temp, fd)
+            with os.fdopen(out, "w") as f:
+                f.write(json.dumps({"format": FORMAT, "buckets": proposed, "capacity": capacity}) + "\n")
+            try:  # atomic and exclusive, on local and network file systems alike
+                os.link(temp, META_NAME, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
             except FileExistsError:
                 pass  # another process created it first: its choice stands
             finally:
-                temp.unlink()
+                os.unlink(temp, dir_fd=fd)
         try:
-            data = json.loads(meta.read_text())
+            data = json.loads(_read_meta(fd))
             n = data["buckets"]
             ok = data["format"] == FORMAT and isinstance(n, int) and 1 <= n <= MAX_BUCKETS and n & (n - 1) == 0
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, ForeignEntryError):
             ok = False
         if not ok:
             raise ConfigError(f"{self.key}: {meta} is not a kvoffload fs directory description (format {FORMAT}); "
@@ -109,3 +150,22 @@ class FsDirectory:
     @property
     def capacity(self) -> int:
         return sum(b.capacity for b in self.buckets)
+
+
+def _read_meta(dir_fd: int) -> bytes:
+    """The description, read only if it is a plain file of its own (never through a link)."""
+    try:
+        fd = open_file(META_NAME, os.O_RDONLY, dir_fd)
+    except ForeignEntryError as exc:
+        st = os.stat(META_NAME, dir_fd=dir_fd, follow_symlinks=False)
+        raise ForeignEntryError(exc.errno, describe(st), META_NAME) from None
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()

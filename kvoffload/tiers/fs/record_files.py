@@ -4,7 +4,9 @@ A bucket's writes run under its lock: an existing record is only touched (so wri
 race harmlessly), a new one is counted, written to a temporary and published by ``os.replace``,
 so a reader sees a whole record or none. Reads take no lock: they open, read and touch (recency
 for eviction is the file's mtime) a record of the expected size; one of another size is reported
-by its size and never read.
+by its size and never read. Every name is resolved relative to its bucket's directory
+descriptor without following symlinks; only a regular file with one link is read or touched,
+anything else planted at a record's name is a miss (and a write replaces the name).
 
 Two implementations with one behaviour: ``NativeRecordFiles`` runs each batch as one C call
 without the GIL (``kvoffload_ext/fs_files.c``), ``PythonRecordFiles`` is the reference and the
@@ -22,7 +24,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from kvoffload.errors import ConfigError
-from kvoffload.tiers.fs.bucket import ALLOC_BYTES, Bucket, BucketBusyError, HeldBucket, allocated
+from kvoffload.tiers.fs.bucket import ALLOC_BYTES, COUNTER_NAME, Bucket, BucketBusyError, HeldBucket, allocated
+from kvoffload.tiers.safe_files import ForeignEntryError, create_exclusive, open_file
 from kvoffload_ext import fs_files
 
 MISSING = -errno.ENOENT
@@ -34,9 +37,10 @@ TOUCH_AFTER_S = 1.0
 
 @dataclass(slots=True)
 class RecordWrite:
-    """One record to write: its final path, its temporary and the memory it is made of."""
+    """One record to write: its name and its temporary's (in its bucket's directory) and the
+    memory it is made of."""
 
-    path: str
+    name: str
     temp: str
     ptrs: list[int]
     sizes: list[int]
@@ -59,9 +63,10 @@ class RecordFiles(ABC):
         """Write one bucket's records: each one's status (0, BUSY, NO_ROOM or -errno)."""
 
     @abstractmethod
-    def read(self, paths: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
-        """Read whole records into their parts: the bytes read, the file's size when it differs
-        from the parts' total (nothing read), MISSING, or -errno."""
+    def read(self, dir_fds: list[int], names: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        """Read whole records (``names[i]`` in directory ``dir_fds[i]``) into their parts: the
+        bytes read, the file's size when it differs from the parts' total (nothing read),
+        MISSING (also for a name that is not a regular file of one link), or -errno."""
 
 
 class PythonRecordFiles(RecordFiles):
@@ -77,9 +82,8 @@ class PythonRecordFiles(RecordFiles):
             return [_gone(exc)] * len(writes)
 
     def _write(self, held: HeldBucket, w: RecordWrite) -> int:
-        if os.path.exists(w.path):  # another writer's, or ours: now recently used
-            with suppress(OSError):
-                os.utime(w.path)
+        dir_fd = held.bucket.dir_fd
+        if touch(dir_fd, w.name):  # another writer's, or ours: now recently used
             return 0
         nbytes = allocated(sum(w.sizes))
         try:
@@ -88,28 +92,28 @@ class PythonRecordFiles(RecordFiles):
         except OSError as exc:
             return -(exc.errno or errno.EIO)
         try:
-            fd = os.open(w.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            fd = create_exclusive(w.temp, dir_fd)
             try:
                 _write_all(fd, [_buffer(p, n) for p, n in zip(w.ptrs, w.sizes)])
             finally:
                 os.close(fd)
-            os.replace(w.temp, w.path)
+            os.replace(w.temp, w.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             return 0
         except OSError as exc:
             with suppress(OSError):
-                os.unlink(w.temp)
+                os.unlink(w.temp, dir_fd=dir_fd)
             with suppress(OSError):
                 held.release(nbytes)
             return _gone(exc)
 
-    def read(self, paths: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
-        return [self._read(p, a, s) for p, a, s in zip(paths, ptrs, sizes)]
+    def read(self, dir_fds: list[int], names: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        return [self._read(d, n, a, s) for d, n, a, s in zip(dir_fds, names, ptrs, sizes)]
 
     @staticmethod
-    def _read(path: str, ptrs: list[int], sizes: list[int]) -> int:
+    def _read(dir_fd: int, name: str, ptrs: list[int], sizes: list[int]) -> int:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
+            fd = open_file(name, os.O_RDONLY, dir_fd)
+        except (FileNotFoundError, NotADirectoryError, ForeignEntryError):
             return MISSING
         except OSError as exc:
             return -(exc.errno or errno.EIO)
@@ -139,8 +143,8 @@ class NativeRecordFiles(PythonRecordFiles):
         try:
             with bucket.turn():
                 code, status = fs_files.put_bucket(
-                    str(bucket.counter), bucket.capacity, ALLOC_BYTES, bucket.lock_timeout_s,
-                    [w.temp for w in writes], [w.path for w in writes], [w.ptrs for w in writes],
+                    bucket.dir_fd, COUNTER_NAME, bucket.capacity, ALLOC_BYTES, bucket.lock_timeout_s,
+                    [w.temp for w in writes], [w.name for w in writes], [w.ptrs for w in writes],
                     [w.sizes for w in writes])
         except BucketBusyError:
             return [BUSY] * len(writes)
@@ -154,9 +158,9 @@ class NativeRecordFiles(PythonRecordFiles):
                 status[i] = s
         return [0 if s == fs_files.EXISTED else s for s in status]  # -EFBIG is NO_ROOM already
 
-    def read(self, paths: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
-        status = fs_files.get_records(paths, ptrs, sizes, TOUCH_AFTER_S)
-        return [MISSING if s in (-errno.ENOENT, -errno.ENOTDIR, -errno.ESTALE) else s for s in status]
+    def read(self, dir_fds: list[int], names: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        status = fs_files.get_records(dir_fds, names, ptrs, sizes, TOUCH_AFTER_S)
+        return [MISSING if s in (-errno.ENOENT, -errno.ENOTDIR, -errno.ESTALE, -errno.ELOOP) else s for s in status]
 
 
 def record_files(native: bool | None = None) -> RecordFiles:
@@ -167,6 +171,21 @@ def record_files(native: bool | None = None) -> RecordFiles:
         raise ConfigError("native fs record files asked for, but kvoffload_ext/fs_files.c could not be built; "
                            "install a C compiler or pass native=False")
     return NativeRecordFiles() if native else PythonRecordFiles()
+
+
+def touch(dir_fd: int, name: str) -> bool:
+    """Refresh a record's mtime (its recency): True if ``name`` is a record (a regular file of
+    one link; the touch goes to the file opened, never through a link)."""
+    try:
+        fd = open_file(name, os.O_RDONLY, dir_fd)
+    except OSError:
+        return False
+    try:
+        with suppress(OSError):
+            os.utime(fd)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, parts: list[memoryview]) -> None:

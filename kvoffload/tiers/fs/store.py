@@ -24,9 +24,10 @@ from typing import TypeVar
 import xxhash
 
 from kvoffload.kv_store import KeyValueStore
-from kvoffload.tiers.fs.bucket import RECORD_SUFFIX, TEMP_SUFFIX, Bucket, allocated
+from kvoffload.tiers.fs.bucket import RECORD_SUFFIX, Bucket, allocated
 from kvoffload.tiers.fs.directory import FsDirectory
-from kvoffload.tiers.fs.record_files import BUSY, MISSING, NO_ROOM, RecordWrite, record_files
+from kvoffload.tiers.fs.record_files import BUSY, MISSING, NO_ROOM, RecordWrite, record_files, touch
+from kvoffload.tiers.safe_files import is_own_file, temp_name
 
 logger = logging.getLogger(__name__)
 
@@ -53,20 +54,25 @@ class FsStore(KeyValueStore):
         self._sweeper: threading.Thread | None = None
         roots = ", ".join(str(d.root) for d in self.directories)
         self.name = f"fs tier {roots}"
-        self._temp_tag = f".{os.getpid()}{TEMP_SUFFIX}"
 
     # ---- where a key lives ---------------------------------------------------------------
-    def place(self, key: str) -> tuple[Bucket, str]:
+    def locate(self, key: str) -> tuple[Bucket, str]:
+        """The bucket a key's record lives in and the record's name there."""
         digest = xxhash.xxh3_128(key.encode()).hexdigest()
         d = self.directories[int(digest[:8], 16) % len(self.directories)]
         bucket = d.buckets[int(digest[8:16], 16) % len(d.buckets)]
-        return bucket, bucket.prefix + digest + RECORD_SUFFIX
+        return bucket, digest + RECORD_SUFFIX
+
+    def place(self, key: str) -> tuple[Bucket, str]:
+        """The bucket and the record's path (for reports and tests: I/O goes by ``locate``)."""
+        bucket, name = self.locate(key)
+        return bucket, bucket.prefix + name
 
     def _by_bucket(self, keys: list[str]) -> Iterator[tuple[Bucket, list[tuple[int, str]]]]:
         groups: dict[int, tuple[Bucket, list[tuple[int, str]]]] = {}
         for i, key in enumerate(keys):
-            bucket, path = self.place(key)
-            groups.setdefault(id(bucket), (bucket, []))[1].append((i, path))
+            bucket, name = self.locate(key)
+            groups.setdefault(id(bucket), (bucket, []))[1].append((i, name))
         yield from groups.values()
 
     # ---- the store contract --------------------------------------------------------------
@@ -80,9 +86,9 @@ class FsStore(KeyValueStore):
     def exists(self, keys: list[str]) -> list[int]:
         out = []
         for key in keys:
+            bucket, name = self.locate(key)
             try:
-                os.stat(self.place(key)[1])
-                out.append(1)
+                out.append(int(is_own_file(os.stat(name, dir_fd=bucket.dir_fd, follow_symlinks=False))))
             except (FileNotFoundError, NotADirectoryError):
                 out.append(0)  # absent (or the whole directory gone: every block is a miss)
             except OSError as exc:
@@ -110,8 +116,8 @@ class FsStore(KeyValueStore):
 
         def write_buckets(groups: list[tuple[Bucket, list[tuple[int, str]]]]) -> None:
             for bucket, items in groups:
-                writes = [RecordWrite(path, path[: -len(RECORD_SUFFIX)] + self._temp_tag, ptrs[i], sizes[i])
-                          for i, path in items]
+                writes = [RecordWrite(name, temp_name(name[: -len(RECORD_SUFFIX)]), ptrs[i], sizes[i])
+                          for i, name in items]
                 for (i, _), code in zip(items, self.files.write_bucket(bucket, writes)):
                     status[i] = code
 
@@ -120,11 +126,11 @@ class FsStore(KeyValueStore):
 
     def get_into_parts(self, keys: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
         status = [0] * len(keys)
-        paths = [self.place(k)[1] for k in keys]
+        places = [self.locate(k) for k in keys]
 
         def read(part: list[int]) -> None:
-            for i, code in zip(part, self.files.read([paths[i] for i in part], [ptrs[i] for i in part],
-                                                     [sizes[i] for i in part])):
+            for i, code in zip(part, self.files.read([places[i][0].dir_fd for i in part], [places[i][1] for i in part],
+                                                     [ptrs[i] for i in part], [sizes[i] for i in part])):
                 status[i] = code
 
         self._fan_out(read, list(range(len(keys))), sum(sizes[0]) if sizes else 0)
@@ -136,19 +142,20 @@ class FsStore(KeyValueStore):
     def touch(self, keys: list[str]) -> None:
         """Mark records recently used (their mtime), so evictions by any process keep them."""
         for key in keys:
-            with suppress(OSError):
-                os.utime(self.place(key)[1])
+            bucket, name = self.locate(key)
+            touch(bucket.dir_fd, name)
 
     def remove(self, keys: list[str]) -> None:
         for bucket, items in self._by_bucket(keys):
             with suppress(OSError), bucket.locked() as held:
-                for _, path in items:
+                for _, name in items:
                     try:
-                        size = os.stat(path).st_size
-                        os.unlink(path)
-                    except FileNotFoundError:
+                        st = os.stat(name, dir_fd=bucket.dir_fd, follow_symlinks=False)
+                        os.unlink(name, dir_fd=bucket.dir_fd)
+                    except (FileNotFoundError, IsADirectoryError):
                         continue
-                    held.release(allocated(size))
+                    if is_own_file(st):
+                        held.release(allocated(st.st_size))
 
     # ---- upkeep --------------------------------------------------------------------------
     def start_sweep(self) -> None:
@@ -175,6 +182,8 @@ class FsStore(KeyValueStore):
             self._sweeper.join()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        for d in self.directories:
+            d.close()
 
     def usage(self) -> tuple[int, int]:
         """(bytes counted, capacity) over every bucket (reads the counts without locking)."""
