@@ -1,7 +1,9 @@
 """``kvoffload cache ls | verify | clear``: see, check and remove what disk tiers keep.
 
-Directories: every ``--path`` given, the disk tiers of ``--config`` (a YAML file or a packaged
-example's name), else the per-user cache directory that a disk tier without a path uses.
+Directories: every ``--path`` given and the disk tiers of ``--config`` (a YAML file or a packaged
+example's name); with neither, the per-user cache directory that a disk tier without a path
+uses. A config without a disk tier is an error, never a fall-back to that directory. ``clear``
+lists what it will remove and asks first (``--yes``: without asking; needed without a terminal).
 """
 
 from __future__ import annotations
@@ -34,18 +36,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--json", action="store_true", help="print one JSON object (for scripts)")
         if name == "clear":
             p.add_argument("--namespace", default=None, metavar="DIGEST",
-                           help="only the files of this namespace digest (as ls shows it)")
+                           help="only the files of this namespace (or tier file) digest, as ls shows it")
+            p.add_argument("--yes", action="store_true", help="remove without asking")
         p.set_defaults(func=cmd_cache)
 
 
 def _directories(args: argparse.Namespace) -> tuple[list[Path], OffloadConfig | None]:
-    from kvoffload.config import OffloadConfig, default_cache_dir
+    from kvoffload.config import ConfigError, OffloadConfig, default_cache_dir
 
     dirs = [Path(p).expanduser() for p in args.path]
     cfg = None
     if args.config is not None:
         cfg = OffloadConfig.coerce(args.config)
-        dirs += [Path(t.path) for t in cfg.tiers if t.medium == "disk" and t.path]
+        disk = [Path(t.path) for t in cfg.tiers if t.medium == "disk" and t.path]
+        if not disk and not dirs:
+            media = ", ".join(t.medium for t in cfg.tiers)
+            raise ConfigError(f"--config {args.config}: it has no disk tier (its tiers: {media}); `kvoffload cache` "
+                              "acts on disk tier directories: pass --path DIR to name one")
+        dirs += disk
     return list(dict.fromkeys(dirs or [default_cache_dir()])), cfg
 
 
@@ -62,10 +70,13 @@ def _describe(entry: CacheFile) -> str:
     ns = entry.namespace
     what = ", ".join(f"{k} {v[:24]}" for k, v in ns.items() if k in ("model", "dtype", "layout")) or "unknown"
     rank = f", rank {lay.rank} of {lay.world_size}" if lay.world_size > 1 else ""
+    digest = entry.namespace_digest or "unknown (no namespace file)"
+    if digest != lay.digest:
+        digest += f", tier {lay.digest}"  # the namespace folded with a secret's id
     used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.last_used))
     state = f"in use by {entry.holder}" if entry.holder else "not in use"
     torn = f" ({entry.torn} torn)" if entry.torn else ""
-    return (f"  {entry.path.name}: namespace {lay.digest} ({what}){rank}\n"
+    return (f"  {entry.path.name}: namespace {digest} ({what}){rank}\n"
             f"    {entry.records:,} records{torn} of {lay.num_slots:,} slots ({lay.block_tokens} tokens, "
             f"{_size(lay.block_bytes)} each), {_size(entry.disk_bytes)} on disk of {_size(entry.capacity_bytes)}, "
             f"last written {used}, {state}")
@@ -74,7 +85,7 @@ def _describe(entry: CacheFile) -> str:
 def cmd_cache(args: argparse.Namespace) -> int:
     from kvoffload.auth import RecordTagger
     from kvoffload.config import ConfigError
-    from kvoffload.tiers.disk.inventory import clear_files, list_files, verify_file
+    from kvoffload.tiers.disk.inventory import list_files, verify_file
 
     try:
         dirs, cfg = _directories(args)
@@ -82,7 +93,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    listing = {d: (list_files(d) if d.is_dir() else []) for d in dirs}
+    listing: dict[Path, list[CacheFile]] = {}
+    for d in dirs:
+        entries, skipped = list_files(d) if d.is_dir() else ([], [])
+        listing[d] = entries
+        for line in skipped:
+            print(f"skipped {line}", file=sys.stderr)
     if args.cache_command == "ls":
         if args.json:
             print(json.dumps({str(d): [e.as_dict() for e in es] for d, es in listing.items()}, indent=1))
@@ -110,12 +126,33 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print("records written with a shared secret fail the plain checksum: pass --config with its auth",
                   file=sys.stderr)
         return 1 if failed else 0
+    return _clear(args, dirs, listing)
+
+
+def _clear(args: argparse.Namespace, dirs: list[Path], listing: dict[Path, list[CacheFile]]) -> int:
+    from kvoffload.tiers.disk.inventory import clear_files, orphan_namespace_files
+
     chosen = [e for es in listing.values() for e in es
-              if args.namespace is None or (e.layout is not None and e.layout.digest == args.namespace)]
+              if args.namespace is None or args.namespace in (e.namespace_digest, e.layout and e.layout.digest)]
     if args.namespace is not None and not chosen:
         print(f"error: --namespace {args.namespace}: no tier file of that namespace in "
               f"{', '.join(map(str, dirs))}; `kvoffload cache ls` shows the digests", file=sys.stderr)
         return 2
+    free = [e for e in chosen if e.holder is None]
+    going = {e.path for e in free}
+    plan = [f"{e.path} ({_size(e.disk_bytes)})" for e in free]
+    plan += [str(p) for d in dirs if d.is_dir() for p in orphan_namespace_files(d, going)]
+    for e in chosen:
+        if e.holder is not None:
+            print(f"kept: {e.path}: in use by {e.holder}", file=sys.stderr)
+    if plan and not args.yes:
+        print("will remove:\n  " + "\n  ".join(plan))
+        if not sys.stdin.isatty():
+            print(f"error: {len(plan)} file(s) to remove; pass --yes to remove them without asking", file=sys.stderr)
+            return 2
+        if input("remove these? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
     removed, refused = clear_files(chosen)
     for path in removed:
         print(f"removed {path}")

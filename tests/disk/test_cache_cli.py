@@ -81,14 +81,19 @@ def test_clear_never_removes_what_an_engine_holds(tmp_path, capsys):
     try:
         (entry,) = _ls(capsys, "--config", str(cfg))[str(tmp_path / "cache")]
         assert entry["in_use_by"].startswith(f"process {os.getpid()} (")
-        assert main(["cache", "clear", "--config", str(cfg)]) == 1
+        assert main(["cache", "clear", "--config", str(cfg), "--yes"]) == 1
         assert f"in use by process {os.getpid()}" in capsys.readouterr().err
         assert os.path.exists(entry["path"])
     finally:
         llm.close()
     assert main(["cache", "clear", "--namespace", "0123456789abcdef", "--config", str(cfg)]) == 2
     assert "no tier file of that namespace" in capsys.readouterr().err
-    assert main(["cache", "clear", "--namespace", entry["digest"], "--config", str(cfg)]) == 0
+    # Without a terminal and without --yes: the list of what would go, and nothing removed.
+    assert main(["cache", "clear", "--namespace", entry["digest"], "--config", str(cfg)]) == 2
+    captured = capsys.readouterr()
+    assert f"will remove:\n  {entry['path']} (" in captured.out and "pass --yes" in captured.err
+    assert os.path.exists(entry["path"])
+    assert main(["cache", "clear", "--namespace", entry["digest"], "--config", str(cfg), "--yes"]) == 0
     out = capsys.readouterr().out
     assert f"removed {entry['path']}" in out and ".namespace.json" in out
     assert sorted(os.listdir(tmp_path / "cache")) == []
@@ -103,8 +108,82 @@ def test_default_directory_and_missing_ones(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("KVOFFLOAD_CACHE_DIR", str(tmp_path / "nothing-here"))
     assert main(["cache", "ls"]) == 0
     assert f"{tmp_path / 'nothing-here'}: no disk tier files" in capsys.readouterr().out
-    assert main(["cache", "clear"]) == 0 and "nothing to clear" in capsys.readouterr().out
+    assert main(["cache", "clear", "--yes"]) == 0 and "nothing to clear" in capsys.readouterr().out
     assert main(["cache", "ls", "--config", "no_such.yaml"]) == 2
     assert "cannot read config file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["cache"])  # a subcommand is required
+
+
+def _tier_files(directory) -> list[str]:
+    return sorted(p for p in os.listdir(directory) if p.startswith("kvoffload-"))
+
+
+@pytest.mark.parametrize("packaged", [False, True])
+def test_clear_with_a_config_without_a_disk_tier_touches_no_other_cache(tmp_path, capsys, monkeypatch, packaged):
+    """A cpu + fs config names no disk tier: clear must not fall back to the per-user cache."""
+    monkeypatch.setenv("KVOFFLOAD_CACHE_DIR", str(tmp_path / "user-cache"))
+    user_cfg = tmp_path / "user.yaml"
+    user_cfg.write_text(yaml.safe_dump({"tiers": [{"medium": "cpu", "capacity": "1MiB"},
+                                                  {"medium": "disk", "capacity": "4MiB", "write_through": True}]}))
+    _fill(user_cfg).close()
+    before = _tier_files(tmp_path / "user-cache")
+    assert any(p.endswith(".kvdata") for p in before) and any(p.endswith(".namespace.json") for p in before)
+    if packaged:
+        monkeypatch.setenv("KV_SHARED", str(tmp_path / "shared"))
+        cfg = "fs"
+    else:
+        cfg = tmp_path / "fs.yaml"
+        cfg.write_text(yaml.safe_dump({"tiers": [{"medium": "cpu", "capacity": "1MiB"},
+                                                 {"medium": "fs", "capacity": "4MiB", "path": str(tmp_path / "fs")}]}))
+    for command in ("clear", "ls", "verify"):
+        assert main(["cache", command, "--config", str(cfg), *(["--yes"] if command == "clear" else [])]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --config {cfg}: it has no disk tier (its tiers: cpu, fs)") and "--path" in err
+    assert _tier_files(tmp_path / "user-cache") == before
+
+
+def test_ls_shows_the_namespace_and_clear_keeps_a_running_engines_namespace_file_with_auth(tmp_path, capsys,
+                                                                                           monkeypatch):
+    monkeypatch.setenv("KVO_CACHE_SECRET", "s" * 32)
+    cfg = _config(tmp_path, auth_env="KVO_CACHE_SECRET")
+    llm = _fill(cfg)
+    try:
+        names = _tier_files(tmp_path / "cache")
+        assert len(names) == 2  # the tier file and its namespace file, under one digest
+        assert names[0].split("-")[1] == names[1].split("-")[1].split(".")[0]
+        (entry,) = _ls(capsys, "--config", str(cfg))[str(tmp_path / "cache")]
+        assert entry["namespace_digest"] == llm.kv_info.namespace.digest != entry["digest"]  # the secret folded in
+        assert main(["cache", "ls", "--config", str(cfg)]) == 0
+        text = capsys.readouterr().out
+        assert f"namespace {entry['namespace_digest']}, tier {entry['digest']} (" in text and "unknown" not in text
+        assert main(["cache", "clear", "--config", str(cfg), "--yes"]) == 1
+        assert "in use by" in capsys.readouterr().err
+        assert _tier_files(tmp_path / "cache") == names  # neither file of the running engine removed
+    finally:
+        llm.close()
+    assert main(["cache", "clear", "--namespace", entry["namespace_digest"], "--config", str(cfg), "--yes"]) == 0
+    assert _tier_files(tmp_path / "cache") == []
+
+
+def test_a_damaged_cache_directory_names_each_bad_entry_and_lists_the_rest(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    _fill(cfg).close()
+    cache = tmp_path / "cache"
+    (good,) = [p for p in _tier_files(cache) if p.endswith(".kvdata")]
+    (cache / "kvoffload-0000000000000000-4096.kvdata").mkdir()
+    os.mkfifo(cache / "kvoffload-1111111111111111-4096.kvdata")
+    os.mkfifo(cache / "kvoffload-2222222222222222.namespace.json")  # read with O_NONBLOCK: never hangs
+    os.symlink(cache / good, cache / "kvoffload-3333333333333333-4096.kvdata")
+    for command, rc in (("ls", 0), ("verify", 0), ("clear", 0)):
+        assert main(["cache", command, "--path", str(cache), *(["--yes"] if command == "clear" else [])]) == rc
+        captured = capsys.readouterr()
+        assert "skipped " + str(cache / "kvoffload-0000000000000000-4096.kvdata") + ": a directory, not a tier file; " \
+            "remove it" in captured.err
+        assert "kvoffload-1111111111111111-4096.kvdata: a FIFO, not a tier file" in captured.err
+        assert "kvoffload-3333333333333333-4096.kvdata: a symlink, not a tier file" in captured.err
+        assert good in captured.out
+    assert not (cache / good).exists()  # clear went on with the real file
+    assert (cache / "kvoffload-0000000000000000-4096.kvdata").is_dir()  # and removed nothing it skipped
+    assert main(["cache", "ls", "--json", "--path", str(cache)]) == 0
+    assert json.loads(capsys.readouterr().out) == {str(cache): []}

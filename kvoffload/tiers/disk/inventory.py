@@ -16,7 +16,15 @@ from pathlib import Path
 from kvoffload.auth import RecordTagger
 from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout, parse_file_header, scan_records
 from kvoffload.tiers.disk.io import record_problem
-from kvoffload.tiers.disk.ledger import NAMESPACE_GLOB, find_lock_holder, read_namespace_files, sidecar_digest
+from kvoffload.tiers.disk.ledger import (
+    NAMESPACE_GLOB,
+    NAMESPACE_KEY,
+    find_lock_holder,
+    read_namespace_files,
+    same_file,
+    sidecar_digest,
+)
+from kvoffload.tiers.safe_files import ForeignEntryError, describe, is_own_file, open_file
 
 TIER_GLOB = "kvoffload-*.kvdata"
 
@@ -33,7 +41,13 @@ class CacheFile:
     disk_bytes: int = 0  # allocated on disk (the file is sparse)
     last_used: float = 0.0  # last write (mtime)
     holder: str | None = None  # the engine process holding the file, if any
-    namespace: dict[str, str] = field(default_factory=dict)
+    namespace: dict[str, str] = field(default_factory=dict)  # components, from the namespace file
+
+    @property
+    def namespace_digest(self) -> str | None:
+        """The namespace's digest (the file is named by the tier digest: the namespace folded
+        with the secret's id); None when its namespace file is missing."""
+        return self.namespace.get(NAMESPACE_KEY)
 
     @property
     def capacity_bytes(self) -> int:
@@ -44,7 +58,8 @@ class CacheFile:
         return {"path": str(self.path), "digest": lay.digest if lay else None, "rank": lay.rank if lay else None,
                 "world_size": lay.world_size if lay else None, "block_bytes": lay.block_bytes if lay else None,
                 "block_tokens": lay.block_tokens if lay else None, "slots": lay.num_slots if lay else None,
-                "records": self.records, "torn": self.torn, "disk_bytes": self.disk_bytes,
+                "namespace_digest": self.namespace_digest, "records": self.records, "torn": self.torn,
+                "disk_bytes": self.disk_bytes,
                 "capacity_bytes": self.capacity_bytes, "last_used": self.last_used, "in_use_by": self.holder,
                 "namespace": self.namespace}
 
@@ -56,15 +71,24 @@ class VerifyResult:
     failed: Counter[str] = field(default_factory=Counter)  # reason -> records
 
 
-def list_files(directory: Path) -> list[CacheFile]:
-    """Every tier file in ``directory``, with its namespace where its sidecar names it."""
+def list_files(directory: Path) -> tuple[list[CacheFile], list[str]]:
+    """Every tier file in ``directory``, with its namespace where its namespace file names it;
+    and a line for each entry skipped (a directory, link or FIFO under a tier file's name, or
+    a file that cannot be read), naming it and the fix."""
     namespaces = read_namespace_files(directory)
     out: list[CacheFile] = []
+    skipped: list[str] = []
     for path in sorted(directory.glob(TIER_GLOB)):
         try:
-            st = path.stat()
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+            st = path.stat(follow_symlinks=False)
+            if not is_own_file(st):
+                skipped.append(f"{path}: {describe(st)}, not a tier file; remove it (nothing reads it)")
+                continue
+            fd = open_file(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            skipped.append(f"{path}: cannot be read ({exc.strerror}); fix its permissions or remove it")
             continue
         try:
             parsed = parse_file_header(os.pread(fd, HEADER_BYTES, 0))
@@ -80,7 +104,7 @@ def list_files(directory: Path) -> list[CacheFile]:
         finally:
             os.close(fd)
         out.append(entry)
-    return out
+    return out, skipped
 
 
 def verify_file(entry: CacheFile, tagger: RecordTagger | None = None) -> VerifyResult:
@@ -92,7 +116,7 @@ def verify_file(entry: CacheFile, tagger: RecordTagger | None = None) -> VerifyR
         result.failed["format"] += 1
         return result
     check = tagger or RecordTagger(None, entry.file_digest)
-    fd = os.open(entry.path, os.O_RDONLY)
+    fd = open_file(entry.path, os.O_RDONLY)
     try:
         for slot, key, intact in scan_records(fd, lay):
             if key is None or not intact:
@@ -110,14 +134,15 @@ def verify_file(entry: CacheFile, tagger: RecordTagger | None = None) -> VerifyR
 
 
 def clear_files(entries: list[CacheFile]) -> tuple[list[Path], list[str]]:
-    """Remove the files (and namespace sidecars no file uses any more); returns (removed,
-    refusals). A file is removed only under its lock, so never from under an engine."""
+    """Remove the files (and namespace files no tier file uses any more); returns (removed,
+    refusals). A file is removed only under its lock, and only if its name still names the file
+    locked, so never from under an engine."""
     removed: list[Path] = []
     refused: list[str] = []
     for entry in entries:
         try:
-            fd = os.open(entry.path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = open_file(entry.path, os.O_RDONLY)
+        except (FileNotFoundError, ForeignEntryError):
             continue
         try:
             try:
@@ -126,15 +151,20 @@ def clear_files(entries: list[CacheFile]) -> tuple[list[Path], list[str]]:
                 refused.append(f"{entry.path}: in use by {find_lock_holder(entry.path) or 'another process'}; "
                                "stop that engine first")
                 continue
-            entry.path.unlink()
-            removed.append(entry.path)
+            if same_file(fd, entry.path):
+                entry.path.unlink()
+                removed.append(entry.path)
         finally:
             os.close(fd)
     for directory in {e.path.parent for e in entries}:
-        live = {p.name.split("-")[1] for p in directory.glob(TIER_GLOB)}
-        for side in directory.glob(NAMESPACE_GLOB):
-            if sidecar_digest(side) not in live:
-                side.unlink(missing_ok=True)
-                removed.append(side)
+        for side in orphan_namespace_files(directory):
+            side.unlink(missing_ok=True)
+            removed.append(side)
     return removed, refused
+
+
+def orphan_namespace_files(directory: Path, leaving: set[Path] | None = None) -> list[Path]:
+    """Namespace files whose tier files are all gone (or in ``leaving``, about to go)."""
+    live = {p.name.split("-")[1] for p in directory.glob(TIER_GLOB) if p not in (leaving or set())}
+    return [side for side in sorted(directory.glob(NAMESPACE_GLOB)) if sidecar_digest(side) not in live]
 
