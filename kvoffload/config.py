@@ -301,13 +301,29 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
                               "through to; remove it from the cpu tier")
         tier = TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
-                          path=os.path.expanduser(os.path.expandvars(path)) if path is not None else None,
+                          path=expand_path(path, f"{key}.path") if path is not None else None,
                           write_through=write_through, options=options)
         if kind is not None:
             kind.validate(tier, key)
         tiers.append(tier)
         above = kind
     return tuple(tiers)
+
+
+_UNSET_VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def expand_path(path: str, key: str) -> str:
+    """``~`` and ``$VARS`` expanded; a variable left unset is an error naming it (expanding it to
+    nothing, or keeping ``$VAR`` as a directory name, would quietly open another directory:
+    replicas that should share one would each get their own)."""
+    expanded = os.path.expanduser(os.path.expandvars(path))
+    unset = _UNSET_VAR_RE.search(expanded)
+    if unset:
+        name = unset.group(1).strip("{}")
+        raise ConfigError(f"{key}: {path[:200]!r} uses ${name}, which is not set; set {name} in the engine's "
+                          "environment or write the directory out")
+    return expanded
 
 
 def default_cache_dir() -> Path:

@@ -3,6 +3,8 @@ and the fix; ``kvoffload config check`` checks the directories."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvoffload.cli import main
@@ -92,3 +94,41 @@ def test_a_process_with_another_capacity_on_a_shared_directory_is_warned(tmp_pat
     assert "created with capacity 1.00 MiB, this process bounds it at 4.00 MiB" in record.getMessage()
     assert "give every process sharing it the same capacity" in record.getMessage()
     assert len(second.buckets) == len(FsDirectory(tmp_path, 1 << 20, 4096 + 64, "x").buckets)  # the first's buckets
+
+
+@pytest.mark.parametrize("medium", ["fs", "disk"])
+@pytest.mark.parametrize("written", ["$KV_SHARED/cache", "${KV_SHARED}/cache"])
+def test_an_unset_variable_in_a_path_is_refused_by_name(tmp_path, capsys, monkeypatch, medium, written):
+    """Expanded to nothing or kept literally, it would open a directory of its own on each
+    replica (a literal '$KV_SHARED/cache' under the working directory): replicas would not share."""
+    monkeypatch.delenv("KV_SHARED", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"tiers\[1\]\.path: .*cache' uses \$KV_SHARED, which is not set; set "
+                                          r"KV_SHARED in the engine's environment"):
+        _config({"medium": medium, "path": written, "capacity": "1MiB"})
+    if medium == "fs":
+        with pytest.raises(ConfigError, match=r"tiers\[1\]\.paths: .* uses \$KV_SHARED, which is not set"):
+            _config({"medium": "fs", "paths": [str(tmp_path / "a"), written], "capacity": "1MiB"})
+    cfg = tmp_path / "tiers.yaml"
+    cfg.write_text(f"tiers:\n  - {{medium: cpu, capacity: 1MiB}}\n  - {{medium: {medium}, path: '{written}', "
+                   "capacity: 1MiB}\n")
+    assert main(["config", "check", str(cfg)]) != 0
+    assert "KV_SHARED" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["tiers.yaml"]  # nothing created
+    monkeypatch.setenv("KV_SHARED", str(tmp_path / "shared"))
+    assert _config({"medium": medium, "path": written, "capacity": "1MiB"}).tiers[1].path == str(tmp_path / "shared/cache")
+
+
+@pytest.mark.parametrize("second, how", [("{d}/", "are one directory"), ("{d}/./", "are one directory"),
+                                         ("{link}", "are one directory"), ("{d}/sub", "lie one inside the other")])
+def test_one_directory_named_twice_in_paths_is_refused(tmp_path, second, how):
+    d = tmp_path / "kv"
+    d.mkdir()
+    (tmp_path / "link").symlink_to(d)
+    other = second.format(d=d, link=tmp_path / "link")
+    with pytest.raises(ConfigError, match=rf"tiers\[1\]\.paths: '{d}' and '{other}' {how} .*list each directory once"):
+        _config({"medium": "fs", "paths": [str(d), other], "capacity": "1MiB"})
+    ok = _config({"medium": "fs", "paths": [str(d), str(tmp_path / "kv2")], "capacity": "2MiB"})
+    from kvoffload.tiers.fs.kind import tier_roots
+
+    assert tier_roots(ok.tiers[1], "tiers[1]") == [str(d), str(tmp_path / "kv2")]

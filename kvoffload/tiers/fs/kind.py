@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.auth import RecordTagger
-from kvoffload.config import TierConfig, format_bytes
+from kvoffload.config import TierConfig, expand_path, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.tiers.base import TierContext, TierKind
@@ -40,15 +40,24 @@ STAGING_RECORDS = 64
 
 
 def tier_roots(tier: TierConfig, key: str) -> list[str]:
-    """The directories of an fs tier: ``paths``, else ``path``."""
+    """The directories of an fs tier (``paths``, else ``path``), resolved (symlinks, ``..``, a
+    trailing slash), so one directory is never opened twice, with half the capacity each."""
     options: FsOptions = tier.options
     if options.paths and tier.path is not None:
         raise ConfigError(f"{key}: both path and paths given; use path for one directory or paths for several")
-    roots = [os.path.expanduser(os.path.expandvars(p)) for p in options.paths] or ([tier.path] if tier.path else [])
+    roots = [expand_path(p, f"{key}.paths") for p in options.paths] or ([tier.path] if tier.path else [])
     if not roots:
         raise ConfigError(f"{key}.path: required for medium fs; give the shared cache directory, e.g. "
                           "/mnt/shared/kvcache (or paths: [...] for one directory per drive)")
-    return roots
+    resolved = [os.path.realpath(r) for r in roots]
+    for i, a in enumerate(resolved):
+        for j in range(i):
+            b = resolved[j]
+            if a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep):
+                how = "are one directory" if a == b else "lie one inside the other"
+                raise ConfigError(f"{key}.paths: {roots[j]!r} and {roots[i]!r} {how} ({b} and {a}); list each "
+                                  "directory once, none inside another")
+    return resolved
 
 
 class FsTier(TierKind):
