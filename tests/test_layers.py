@@ -13,7 +13,9 @@ ROOT = Path(kvoffload.__file__).parent
 #: Bottom first. Equal ranks may not import each other (only within one package).
 LAYERS = [
     ("kvoffload.namespace",),
-    ("kvoffload.errors", "kvoffload.kv_info", "kvoffload.kv_store", "kvoffload.logs", "kvoffload.examples"),
+    ("kvoffload.errors", "kvoffload.kv_info", "kvoffload.kv_store", "kvoffload.logs", "kvoffload.examples",
+     "kvoffload.safe_files"),
+    ("kvoffload.weight_digests",),
     ("kvoffload.metrics", "kvoffload.auth"),
     ("kvoffload.registry", "kvoffload"),  # the package root: its version and log set-up
     ("kvoffload.config",),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.auth import RecordTagger
+from kvoffload.safe_files import ForeignEntryError, describe, is_own_file, open_file
 from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout, parse_file_header, scan_records
 from kvoffload.tiers.disk.io import record_problem
 from kvoffload.tiers.disk.ledger import (
@@ -24,7 +25,6 @@ from kvoffload.tiers.disk.ledger import (
     same_file,
     sidecar_digest,
 )
-from kvoffload.tiers.safe_files import ForeignEntryError, describe, is_own_file, open_file
 
 TIER_GLOB = "kvoffload-*.kvdata"
 

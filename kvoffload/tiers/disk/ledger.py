@@ -24,8 +24,8 @@ from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.tier_report import TierReport
+from kvoffload.safe_files import ForeignEntryError, open_file, read_file, replace_file, warn_if_shared_with_others
 from kvoffload.tiers.disk.format import DiskLayout, scan_records
-from kvoffload.tiers.safe_files import ForeignEntryError, open_file, read_file, replace_file, warn_if_shared_with_others
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ lock is a record lock on the bucket's ``.used`` file, which also holds the count
 (or the NFS lock manager) drops it when its holder dies, even by kill -9.
 
 Every name is opened relative to the bucket's directory descriptor without following symlinks
-(``kvoffload.tiers.safe_files``): a co-tenant who plants a link at ``.used`` or a record's name
+(``kvoffload.safe_files``): a co-tenant who plants a link at ``.used`` or a record's name
 cannot make this process write outside the directory; a planted counter is removed and remade.
 
 The count is raised before a record is written and lowered after one is deleted, so a process
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from kvoffload.tiers.safe_files import ForeignEntryError, is_own_file, note_foreign, open_file, remove_entry
+from kvoffload.safe_files import ForeignEntryError, is_own_file, note_foreign, open_file, remove_entry
 
 #: Files are counted at their size rounded up to this (the allocation unit of common file systems).
 ALLOC_BYTES = 4096

@@ -24,8 +24,7 @@ from pathlib import Path
 
 from kvoffload.config import format_bytes
 from kvoffload.errors import ConfigError
-from kvoffload.tiers.fs.bucket import Bucket, BucketBusyError, allocated
-from kvoffload.tiers.safe_files import (
+from kvoffload.safe_files import (
     ForeignEntryError,
     create_exclusive,
     describe,
@@ -34,6 +33,7 @@ from kvoffload.tiers.safe_files import (
     temp_name,
     warn_if_shared_with_others,
 )
+from kvoffload.tiers.fs.bucket import Bucket, BucketBusyError, allocated
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from kvoffload.errors import ConfigError
+from kvoffload.safe_files import ForeignEntryError, create_exclusive, open_file
 from kvoffload.tiers.fs.bucket import ALLOC_BYTES, COUNTER_NAME, Bucket, BucketBusyError, HeldBucket, allocated
-from kvoffload.tiers.safe_files import ForeignEntryError, create_exclusive, open_file
 from kvoffload_ext import fs_files
 
 MISSING = -errno.ENOENT
