@@ -24,6 +24,7 @@ BENCHMARKS = {
     "remote": "the Mooncake tier's store and load paths vs the raw store calls",
     "fs": "the shared fs tier with 1-4 processes on one directory vs plain file I/O; lookups/s",
     "preemption": "swap vs recompute preemption on a workload that forces it",
+    "weights": "the whole-file weight fingerprint at start-up vs reading the checkpoint; a cached start",
     "chaos": "random engines, tiers and faults: every output checked against a reference",
 }
 

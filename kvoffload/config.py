@@ -326,6 +326,11 @@ def expand_path(path: str, key: str) -> str:
     return expanded
 
 
+def weight_digest_dir() -> Path:
+    """Where whole-file digests of weights are kept between starts (``kvoffload.weight_digests``)."""
+    return default_cache_dir() / "weight-digests"
+
+
 def default_cache_dir() -> Path:
     """Where a disk tier without a ``path`` keeps its file: ``$KVOFFLOAD_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/kvoffload``, else ``~/.cache/kvoffload`` (per user: users never share a file).

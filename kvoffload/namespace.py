@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import xxhash
 
@@ -25,12 +23,7 @@ import xxhash
 #: every namespace, so records of an older format are never read as if they were current.
 RECORD_FORMAT_VERSION = 2
 
-#: Weight files are fingerprinted by their headers, sizes and this many evenly spread samples
-#: (a fine-tune rewrites essentially every tensor, so any sample tells it apart; reading
-#: 64 x 64 KiB per file keeps start-up cheap for checkpoints of any size).
-_SAMPLES = 64
-_SAMPLE_BYTES = 64 * 1024
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,37 +57,6 @@ class KVNamespace:
 
 def _short(value: str) -> str:
     return value if len(value) <= 16 else xxhash.xxh3_64_hexdigest(value.encode())[:8]
-
-
-def weights_fingerprint(path: str | os.PathLike[str]) -> str:
-    """A fingerprint of a checkpoint directory's weight files (the config is its own component);
-    "" if ``path`` is not a directory (the caller then names the weights by a revision id)."""
-    root = Path(path)
-    if not root.is_dir():
-        return ""
-    h = xxhash.xxh3_128()
-    for f in sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES)):
-        h.update(f.name.encode() + b"\0")
-        _fingerprint_file(h, f)
-    return h.hexdigest()
-
-
-def _fingerprint_file(h: xxhash.xxh3_128, path: Path) -> None:
-    size = path.stat().st_size
-    h.update(size.to_bytes(8, "little"))
-    with open(path, "rb") as f:
-        for offset in _sample_offsets(size):
-            f.seek(offset)
-            h.update(f.read(_SAMPLE_BYTES))
-
-
-def _sample_offsets(size: int) -> Iterable[int]:
-    """The file's head (a safetensors header and its first tensors), its tail, and evenly
-    spread samples between: the whole file when it is small."""
-    if size <= _SAMPLES * _SAMPLE_BYTES:
-        return range(0, size, _SAMPLE_BYTES)
-    step = (size - _SAMPLE_BYTES) / (_SAMPLES - 1)
-    return sorted({int(i * step) for i in range(_SAMPLES)})
 
 
 def config_digest(config: Mapping[str, object], ignore: Iterable[str] = ()) -> str:

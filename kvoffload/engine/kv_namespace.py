@@ -7,12 +7,14 @@ import dataclasses
 
 import torch
 
+from kvoffload.config import weight_digest_dir
 from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.hashing import HASH_ALGORITHM, ROOT_BLOCK_HASH
 from kvoffload.engine.kv_groups import kv_cache_layout
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.kv_info import EngineKVInfo
-from kvoffload.namespace import KVNamespace, config_digest, weights_fingerprint
+from kvoffload.namespace import KVNamespace, config_digest
+from kvoffload.weight_digests import weights_fingerprint
 
 
 def engine_kv_info(config: EngineConfig, model: ModelConfig) -> EngineKVInfo:
@@ -29,7 +31,7 @@ def engine_kv_info(config: EngineConfig, model: ModelConfig) -> EngineKVInfo:
 
 def engine_namespace(config: EngineConfig, model: ModelConfig, block_bytes: int) -> KVNamespace:
     if model.checkpoint_dir:
-        weights = "checkpoint:" + weights_fingerprint(model.checkpoint_dir)
+        weights = "checkpoint:" + weights_fingerprint(model.checkpoint_dir, weight_digest_dir())
     else:  # built-in models: random weights drawn from the seed
         weights = f"random:{config.model}:seed={config.seed}"
     fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "checkpoint_dir"}

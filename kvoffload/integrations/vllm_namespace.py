@@ -11,7 +11,9 @@ import logging
 import os
 from typing import Any
 
-from kvoffload.namespace import KVNamespace, config_digest, weights_fingerprint
+from kvoffload.config import weight_digest_dir
+from kvoffload.namespace import KVNamespace, config_digest
+from kvoffload.weight_digests import weights_fingerprint
 
 logger = logging.getLogger("vllm.kvoffload")
 
@@ -25,9 +27,9 @@ def _weights(model_config: Any, load_config: Any) -> str:
         return f"dummy:seed={getattr(model_config, 'seed', None)}"
     model = str(model_config.model)
     revision = getattr(model_config, "revision", None)
-    fingerprint = weights_fingerprint(model)
+    fingerprint = weights_fingerprint(model, weight_digest_dir())
     if not fingerprint:
-        fingerprint = weights_fingerprint(_cached_snapshot(model, revision))
+        fingerprint = weights_fingerprint(_cached_snapshot(model, revision), weight_digest_dir())
     if fingerprint:
         return f"files:{fingerprint}"
     logger.warning("kvoffload: the weights of %r could not be fingerprinted (not a local directory nor in the "

@@ -1,0 +1,111 @@
+"""Digests of whole weight files, computed once and cached by the file's identity.
+
+A KV block is only as right as every weight that computed it: a merged LoRA, a targeted edit or
+one re-quantised layer rewrites a few megabytes in the middle of a multi-gigabyte shard, which a
+sampled fingerprint misses (64 samples of a 5 GB shard lie ~78 MB apart). So every byte is
+hashed (xxh3-128, several GB/s), once per file version: the digest is kept in the per-user cache
+directory under the file's resolved path, with the file's size, mtime, ctime, inode and device,
+and recomputed whenever any of them changes (an in-place write changes mtime and ctime; a
+replacement changes the inode; ``touch -d`` to fake an mtime still moves the ctime).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import xxhash
+
+from kvoffload.safe_files import read_file, replace_file
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 8 << 20
+#: A checkpoint slower than this to hash gets an info line (its digest is cached afterwards).
+_SLOW_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What changes when a file's bytes may have: any difference means hash again."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileIdentity:
+        st = os.stat(path)
+        return cls(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+#: Files whose every byte enters the fingerprint.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weights_fingerprint(path: str | os.PathLike[str], cache_dir: Path | None) -> str:
+    """A digest of every byte of a checkpoint directory's weight files (the config is its own
+    component); "" if ``path`` is not a directory (the caller then names the weights by a
+    revision id). ``cache_dir``: where file digests are kept (None: hashed every time)."""
+    root = Path(path)
+    if not root.is_dir():
+        return ""
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+    return "full:" + files_digest(files, cache_dir)
+
+
+def file_digest(path: Path, cache_dir: Path | None) -> str:
+    """The xxh3-128 of every byte of ``path``, from ``cache_dir`` when the file is unchanged."""
+    ident = FileIdentity.of(path)
+    if cache_dir is None:
+        return hash_file(path)
+    cache = cache_dir / (hashlib.sha256(ident.path.encode()).hexdigest()[:24] + ".json")
+    try:
+        saved = json.loads(read_file(cache))
+        if saved.get("identity") == asdict(ident) and isinstance(saved.get("xxh3_128"), str):
+            return str(saved["xxh3_128"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = hash_file(path)
+    if FileIdentity.of(path) != ident:  # written while hashed: do not cache a mixture
+        return hash_file(path) if FileIdentity.of(path) == ident else f"changing:{digest}"
+    try:
+        cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        replace_file(cache, json.dumps({"identity": asdict(ident), "xxh3_128": digest}).encode(), mode=0o600)
+    except OSError as exc:
+        logger.debug("kvoffload: cannot cache the digest of %s in %s (%s): it is hashed again next start", path,
+                     cache.parent, exc.strerror)
+    return digest
+
+
+def hash_file(path: Path) -> str:
+    h = xxhash.xxh3_128()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def files_digest(files: list[Path], cache_dir: Path | None) -> str:
+    """One digest over ``files`` (their names and whole-content digests), logging the time taken
+    when some had to be hashed and that was slow."""
+    start = time.perf_counter()
+    h = xxhash.xxh3_128()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + file_digest(f, cache_dir).encode() + b"\0")
+    took = time.perf_counter() - start
+    if took > _SLOW_S:
+        total = sum(f.stat().st_size for f in files)
+        logger.info("kvoffload: hashed %d weight file(s), %.1f GB, in %.1f s for the offload namespace (cached by "
+                    "file identity: later starts only stat them)", len(files), total / 1e9, took)
+    return h.hexdigest()

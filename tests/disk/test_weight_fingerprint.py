@@ -1,0 +1,165 @@
+"""The weights component of the namespace covers every byte: an in-place edit of one tensor
+anywhere in a multi-file checkpoint (first, middle or last tensor, the header alone, the same
+size, even with the old mtime put back) starts a new namespace, so a restart with a disk tier
+never serves the old weights' KV; unchanged files are not hashed again."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from kvoffload import weight_digests  # noqa: E402
+from kvoffload.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
+from kvoffload.weight_digests import weights_fingerprint  # noqa: E402
+
+PROMPTS = [[(i * 11 + j * 7) % 290 + 1 for j in range(70)] for i in range(3)]
+#: The sampled fingerprint this replaced: 64 windows of 64 KiB spread over a file (whole when
+#: smaller than 4 MiB). The edits below fall between its windows, where it saw nothing.
+_OLD_SAMPLES, _OLD_WINDOW = 64, 64 * 1024
+
+
+def _old_windows(size: int) -> list[tuple[int, int]]:
+    if size <= _OLD_SAMPLES * _OLD_WINDOW:
+        return [(0, size)]
+    step = (size - _OLD_WINDOW) / (_OLD_SAMPLES - 1)
+    return [(int(i * step), int(i * step) + _OLD_WINDOW) for i in range(_OLD_SAMPLES)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """Two safetensors shards, each larger than the old fingerprint read whole."""
+    path = tmp_path_factory.mktemp("ckpt") / "m"
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=256, intermediate_size=1536, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   bos_token_id=298, eos_token_id=299)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path, max_shard_size="7MB")
+    shards = sorted(path.glob("*.safetensors"))
+    assert len(shards) == 2 and all(s.stat().st_size > _OLD_SAMPLES * _OLD_WINDOW for s in shards)
+    return path
+
+
+def _tensors(shard: Path) -> tuple[int, dict[str, dict]]:
+    """(header bytes, tensor name -> {"data_offsets": [begin, end], ...}) of a safetensors file."""
+    with open(shard, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return 8 + n, header
+
+
+def _span(shard: Path, begin: int, end: int) -> tuple[int, int]:
+    """(offset, length) of up to 2 KiB in [begin, end), where no old window looked if there is
+    such a place (a small last tensor lies inside the file's tail window)."""
+    length = min(2048, end - begin)
+    windows = _old_windows(shard.stat().st_size)
+    for start in range(begin, end - length + 1, 1024):
+        if all(start + length <= a or start >= b for a, b in windows):
+            return start, length
+    return begin, length
+
+
+def _edit_tensor(shard: Path, which: str) -> None:
+    """Negate up to 512 floats of the shard's first, middle or last tensor (by position in the file),
+    in place; then put the old mtime back (ctime still moves)."""
+    base, tensors = _tensors(shard)
+    ordered = sorted(tensors.values(), key=lambda t: t["data_offsets"][0])
+    t = {"first": ordered[0], "middle": ordered[len(ordered) // 2], "last": ordered[-1]}[which]
+    at, length = _span(shard, base + t["data_offsets"][0], base + t["data_offsets"][1])
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        f.seek(at)
+        raw = bytearray(f.read(length))
+        for i in range(3, len(raw), 4):
+            raw[i] ^= 0x80  # float32 sign bits
+        f.seek(at)
+        f.write(raw)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _swap_in_header(shard: Path) -> None:
+    """A header-only edit: two same-shaped tensors trade places (their data offsets), the data
+    bytes and the file's size unchanged (the header is padded with spaces, as the format allows)."""
+    with open(shard, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    names = [k for k in header if k != "__metadata__"]
+    a, b = next((a, b) for a in names for b in names if a < b and header[a]["shape"] == header[b]["shape"]
+                and header[a]["dtype"] == header[b]["dtype"])
+    header[a]["data_offsets"], header[b]["data_offsets"] = header[b]["data_offsets"], header[a]["data_offsets"]
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    assert len(raw) <= n
+    with open(shard, "r+b") as f:
+        f.seek(8)
+        f.write(raw.ljust(n, b" "))
+
+
+def generate(model_dir: Path, cache_dir: Path | None = None) -> tuple[list[list[int]], dict]:
+    offload = None
+    if cache_dir is not None:
+        offload = {"tiers": [{"medium": "cpu", "capacity": "4MiB"},
+                             {"medium": "disk", "path": str(cache_dir), "capacity": "16MiB", "write_through": True}]}
+    with LLM(EngineConfig(model=str(model_dir), block_size=8, num_gpu_blocks=64, kv_offload=offload)) as llm:
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=6, ignore_eos=True))
+        return [o.token_ids for o in outs], llm.stats()
+
+
+@pytest.mark.parametrize("edit", ["first", "middle", "last", "header"])
+@pytest.mark.parametrize("shard_index", [0, 1])
+def test_an_edit_anywhere_in_a_checkpoint_never_serves_old_kv(checkpoint, tmp_path, edit, shard_index, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("KVOFFLOAD_CACHE_DIR", str(tmp_path / "user-cache"))  # the digests' cache too
+    model = tmp_path / "m"
+    shutil.copytree(checkpoint, model)
+    generate(model, tmp_path / "cache")
+    _, warm = generate(model, tmp_path / "cache")
+    assert warm["prefix_hit_tokens"]["disk"] > 0  # the unchanged model reuses its cache
+    before = weights_fingerprint(model, None)
+    shard = sorted(model.glob("*.safetensors"))[shard_index]
+    if edit == "header":
+        _swap_in_header(shard)
+    else:
+        _edit_tensor(shard, edit)
+    assert weights_fingerprint(model, None) != before
+    expected, _ = generate(model)
+    tokens, stats = generate(model, tmp_path / "cache")
+    assert tokens == expected
+    assert stats["prefix_hit_tokens"]["disk"] == 0  # a new namespace: nothing of the old weights served
+
+
+def test_digests_are_cached_by_file_identity(tmp_path, monkeypatch):
+    hashed: list[str] = []
+    real = weight_digests.hash_file
+    monkeypatch.setattr(weight_digests, "hash_file", lambda p: hashed.append(p.name) or real(p))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "a.safetensors").write_bytes(b"a" * 100_000)
+    (model / "b.safetensors").write_bytes(b"b" * 100_000)
+    (model / "notes.txt").write_text("not weights")
+    cache = tmp_path / "digests"
+    first = weights_fingerprint(model, cache)
+    assert sorted(hashed) == ["a.safetensors", "b.safetensors"]
+    assert weights_fingerprint(model, cache) == first and len(hashed) == 2  # unchanged: only stat'ed
+    st = (model / "b.safetensors").stat()
+    with open(model / "b.safetensors", "r+b") as f:  # same size, one byte, mtime put back
+        f.seek(77_777)
+        f.write(b"c")
+    os.utime(model / "b.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))
+    second = weights_fingerprint(model, cache)
+    assert second != first and hashed[2:] == ["b.safetensors"]
+    (model / "b.safetensors").rename(model / "c.safetensors")  # a renamed file is another file
+    assert weights_fingerprint(model, cache) not in (first, second)
+    # A cache entry planted for the file (another digest, the right identity) is only as good as
+    # the cache directory, which is the user's own (0700): a corrupt one is recomputed.
+    for entry in cache.iterdir():
+        entry.write_text("{not json")
+    assert weights_fingerprint(model, None) == weights_fingerprint(model, cache)
+    assert weights_fingerprint(tmp_path / "missing", cache) == ""
