@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
@@ -50,9 +52,9 @@ def _read_all(files: list[Path]) -> None:
                 pass
 
 
-def _timed(fn: object) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
-    fn()  # type: ignore[operator]
+    fn()
     return time.perf_counter() - start
 
 
@@ -76,8 +78,9 @@ def main(argv: list[str] | None = None) -> None:
             _drop_cache(files)
             reads.append(_timed(lambda: _read_all(files)))
             _drop_cache(files)
-            hashes.append(_timed(lambda d=digests: weights_fingerprint(root, d)))  # type: ignore[misc]
-            cached.append(_timed(lambda d=digests: weights_fingerprint(root, d)))  # type: ignore[misc]
+            fingerprint = partial(weights_fingerprint, root, digests)
+            hashes.append(_timed(fingerprint))
+            cached.append(_timed(fingerprint))
         read, hashed, warm = Sample(tuple(reads)), Sample(tuple(hashes)), Sample(tuple(cached))
         gb = total / 1e9
         print(f"plain read (baseline)     {read.fmt('.2f')} s  ({gb / read.median:.2f} GB/s)")
