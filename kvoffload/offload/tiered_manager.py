@@ -148,8 +148,12 @@ class TieredOffloadingManager(TierChain):
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         """The one-tier form of ``prepare_load_segments``: blocks that span tiers cannot be one
-        spec, so they are refused (nothing stays pinned); the connector loads by segments."""
-        segments = self.prepare_load_segments(list(block_hashes))
+        spec, so they are refused (nothing stays pinned); the connector loads by segments. No
+        blocks is an empty load of the host tier, as in vLLM's managers."""
+        hashes = list(block_hashes)
+        if not hashes:
+            return self.primary.prepare_load(hashes)
+        segments = self.prepare_load_segments(hashes)
         if len(segments) != 1:
             for spec, hashes in segments:
                 self.complete_load(hashes, spec.medium())

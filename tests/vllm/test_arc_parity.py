@@ -106,3 +106,16 @@ def test_zero_blocks_is_an_empty_cache_as_in_vllm():
         assert m.lookup(key(1), ctx) is LookupResult.MISS
         assert m.prepare_store([key(1)], ctx) is None
         assert m.prepare_store([], ctx).keys_to_store == []
+
+
+@pytest.mark.parametrize("build", [lambda: CPUOffloadingManager(4, "arc"), lambda: EmptyOffloadingManager(16)],
+                         ids=["cpu", "empty"])
+def test_an_empty_load_is_a_no_op_as_in_vllm(build):
+    """vLLM's own ARC tests load no keys: an empty spec, and completing it changes nothing."""
+    ours, theirs = KVOffloadManager(build), VllmCPUManager(4, "arc")
+    for m in (ours, theirs):
+        ctx = ReqContext("a")
+        m.on_new_request(ctx)
+        assert list(m.prepare_load([], ctx).block_ids) == []
+        m.complete_load([], ctx)
+        assert m.lookup(key(1), ctx) is LookupResult.MISS
