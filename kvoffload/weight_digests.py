@@ -62,6 +62,17 @@ def weights_fingerprint(path: str | os.PathLike[str], cache_dir: Path | None) ->
     return "full:" + files_digest(files, cache_dir)
 
 
+def adapter_fingerprint(path: str | os.PathLike[str], cache_dir: Path | None) -> str:
+    """A digest of every byte of an adapter directory's weights and its JSON configs (a LoRA's
+    rank, alpha and target modules change the KV as much as its weights); "" if ``path`` is
+    not a directory."""
+    root = Path(path)
+    if not root.is_dir():
+        return ""
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith((*WEIGHT_SUFFIXES, ".json")))
+    return "adapter:" + files_digest(files, cache_dir)
+
+
 def file_digest(path: Path, cache_dir: Path | None) -> str:
     """The xxh3-128 of every byte of ``path``, from ``cache_dir`` when the file is unchanged."""
     ident = FileIdentity.of(path)

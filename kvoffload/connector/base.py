@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,6 +43,11 @@ class EngineRequest(Protocol):
     @property
     def block_hashes(self) -> Sequence[BlockHash]:
         """The chained hash of each full engine block of its tokens, in order."""
+
+
+#: Bytes that enter a request's offload keys beside its tokens (None: nothing), e.g. a digest of
+#: the adapter weights it runs with; the same for every call about one request.
+RequestSalt = Callable[[EngineRequest], bytes | None]
 
 
 class CachedBlock(Protocol):

@@ -16,7 +16,7 @@ from typing import TypedDict
 
 import xxhash
 
-from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, StepPlan
+from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, StepPlan
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry, group_key
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
@@ -125,8 +125,11 @@ def _storable(device_ids: list[int], factor: int) -> bool:
 
 
 class OffloadingConnectorScheduler:
-    def __init__(self, spec: OffloadingSpec) -> None:
+    def __init__(self, spec: OffloadingSpec, request_salt: RequestSalt | None = None) -> None:
         self.spec = spec
+        #: What else enters a request's offload keys beyond its tokens (an engine's adapter
+        #: weights: vLLM hashes a LoRA by its name, and a retrained adapter keeps the name).
+        self._request_salt = request_salt
         self.manager: TierChain = as_chain(spec.get_manager())
         self.block_size = spec.kv_info.block_size
         self.offloaded_block_size = spec.offloaded_block_size
@@ -169,10 +172,14 @@ class OffloadingConnectorScheduler:
 
     def _offload_hashes(self, request: EngineRequest, start: int, end: int) -> list[BlockHash]:
         """Offload keys of offloaded blocks [start, end): the engine's hash of each one's last
-        engine block, salted with the reset epoch once the cache was reset."""
+        engine block, salted with the request's salt (its adapter) and with the reset epoch
+        once the cache was reset."""
         f = self.factor
         hashes = as_list(request.block_hashes[f * start + f - 1 : f * end : f])
         salt = self._key_salt
+        extra = self._request_salt(request) if self._request_salt is not None else None
+        if extra is not None:
+            salt = extra if salt is None else salt + extra
         if salt is None:
             return hashes
         return [xxhash.xxh3_128(salt + (h if isinstance(h, bytes) else repr(h).encode())).digest() for h in hashes]

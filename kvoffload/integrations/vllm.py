@@ -30,10 +30,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from kvoffload.config import ConfigError, OffloadConfig
+from kvoffload.config import ConfigError, OffloadConfig, weight_digest_dir
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.examples import resolve_config
+from kvoffload.integrations.vllm_lora import AdapterSalt
 from kvoffload.integrations.vllm_namespace import vllm_namespace
 from kvoffload.integrations.vllm_stats import (
     DeltaTracker,
@@ -172,7 +173,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self.sched: OffloadingConnectorScheduler | None = None
         self.worker: OffloadingConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.sched = OffloadingConnectorScheduler(spec)
+            self.sched = OffloadingConnectorScheduler(spec, AdapterSalt(weight_digest_dir()))
         else:
             self.worker = OffloadingConnectorWorker(spec)
             self.worker.collect_failed_block_ids = True

@@ -27,6 +27,28 @@ def make_gemma3(path: str) -> None:
     Gemma3ForCausalLM(cfg).save_pretrained(path)
 
 
+def make_lora(path: str, seed: int, rank: int = 8) -> None:
+    """A PEFT-format LoRA for make_model's Llama (q_proj and v_proj of both layers), written by
+    hand: its weights drawn from ``seed`` and large enough to change greedy tokens."""
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(2):
+        for proj, out in (("q_proj", 128), ("v_proj", 64)):
+            stem = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{stem}.lora_A.weight"] = torch.randn(rank, 128, generator=g) * 0.5
+            tensors[f"{stem}.lora_B.weight"] = torch.randn(out, rank, generator=g) * 0.5
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"],
+                   "bias": "none", "task_type": "CAUSAL_LM", "lora_dropout": 0.0, "fan_in_fan_out": False,
+                   "modules_to_save": None, "base_model_name_or_path": "tiny-llama"}, f)
+
+
 def scale_weights(worker) -> None:  # runs in each worker: an in-place weight update
     with torch.no_grad():
         for p in worker.model_runner.model.parameters():
@@ -48,10 +70,20 @@ if __name__ == "__main__":
         kw["disable_log_stats"] = False
     if spec.get("kv_events_config"):
         kw["kv_events_config"] = spec["kv_events_config"]
+    for key in ("max_num_batched_tokens", "enable_chunked_prefill"):
+        if key in spec:
+            kw[key] = spec[key]
+    lora = None
+    if spec.get("lora"):
+        from vllm.lora.request import LoRARequest
+
+        kw.update(enable_lora=True, max_lora_rank=8, max_loras=1)
+        lora = LoRARequest(spec["lora"]["name"], 1, spec["lora"]["path"])
     llm = LLM(**kw)
     prompts = [{"prompt_token_ids": p} for p in spec.get("prompts")
                or [[(i * 37 + j) % 500 + 1 for j in range(300)] for i in range(3)]]
-    params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0, ignore_eos=spec.get("ignore_eos", False))
+    params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=spec.get("temperature", 0),
+                            seed=spec.get("seed"), n=spec.get("n", 1), ignore_eos=spec.get("ignore_eos", False))
     rounds = []
     for r in range(spec.get("rounds", 2)):
         new_weights = spec.get("new_weights_before") == r
@@ -60,8 +92,10 @@ if __name__ == "__main__":
         if r or new_weights:
             assert llm.reset_prefix_cache(reset_connector=new_weights and spec.get("reset_connector", False))
         salt = (spec.get("salts") or [None] * (r + 1))[r]
-        outs = llm.generate([{**p, "cache_salt": salt} if salt else p for p in prompts], params, use_tqdm=False)
+        outs = llm.generate([{**p, "cache_salt": salt} if salt else p for p in prompts], params, use_tqdm=False,
+                            lora_request=lora)
         rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                       "samples": [[list(c.token_ids) for c in o.outputs] for o in outs],
                        "cached": [o.num_cached_tokens for o in outs]})
     if spec.get("metrics"):  # counters whose name starts with one of the prefixes, by labels
         from prometheus_client import REGISTRY
