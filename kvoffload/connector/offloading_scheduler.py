@@ -21,6 +21,7 @@ from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry, group_k
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState, SwapRecord
+from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.offload.abstract import (
     BlockHash,
     LoadStoreSpec,
@@ -155,6 +156,8 @@ class OffloadingConnectorScheduler:
         self.stats = SchedulerSideStats()
         #: Salt of the offload keys since the last reset_cache (None: never reset).
         self._key_salt: bytes | None = None
+        #: After a reset: which requests read device KV older than it (they store nothing).
+        self._reset_guard = ResetGuard()
 
     def _state(self, rid: str) -> RequestOffloadState:
         state = self._requests.get(rid)
@@ -190,11 +193,15 @@ class OffloadingConnectorScheduler:
         found again, a restarted engine never finds what is stored after (its keys are unsalted),
         and a shared tier's other replicas keep their blocks. Requests already tracked store
         nothing more (their KV was computed before the reset); copies in flight finish under the
-        old keys, which nobody looks up again. Old blocks leave the tiers by eviction."""
+        old keys, which nobody looks up again. Old blocks leave the tiers by eviction. The
+        engine's own device reset may fail (requests hold blocks) without the connector being
+        told: ``ResetGuard`` keeps blocks computed from device KV older than the reset out of
+        the tiers either way."""
         self._key_salt = os.urandom(16)
         for state in self._requests.values():
             state.next_stored = 1 << 62
             state.swapped = None
+        self._reset_guard.reset(self._requests)
         self.stats.resets += 1
         logger.info("kvoffload: offload cache reset (reset %d): blocks stored before it are never served again",
                     self.stats.resets)
@@ -309,12 +316,14 @@ class OffloadingConnectorScheduler:
         state.request = request
         state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
         local = self._local_tokens.pop(rid, None)
-        if num_external_tokens == 0:
-            return
         # Local prefix hits: what the lookup was told, else (an engine that skipped the lookup:
         # one full-attention group) the blocks that already carry a hash.
         num_local = local if local is not None else sum(
             1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
+        if self._reset_guard.admit(rid, state.block_ids, num_local // self.block_size):
+            state.next_stored = 1 << 62  # it reads device KV from before a reset: nothing of it is stored
+        if num_external_tokens == 0:
+            return
         if state.swapped is not None:
             self._plan_swap_in(request, state, num_local, num_external_tokens)
             return
@@ -355,6 +364,8 @@ class OffloadingConnectorScheduler:
         if self.factor != 1:
             return False  # a partial tail does not fit a multi-block offloaded slot
         rid = request.request_id
+        if self._reset_guard.tainted(rid):
+            return False  # its KV is older than a reset: recompute it
         computed = request.num_computed_tokens
         if computed == 0:
             return False
@@ -430,6 +441,8 @@ class OffloadingConnectorScheduler:
         for i, rid in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
             state = self._state(rid)
+            if new_ids:
+                self._reset_guard.filled(rid, (b for g in new_ids for b in g))
             if cached.resumed_from_preemption[i]:
                 state.block_ids = [list(g) for g in new_ids] if new_ids else []
                 sliding_ends[rid] = [0] * len(state.block_ids)
@@ -445,6 +458,7 @@ class OffloadingConnectorScheduler:
             replaced = self._requests.get(rid)
             for gid, idx, block_id in replacements:
                 allocated.add(block_id)
+                self._reset_guard.filled(rid, (block_id,))
                 if replaced is not None:
                     replaced.block_ids[gid][idx] = block_id  # copy-on-write gave this request a private block
         allocated.discard(NULL_BLOCK_ID)
@@ -638,6 +652,7 @@ class OffloadingConnectorScheduler:
         """
         rid = request.request_id
         self._local_tokens.pop(rid, None)
+        self._reset_guard.forget(rid)
         state = self._requests.get(rid)
         if state is None:
             return False, None

@@ -64,3 +64,28 @@ def test_negative_control_without_the_connector_reset_old_kv_is_served(tmp_path)
         new_weights(llm)
         llm.reset_prefix_cache()
         assert tokens(llm) != new and offload_hits(llm) > 0
+
+
+def test_a_connector_reset_beside_a_failed_device_reset_stores_nothing_older(tmp_path):
+    """vLLM resets the connector even when its device reset fails (a request holds blocks): the
+    device prefix cache keeps the old weights' KV, and a request that hits it (and everything it
+    computes on top) must not be stored under the new salt, where later requests would load it."""
+    with engine() as ref:
+        new_weights(ref)
+        new = tokens(ref)
+    extended = [p + [7, 8, 9] * 11 for p in PROMPTS]  # the prompts' blocks, then more on top
+    with engine(tmp_path) as llm:
+        tokens(llm)  # the old weights' KV: in the device prefix cache and the tiers
+        new_weights(llm)
+        busy = llm.add_request([5] * 40, SamplingParams(max_tokens=50, ignore_eos=True))
+        llm.step()
+        assert llm.reset_prefix_cache(reset_connector=True) is False  # the device reset failed
+        stale = llm.generate(extended, PARAMS)  # device hits on the old weights' blocks
+        assert sum(o.num_cached_tokens for o in stale) > 0
+        while llm.scheduler.has_unfinished_requests():
+            llm.step()
+        assert len(llm.collect(busy).token_ids) == 50
+        assert llm.reset_prefix_cache()  # the device cache is clear now; the tiers are what is left
+        before = offload_hits(llm)
+        assert tokens(llm) == new  # never the stale blocks the extended prompts ran on
+        assert offload_hits(llm) == before  # nothing of them was stored under the new salt
