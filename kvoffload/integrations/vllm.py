@@ -112,6 +112,12 @@ def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
     return OffloadConfig.from_dict(merged)
 
 
+def _splits_seeded_prefills(vllm_config: Any) -> bool:
+    """vLLM's CPU build with chunked prefill on: where a seeded request's split prefill is fatal."""
+    return (vllm_config.device_config.device_type == "cpu"
+            and bool(vllm_config.scheduler_config.enable_chunked_prefill))
+
+
 def _kv_info(vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole) -> EngineKVInfo:
     """KV geometry of one rank. Under tensor/pipeline parallelism every rank holds its own
     shard of each block: the scheduler side plans for all of them (``world_size``), each worker
@@ -169,6 +175,12 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER and policy != "recompute":
             logger.warning("kvoffload: kv_load_failure_policy=%r: a block that fails to load (checksum, I/O error) "
                            "fails its request; set kv_load_failure_policy='recompute' to recompute it instead", policy)
+        if role == KVConnectorRole.SCHEDULER and policy == "recompute" and _splits_seeded_prefills(vllm_config):
+            logger.warning("kvoffload: vLLM's CPU build with chunked prefill: a request with its own seed whose "
+                           "prefill spans several steps kills the engine (vLLM 0.32: 'CPU Generator does not use "
+                           "offset', with or without a connector), and a failed load under recompute turns a "
+                           "one-token prefill into a whole one, which a busy step splits; serve seeded requests "
+                           "with --no-enable-chunked-prefill and --max-num-batched-tokens >= --max-model-len")
         spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config, role))
         self.sched: OffloadingConnectorScheduler | None = None
         self.worker: OffloadingConnectorWorker | None = None

@@ -1,7 +1,9 @@
 """Chaos over HTTP against a real ``vllm serve`` + kvoffload: concurrent streaming clients that
-disconnect at random moments, sampled ``n=2`` requests, prefix-cache resets (device only, and
-with ``reset_external``) while loads are in flight, and disk records flipped under the running
-server, under either ``kv_load_failure_policy``.
+disconnect at random moments, sampled ``n=2`` requests with their own seeds, prefix-cache resets
+(device only, and with ``reset_external``) while loads are in flight, and disk records flipped
+or fs records flipped, truncated, deleted and swapped under the running server, under either
+``kv_load_failure_policy``. Under ``recompute`` the server runs without chunked prefill: vLLM
+0.32's CPU build dies on a seeded request whose prefill is split (see the README).
 
 Checks: the server stays up; every completed response equals plain vLLM's (same prompt, same
 sampling); under ``fail`` a request may fail, cleanly; once traffic stops and the device
@@ -32,9 +34,9 @@ class ChaosConfig:
     duration_s: float = 20.0
     clients: int = 16
     abort_rate: float = 0.3
-    sampled_rate: float = 0.2  # n=2 with a seed
+    sampled_rate: float = 0.3  # n=2 with a seed
     reset_every_s: float = 3.0
-    corrupt_every_s: float = 1.0  # disk configurations only
+    corrupt_every_s: float = 1.0  # disk and fs configurations only
     max_tokens: int = 8
     seed: int = 0
 
@@ -86,12 +88,13 @@ def kvoffload_config(tiers: list[dict[str, Any]], policy: str) -> dict[str, Any]
             "kv_connector_extra_config": {"config": {"tiers": tiers}}}
 
 
-def _server_args() -> list[str]:
+def _server_args(split_prefills: bool = True) -> list[str]:
     # float32: a random model's logits are nearly flat, and in bfloat16 two candidates can be
     # within rounding of each other (a margin of 0.008 was seen); then a different batch mix
     # (another kernel path) flips the greedy choice in plain vLLM as well as with any connector.
-    return ["--max-model-len", "1024", "--dtype", "float32", "--num-gpu-blocks-override", str(DEVICE_BLOCKS),
+    args = ["--max-model-len", "1024", "--dtype", "float32", "--num-gpu-blocks-override", str(DEVICE_BLOCKS),
             "--max-num-seqs", "8"]
+    return args if split_prefills else [*args, "--no-enable-chunked-prefill"]
 
 
 async def _reference(url: str, model: str, pool: list[list[int]], max_tokens: int) -> dict[tuple[int, bool], Completion]:
@@ -114,8 +117,12 @@ def reference_outputs(cfg: ChaosConfig, workdir: Path) -> dict[tuple[int, bool],
         return asyncio.run(_reference(server.url, cfg.model, prompt_pool(cfg.seed), cfg.max_tokens))
 
 
-def _corrupt_one(disk_dir: Path, rng: random.Random) -> bool:
-    files = sorted(disk_dir.glob("*.kvdata"))
+def _corrupt_one(directory: Path, rng: random.Random) -> bool:
+    """One record damaged: a disk tier's file flipped in place, or an fs tier's record flipped,
+    truncated, deleted or swapped with another (a valid record under the wrong name)."""
+    if (directory / "kvoffload-fs.json").exists():
+        return _corrupt_fs_record(directory, rng)
+    files = sorted(directory.glob("*.kvdata"))
     if not files:
         return False
     path = files[0]
@@ -133,8 +140,33 @@ def _corrupt_one(disk_dir: Path, rng: random.Random) -> bool:
     return False
 
 
+def _corrupt_fs_record(root: Path, rng: random.Random) -> bool:
+    records = sorted(root.glob("b*/*.kv"))
+    if len(records) < 2:
+        return False
+    path, other = rng.sample(records, 2)
+    how = rng.choice(("flip", "truncate", "delete", "swap"))
+    try:
+        if how == "flip":
+            raw = bytearray(path.read_bytes())
+            raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+            path.write_bytes(bytes(raw))
+        elif how == "truncate":
+            with open(path, "r+b") as f:
+                f.truncate(rng.randrange(path.stat().st_size))
+        elif how == "delete":
+            path.unlink()
+        else:
+            a, b = path.read_bytes(), other.read_bytes()
+            path.write_bytes(b)
+            other.write_bytes(a)
+    except OSError:  # evicted meanwhile by the server: another round will find one
+        return False
+    return True
+
+
 async def _traffic(cfg: ChaosConfig, server: VllmServer, ref: dict[tuple[int, bool], Completion],
-                   report: ChaosReport, disk_dir: Path | None, policy: str) -> None:
+                   report: ChaosReport, corrupt_dir: Path | None, policy: str) -> None:
     import aiohttp
 
     pool = prompt_pool(cfg.seed)
@@ -177,9 +209,9 @@ async def _traffic(cfg: ChaosConfig, server: VllmServer, ref: dict[tuple[int, bo
                 report.errors.append(f"reset failed: {exc}")
 
     async def corrupter() -> None:
-        while disk_dir is not None and time.monotonic() < deadline:
+        while corrupt_dir is not None and time.monotonic() < deadline:
             await asyncio.sleep(cfg.corrupt_every_s * rng.uniform(0.5, 1.5))
-            report.corruptions += _corrupt_one(disk_dir, rng)
+            report.corruptions += _corrupt_one(corrupt_dir, rng)
 
     timeout = aiohttp.ClientTimeout(total=300)
     conn = aiohttp.TCPConnector(limit=cfg.clients + 4)
@@ -218,11 +250,12 @@ def _quiesce(server: VllmServer, timeout_s: float = 60.0) -> float | None:
 
 
 def run_chaos(cfg: ChaosConfig, name: str, tiers: list[dict[str, Any]], policy: str, workdir: Path,
-              ref: dict[tuple[int, bool], Completion], disk_dir: Path | None = None) -> ChaosReport:
+              ref: dict[tuple[int, bool], Completion], corrupt_dir: Path | None = None) -> ChaosReport:
     report = ChaosReport(name)
     kv = kvoffload_config(tiers, policy) if tiers else None  # no tiers: plain vLLM under the same traffic
-    with VllmServer(cfg.model, workdir / f"{name.replace('/', '-')}.log", kv, extra_args=_server_args()) as server:
-        asyncio.run(_traffic(cfg, server, ref, report, disk_dir, policy))
+    args = _server_args(split_prefills=policy != "recompute")
+    with VllmServer(cfg.model, workdir / f"{name.replace('/', '-')}.log", kv, extra_args=args) as server:
+        asyncio.run(_traffic(cfg, server, ref, report, corrupt_dir, policy))
         report.alive = server.alive()
         if report.alive:
             report.usage_after = _quiesce(server)
@@ -239,12 +272,15 @@ def run_chaos(cfg: ChaosConfig, name: str, tiers: list[dict[str, Any]], policy: 
 
 
 def configurations(workdir: Path) -> list[tuple[str, list[dict[str, Any]], str, Path | None]]:
-    """(name, tiers, kv_load_failure_policy, disk directory to corrupt) of each run."""
+    """(name, tiers, kv_load_failure_policy, disk or fs directory to corrupt) of each run."""
     disk = workdir / "disk"
     disk.mkdir(exist_ok=True)
     cpu = {"medium": "cpu", "capacity": "16MiB"}  # 128 blocks of 128 KiB (float32): evicts under the pool
     disk_tier = {"medium": "disk", "path": str(disk), "capacity": "64MiB"}
+    fs = workdir / "fs"
     return [("cpu/fail", [cpu], "fail", None),
             ("cpu+disk/recompute", [{**cpu, "capacity": "4MiB"}, disk_tier], "recompute", disk),
+            ("cpu+fs/recompute", [{**cpu, "capacity": "4MiB"}, {"medium": "fs", "path": str(fs), "capacity": "64MiB"}],
+             "recompute", fs),
             ("cpu+disk/fail", [{**cpu, "capacity": "4MiB"}, {**disk_tier, "path": str(disk) + "-f"}], "fail",
              Path(str(disk) + "-f"))]
