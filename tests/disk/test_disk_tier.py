@@ -328,3 +328,51 @@ def test_a_tier_larger_than_the_free_space_warns_at_start_up(tmp_path, monkeypat
         DiskOffloadingManager(tmp_path, layout).close()
     (line,) = [r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()]
     assert "capacity 32.25 MiB exceeds the 1.0" in line and "lower the tier's capacity" in line
+
+
+def test_the_worker_never_creates_the_tier_file_and_opens_the_locked_one(tmp_path):
+    """vLLM builds workers before the scheduler half: a worker that created the file would hold
+    an unlocked one that `cache clear` may delete, writing on into a deleted file."""
+    from kvoffload.tiers.disk.inventory import clear_files, list_files
+    from kvoffload.tiers.disk.io import DiskIO
+
+    layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
+    path = tier_file(tmp_path, layout)
+    worker = DiskIO(layout, path)
+    assert not path.exists()  # nothing created before the scheduler half locks it
+    mgr = DiskOffloadingManager(tmp_path, layout)
+    entries, _ = list_files(tmp_path)
+    removed, refused = clear_files(entries)
+    assert removed == [] and len(refused) == 1  # locked from its creation on
+    block = memoryview(bytearray(os.urandom(BLOCK_BYTES)))
+    worker.write([block], [2], [b"k" * 16])
+    assert os.fstat(worker.fd).st_ino == os.stat(path).st_ino  # the file the scheduler half holds
+    out = memoryview(bytearray(BLOCK_BYTES))
+    worker.read([2], [b"k" * 16], [out])
+    assert bytes(out) == bytes(block)
+    worker.close()
+    mgr.close()
+
+
+def test_a_clear_between_open_and_lock_is_noticed_and_the_file_opened_again(tmp_path, monkeypatch):
+    import fcntl
+
+    layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
+    path = tier_file(tmp_path, layout)
+    real = fcntl.flock
+    calls = []
+
+    def clear_first(fd, op):
+        if not calls:
+            os.unlink(path)  # what `cache clear` does in that window: lock (free) and unlink
+        calls.append(op)
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", clear_first)
+    mgr = DiskOffloadingManager(tmp_path, layout)
+    monkeypatch.setattr(fcntl, "flock", real)
+    assert len(calls) == 2  # the first lock held a deleted file: opened and locked again
+    assert os.fstat(mgr._fds[0]).st_ino == os.stat(path).st_ino
+    with pytest.raises(DiskTierError, match="in use by"):
+        DiskOffloadingManager(tmp_path, layout)
+    mgr.close()
