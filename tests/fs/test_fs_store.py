@@ -359,3 +359,19 @@ while True:
         assert all(np.array_equal(o, vals[int(k[1:]) % 8]) for k, o in zip(present, out))
     store.sweep_all()
     assert list(tmp_path.rglob("*.tmp")) == [] and store.usage()[0] == disk_bytes(tmp_path) <= capacity
+
+
+def test_a_low_open_file_limit_is_raised_or_named(tmp_path, monkeypatch):
+    """Buckets are held open: a soft limit too low for them is raised towards the hard one; a
+    hard limit too low is a one-line error naming `ulimit -n`."""
+    import resource
+
+    limits = {"soft": 300, "hard": 100_000}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, v: limits.update(soft=v[0]))
+    FsDirectory(tmp_path / "a", 64 << 20, RECORD, "tiers[1].path").close()  # 128 buckets
+    assert limits["soft"] > 300 + 128
+    limits.update(soft=300, hard=300)
+    with pytest.raises(ConfigError, match=r"tiers\[1\]\.path: the fs tier holds its 128 bucket directories open .* "
+                                          r"raise `ulimit -n` to at least"):
+        FsDirectory(tmp_path / "b", 64 << 20, RECORD, "tiers[1].path")

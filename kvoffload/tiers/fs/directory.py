@@ -18,6 +18,7 @@ import errno
 import json
 import logging
 import os
+import resource
 import weakref
 from contextlib import suppress
 from pathlib import Path
@@ -73,6 +74,7 @@ class FsDirectory:
                     f"{format_bytes(share)} each, less than one {format_bytes(allocated(record_bytes))} record; "
                     f"raise capacity to at least {format_bytes(n * allocated(record_bytes) * RECORDS_PER_BUCKET)} "
                     "or use a fresh directory")
+            _make_fd_room(n, key)
             self.buckets = [self._open_bucket(f"b{i:02x}", share) for i in range(n)]
             self._check_locks()
         except ForeignEntryError as exc:
@@ -163,6 +165,25 @@ def _read_meta(dir_fd: int) -> bytes:
         return os.read(fd, 1 << 16)
     finally:
         os.close(fd)
+
+
+def _make_fd_room(n: int, key: str) -> None:
+    """Each bucket is held open: raise the soft limit on open files towards the hard one when
+    ``n`` more would come near it (vLLM raises it likewise), else say what to raise."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 64
+    needed = in_use + n + 256
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed * 2 if hard == resource.RLIM_INFINITY else min(hard, needed * 2)
+    if target >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return
+    raise ConfigError(f"{key}: the fs tier holds its {n} bucket directories open and this process may open only "
+                      f"{soft} files ({in_use} in use, hard limit {hard}); raise `ulimit -n` to at least {needed}")
 
 
 def _close_all(fds: list[int]) -> None:
