@@ -206,3 +206,19 @@ def test_an_engine_on_a_planted_fs_directory_serves_identical_tokens(tmp_path, i
         plant(counter, "symlink", canary / "small.txt")
     assert _run(cfg) == first
     assert snapshot(canary) == before
+
+
+def test_a_directory_others_can_write_is_warned_once(tmp_path, caplog):
+    from kvoffload import safe_files
+
+    shared = tmp_path / "world-writable"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with caplog.at_level(logging.WARNING):
+        FsDirectory(shared, 1 << 20, RECORD, "tiers[1].path").close()
+        FsDirectory(shared, 1 << 20, RECORD, "tiers[1].path").close()
+    lines = [r.getMessage() for r in caplog.records if "can be written by" in r.getMessage()]
+    assert len(lines) == 1 and "mode 0o777" in lines[0] and "chmod o-w" in lines[0]
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    assert not safe_files.warn_if_shared_with_others(private, "x")
