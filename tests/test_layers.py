@@ -128,3 +128,10 @@ def test_nothing_outside_testing_names_a_test_only_medium():
         strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         found = [t for t in test_only if t in names or t in strings]
         assert not found, f"{path.relative_to(ROOT)} names {found}"
+
+
+def test_no_file_of_the_offload_stack_over_400_lines():
+    """Files past ~400 lines mix concepts (the scheduler half was 686 before its split)."""
+    long = {str(p.relative_to(ROOT)): n for pkg in ("connector", "offload", "tiers", "transfer")
+            for p in (ROOT / pkg).rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}

@@ -38,7 +38,7 @@ def assert_clean(h: Harness, free_before: int) -> None:
     h.run_until_idle()
     cs = h.sched_conn.connector_scheduler
     assert h.sched.requests == {}
-    assert cs._requests == {} and cs._jobs == {} and cs._blocks_being_loaded == set()
+    assert cs.book.requests == {} and cs.book.jobs == {} and cs.book.blocks_being_loaded == set()
     host = h.manager.report().tiers[0]
     assert (host.pinned_blocks, host.writing_blocks) == (0, 0)
     worker = h.worker_conn.connector_worker

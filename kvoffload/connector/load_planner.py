@@ -1,0 +1,136 @@
+"""LoadPlanner: how many of a request's prompt tokens the tiers hold, and the loads that bring
+them into the device blocks the engine allocated.
+
+A hit is the longest run every KV-cache group can serve: full-attention groups need the whole
+prefix, sliding-window groups only the window ending at the hit (all or nothing). A run split
+over tiers loads as one job per tier segment; blocks loaded from a slower tier are stored into
+the CPU tier again from the device (promotion).
+"""
+
+from __future__ import annotations
+
+from kvoffload.connector.base import EngineRequest
+from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
+from kvoffload.connector.jobs import JobKind
+from kvoffload.connector.request_state import RequestOffloadState
+from kvoffload.connector.scheduler_book import SchedulerBook
+from kvoffload.connector.scheduler_stats import SchedulerSideStats
+from kvoffload.offload.abstract import BlockHash, LookupResult, Medium
+from kvoffload.offload.chain import TierChain
+from kvoffload.offload.mediums import GPULoadStoreSpec
+
+
+class LoadPlanner:
+    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry,
+                 stats: SchedulerSideStats) -> None:
+        self.book = book
+        self.manager = manager
+        self.groups = groups
+        self.stats = stats
+
+    def hit_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens past the engine's own ``num_computed_tokens`` the tiers can load (None: ask
+        again next step), as the engine's ``get_num_new_matched_tokens`` answers."""
+        book, groups = self.book, self.groups
+        size = book.offloaded_block_size
+        num_blocks = request.num_tokens // size
+        hashes = book.offload_hashes(request, 0, num_blocks)
+        for g in groups.full_groups:
+            self.manager.touch(groups.keys(hashes, g))
+        for g in groups.sliding_groups:  # only the window a hit at the prompt's end needs
+            self.manager.touch(groups.keys(hashes[groups.first_needed(g, num_blocks):], g))
+        start = num_computed_tokens // size
+        if start >= len(hashes):
+            return 0, False
+        self.stats.lookups += 1
+        end = len(hashes)
+        for g in groups.full_groups:
+            found = self.manager.lookup_prefix(groups.keys(hashes[start:end], g))
+            if found.stop is LookupResult.RETRY:
+                return None, False
+            if found.stop is LookupResult.HIT_PENDING:
+                # The next block's store is still in flight: wait a step for it rather than
+                # recompute it (hit counts then do not depend on copy timing).
+                self.stats.lookups_deferred += 1
+                return None, False
+            end = start + found.hits
+        if groups.sliding_groups:
+            sliding_end = self._sliding_hit_end(hashes, start, end)
+            if sliding_end is None:
+                return None, False
+            end = sliding_end
+        if end <= start:
+            return 0, False
+        num_hit_tokens = end * size - num_computed_tokens
+        if num_hit_tokens <= 0:
+            return 0, False
+        loads = self._group_loads(hashes[start:end], start, end)
+        if not all(book.blocks_being_loaded.isdisjoint(keys) for _, keys in loads):
+            self.stats.lookups_deferred += 1
+            return None, False  # another request is loading these blocks: ask again later
+        return num_hit_tokens, True
+
+    def _sliding_hit_end(self, hashes: list[BlockHash], start: int, end: int) -> int | None:
+        """The longest hit end <= ``end`` whose window every sliding group holds (all or
+        nothing: a group missing a block shortens the hit for every group). None: ask again."""
+        groups = self.groups
+        while end > start:
+            for g in groups.sliding_groups:
+                first = max(start, groups.first_needed(g, end))
+                found = self.manager.lookup(groups.keys(hashes[first:end], g))
+                if found is None:
+                    return None
+                if first + found < end:
+                    # Block first + found is missing: every end past it has it in its window
+                    # (windows only move right as the end does), so the next candidate ends there.
+                    end = first + found
+                    break
+            else:
+                return end
+        return end
+
+    def _group_loads(self, hashes: list[BlockHash], start: int, end: int) -> list[tuple[int, list[BlockHash]]]:
+        """(first offloaded block, keys) each group loads for a hit of [start, end)."""
+        groups = self.groups
+        out = []
+        for g in range(groups.num_groups):
+            first = max(start, groups.first_needed(g, end))
+            out.append((first, groups.keys(hashes[first - start : end - start], g)))
+        return out
+
+    def plan(self, request: EngineRequest, state: RequestOffloadState, num_local: int, num_external: int) -> None:
+        """The loads of ``num_external`` tokens after ``num_local`` local hits, into the blocks
+        the engine allocated (``state.block_ids``)."""
+        book = self.book
+        rid = request.request_id
+        size, block_size, f = book.offloaded_block_size, book.block_size, book.factor
+        full_tokens = num_local + num_external
+        if full_tokens % size or num_external % block_size:
+            raise AssertionError(
+                f"request {rid}: {num_local} local + {num_external} external tokens do not end on "
+                f"an offloaded block boundary ({size})"
+            )
+        start = num_local // size
+        end = full_tokens // size
+        hashes = book.offload_hashes(request, start, end)
+        jobs = []
+        first_engine = num_local // block_size
+        promote_from = end
+        loading: list[BlockHash] = []
+        for g, (offset, keys) in enumerate(self._group_loads(hashes, start, end)):
+            block_ids = state.block_ids[g]
+            for spec, seg_keys in self.manager.prepare_load_segments(keys):
+                lo = max(offset * f, first_engine)
+                hi = (offset + len(seg_keys)) * f
+                while lo < hi and block_ids[lo] == NULL_BLOCK_ID:
+                    lo += 1  # left of a sliding window: the engine keeps no block there
+                jobs.append(book.new_job(JobKind.LOAD, rid, seg_keys, spec, GPULoadStoreSpec(block_ids[lo:hi]),
+                                         hit_tokens=(hi - lo) * block_size if g == 0 else 0))
+                if spec.medium() is not Medium.CPU:
+                    promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
+                offset += len(seg_keys)
+            loading += keys
+        book.reqs_to_load[rid] = jobs
+        state.loading = loading
+        book.blocks_being_loaded.update(loading)
+        state.next_stored = max(state.next_stored, promote_from)

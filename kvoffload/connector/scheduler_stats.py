@@ -1,0 +1,118 @@
+"""The scheduler half's counters, and the dict ``stats()`` reports them as.
+
+Hits are counted when a load lands, not when it is planned; failed hits, rejected reads and
+skipped stores by tier; everything else the tiers know (usage, health, recovery) comes from the
+chain's report when asked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from kvoffload.offload.tier_report import ChainReport
+
+
+@dataclass(slots=True)
+class SchedulerSideStats:
+    lookups: int = 0
+    lookups_deferred: int = 0
+    blocks_loaded: int = 0
+    blocks_stored: int = 0
+    stores_failed: int = 0
+    loads_failed: int = 0
+    store_retries: int = 0
+    evicted_blocks: int = 0
+    blocks_demoted: int = 0
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+    resets: int = 0
+    #: Store jobs the worker had to finish before a step: they read sliding-window blocks the
+    #: engine had released and handed out again.
+    store_flushes: int = 0
+    #: Prompt tokens (and blocks) served by each tier: counted when the load lands, not when
+    #: it is planned; a planned hit whose load failed counts in tier_failed_hits instead.
+    tier_hits: Counter[str] = field(default_factory=Counter)
+    tier_hit_blocks: Counter[str] = field(default_factory=Counter)
+    tier_failed_hits: Counter[str] = field(default_factory=Counter)
+    #: (tier, reason) -> blocks a read rejected (checksum, auth, key, format, missing).
+    tier_rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: tier -> blocks its worker did not store because its writes were too slow (backpressure).
+    tier_stores_skipped: Counter[str] = field(default_factory=Counter)
+
+
+class ConnectorStatsDict(TypedDict):
+    """The scheduler half's counters, as ``stats()`` reports them (by tier where a dict)."""
+
+    lookups: int
+    hit_tokens_by_tier: dict[str, int]
+    hit_blocks_by_tier: dict[str, int]
+    failed_hit_tokens_by_tier: dict[str, int]
+    tier_rejected_blocks: dict[str, dict[str, int]]
+    tier_stores_skipped: dict[str, int]
+    tier_usage: dict[str, list[int]]
+    jobs_in_flight: int
+    demotions_queued: int
+    blocks_loaded: int
+    blocks_stored: int
+    blocks_evicted: int
+    stores_skipped_by_filter: int
+    store_retries: int
+    stores_failed: int
+    loads_failed: int
+    lookups_deferred: int
+    blocks_demoted: int
+    corrupt_blocks: int
+    disk_blocks_recovered: int
+    disk_io_errors: int
+    disk_outages: int
+    tier_io_errors: dict[str, int]
+    tier_outages: dict[str, int]
+    blocks_swapped_out: int
+    blocks_swapped_in: int
+    store_flushes: int
+
+
+def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (tier, reason), n in counts.items():
+        out.setdefault(tier, {})[reason] = n
+    return out
+
+
+def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: int,
+                    demotions_queued: bool) -> ConnectorStatsDict:
+    secondaries = report.tiers[1:]
+    disk = report.tier("disk")
+    return {
+        "lookups": s.lookups,
+        "hit_tokens_by_tier": dict(s.tier_hits),
+        "hit_blocks_by_tier": dict(s.tier_hit_blocks),
+        "failed_hit_tokens_by_tier": dict(s.tier_failed_hits),
+        "tier_rejected_blocks": _by_tier(s.tier_rejected),
+        "tier_stores_skipped": dict(s.tier_stores_skipped),
+        "tier_usage": {t.name: [t.blocks_used, t.capacity_blocks] for t in report.tiers},
+        "jobs_in_flight": jobs_in_flight,
+        "demotions_queued": int(demotions_queued),
+        "blocks_loaded": s.blocks_loaded,
+        "blocks_stored": s.blocks_stored,
+        "blocks_evicted": s.evicted_blocks,
+        "stores_skipped_by_filter": report.stores_skipped_by_filter,
+        "store_retries": s.store_retries,
+        "stores_failed": s.stores_failed,
+        "loads_failed": s.loads_failed,
+        "lookups_deferred": s.lookups_deferred,
+        "blocks_demoted": s.blocks_demoted,
+        # Records dropped as corrupt (a read's, or torn ones found when a tier opened).
+        "corrupt_blocks": report.corrupt_blocks,
+        "disk_blocks_recovered": disk.blocks_recovered if disk else 0,
+        "disk_io_errors": disk.io_errors if disk else 0,
+        "disk_outages": disk.outages if disk else 0,
+        # Every secondary tier's health, by tier: {"disk": 0, "mooncake": 2}.
+        "tier_io_errors": {t.name: t.io_errors for t in secondaries},
+        "tier_outages": {t.name: t.outages for t in secondaries},
+        "blocks_swapped_out": s.blocks_swapped_out,
+        "blocks_swapped_in": s.blocks_swapped_in,
+        "store_flushes": s.store_flushes,
+    }
