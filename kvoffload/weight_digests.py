@@ -11,6 +11,7 @@ replacement changes the inode; ``touch -d`` to fake an mtime still moves the cti
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import xxhash
 
-from kvoffload.safe_files import read_file, replace_file
+from kvoffload.safe_files import open_file, read_file, replace_file
 
 logger = logging.getLogger(__name__)
 
@@ -74,27 +75,49 @@ def adapter_fingerprint(path: str | os.PathLike[str], cache_dir: Path | None) ->
 
 
 def file_digest(path: Path, cache_dir: Path | None) -> str:
-    """The xxh3-128 of every byte of ``path``, from ``cache_dir`` when the file is unchanged."""
+    """The xxh3-128 of every byte of ``path``, from ``cache_dir`` when the file is unchanged.
+    Processes starting together (vLLM's scheduler and each worker) hash a file once: the first
+    holds the entry's lock while it hashes, the others then read its result."""
     ident = FileIdentity.of(path)
     if cache_dir is None:
         return hash_file(path)
-    cache = cache_dir / (hashlib.sha256(ident.path.encode()).hexdigest()[:24] + ".json")
+    entry = cache_dir / (hashlib.sha256(ident.path.encode()).hexdigest()[:24] + ".json")
+    cached = _cached(entry, ident)
+    if cached is not None:
+        return cached
     try:
-        saved = json.loads(read_file(cache))
+        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = open_file(entry.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, mode=0o600)
+    except OSError:
+        lock = -1  # no cache directory to write: hash without sharing the result
+    try:
+        if lock >= 0:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cached = _cached(entry, ident)
+            if cached is not None:
+                return cached
+        digest = hash_file(path)
+        if FileIdentity.of(path) != ident:
+            return f"changing:{digest}"  # written while hashed: a mixture, never cached
+        try:
+            replace_file(entry, json.dumps({"identity": asdict(ident), "xxh3_128": digest}).encode(), mode=0o600)
+        except OSError as exc:
+            logger.debug("kvoffload: cannot cache the digest of %s in %s (%s): it is hashed again next start", path,
+                         cache_dir, exc.strerror)
+        return digest
+    finally:
+        if lock >= 0:
+            os.close(lock)
+
+
+def _cached(entry: Path, ident: FileIdentity) -> str | None:
+    try:
+        saved = json.loads(read_file(entry))
         if saved.get("identity") == asdict(ident) and isinstance(saved.get("xxh3_128"), str):
             return str(saved["xxh3_128"])
     except (OSError, ValueError, AttributeError):
         pass
-    digest = hash_file(path)
-    if FileIdentity.of(path) != ident:  # written while hashed: do not cache a mixture
-        return hash_file(path) if FileIdentity.of(path) == ident else f"changing:{digest}"
-    try:
-        cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        replace_file(cache, json.dumps({"identity": asdict(ident), "xxh3_128": digest}).encode(), mode=0o600)
-    except OSError as exc:
-        logger.debug("kvoffload: cannot cache the digest of %s in %s (%s): it is hashed again next start", path,
-                     cache.parent, exc.strerror)
-    return digest
+    return None
 
 
 def hash_file(path: Path) -> str:

@@ -163,3 +163,31 @@ def test_digests_are_cached_by_file_identity(tmp_path, monkeypatch):
         entry.write_text("{not json")
     assert weights_fingerprint(model, None) == weights_fingerprint(model, cache)
     assert weights_fingerprint(tmp_path / "missing", cache) == ""
+
+
+def test_processes_starting_together_hash_a_file_once(tmp_path, monkeypatch):
+    """vLLM's scheduler and workers fingerprint the same checkpoint at once: one hashes, the
+    others wait for its cached result (threads here: flock excludes each open file)."""
+    import threading
+    import time
+
+    hashed: list[str] = []
+    real = weight_digests.hash_file
+
+    def slow(p):
+        hashed.append(p.name)
+        time.sleep(0.2)
+        return real(p)
+
+    monkeypatch.setattr(weight_digests, "hash_file", slow)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "w.safetensors").write_bytes(os.urandom(200_000))
+    out: list[str] = []
+    threads = [threading.Thread(target=lambda: out.append(weights_fingerprint(model, tmp_path / "digests")))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert hashed == ["w.safetensors"] and len(set(out)) == 1 and len(out) == 3
