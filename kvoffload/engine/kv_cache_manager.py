@@ -8,6 +8,7 @@ from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.kv_cache_block import KVCacheBlock
 from kvoffload.engine.kv_cache_coordinator import KVCacheCoordinator
 from kvoffload.engine.request import Request
+from kvoffload.errors import require_positive
 
 
 @dataclass(slots=True)
@@ -43,8 +44,7 @@ class KVCacheManager:
         windows: tuple[int | None, ...] = (None,),
     ) -> None:
         """``windows``: one entry per KV-cache group, its sliding window in tokens or None."""
-        if block_size < 1:
-            raise ValueError(f"block_size={block_size}: must be >= 1")
+        require_positive("block_size", block_size)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvoffload.errors import require_positive
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -43,8 +45,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model {name}={getattr(self, name)}: must be >= 1")
+            require_positive(f"model {name}", getattr(self, name))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvoffload.errors import require_positive
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -31,16 +33,14 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name}={value!r}: must be a finite number")
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens={self.max_tokens}: must be >= 1")
+        require_positive("SamplingParams.max_tokens", self.max_tokens)
         if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature={self.temperature}: must be >= 0")
         if self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k={self.top_k}: must be >= 0 (0 disables)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p={self.top_p}: must be in (0, 1]")
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n={self.n}: must be >= 1")
+        require_positive("SamplingParams.n", self.n)
         if self.beam_width < 0 or (self.beam_width and self.n > 1):
             raise ValueError(f"SamplingParams.beam_width={self.beam_width}: must be >= 0 and not combined with n > 1")
         stop = tuple(self.stop_token_ids)

@@ -13,6 +13,7 @@ from collections import defaultdict
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.hashing import BlockHash
 from kvoffload.engine.kv_cache_block import KVCacheBlock
+from kvoffload.errors import require_positive
 
 
 def cdiv(a: int, b: int) -> int:
@@ -107,8 +108,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     def __init__(self, block_pool: BlockPool, block_size: int, group_id: int, window: int) -> None:
         super().__init__(block_pool, block_size, group_id)
-        if window < 1:
-            raise ValueError(f"sliding_window={window}: must be >= 1")
+        require_positive("sliding_window", window)
         self.window = window
         #: Cached blocks a hit needs: the window before the hit's end, less the query itself.
         self.hit_blocks = cdiv(window - 1, block_size)

@@ -15,6 +15,7 @@ from array import array
 
 import numpy as np
 
+from kvoffload.errors import require_positive
 from kvoffload.offload.abstract import BlockHash
 
 #: Ledger tag of a slot that belongs to no policy list.
@@ -68,8 +69,7 @@ class BlockLedger:
     """
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"ledger capacity={capacity}: must be >= 1")
+        require_positive("ledger capacity", capacity)
         self.capacity = capacity
         self.index: dict[BlockHash, int] = {}
         self.hashes: list[BlockHash | None] = [None] * capacity

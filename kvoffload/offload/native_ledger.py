@@ -14,7 +14,7 @@ import os
 from array import array
 from collections.abc import Iterable, Sequence
 
-from kvoffload.errors import ConfigError
+from kvoffload.errors import ConfigError, require_positive
 from kvoffload.offload.abstract import BlockHash, as_list
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 from kvoffload.offload.slot_ledger import BlockNotReadyError, SlotLedger, StoreSlots
@@ -72,8 +72,7 @@ def wants_native(cache_policy: object, native: bool | None) -> bool:
 class NativeSlotLedger(SlotLedger):
     def __init__(self, capacity: int, cache_policy: str = "lru", name: str = "CPU") -> None:
         wants_native(cache_policy, native=True)  # raises unless the extension runs this policy
-        if capacity < 1:
-            raise ValueError(f"ledger capacity={capacity}: must be >= 1")
+        require_positive("ledger capacity", capacity)
         self.capacity = capacity
         self.name = name
         refs = array("i", bytes(4 * capacity))

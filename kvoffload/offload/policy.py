@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
 from typing import ClassVar
 
+from kvoffload.errors import require_positive
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.block_status import BlockLedger, BlockStatus
 
@@ -43,8 +44,7 @@ class OfflinePolicy(ABC):
 
 class CachePolicy(ABC):
     def __init__(self, cache_capacity: int) -> None:
-        if cache_capacity < 1:
-            raise ValueError(f"cache_capacity={cache_capacity}: must be >= 1")
+        require_positive("cache_capacity", cache_capacity)
         self.cache_capacity = cache_capacity
 
     @abstractmethod
