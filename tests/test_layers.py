@@ -135,3 +135,32 @@ def test_no_file_of_the_offload_stack_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for pkg in ("connector", "offload", "tiers", "transfer")
             for p in (ROOT / pkg).rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}
+
+
+def test_no_import_cycles():
+    """No module reaches itself through imports (at module level or inside functions alike)."""
+    modules = {_module_of(p): p for p in ROOT.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {m: {t for _, name in _imports(p) if (t := resolve(name)) and t != m and t != "kvoffload"}
+             for m, p in modules.items()}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join([*path[path.index(t):], t]))
+            elif t not in state:
+                visit(t, [*path, t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
