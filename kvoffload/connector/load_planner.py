@@ -10,24 +10,15 @@ the CPU tier again from the device (promotion).
 from __future__ import annotations
 
 from kvoffload.connector.base import EngineRequest
-from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
+from kvoffload.connector.group_keys import NULL_BLOCK_ID
 from kvoffload.connector.jobs import JobKind
 from kvoffload.connector.request_state import RequestOffloadState
-from kvoffload.connector.scheduler_book import SchedulerBook
-from kvoffload.connector.scheduler_stats import SchedulerSideStats
+from kvoffload.connector.scheduler_book import Planner
 from kvoffload.offload.abstract import BlockHash, LookupResult, Medium
-from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
 
-class LoadPlanner:
-    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry,
-                 stats: SchedulerSideStats) -> None:
-        self.book = book
-        self.manager = manager
-        self.groups = groups
-        self.stats = stats
-
+class LoadPlanner(Planner):
     def hit_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens past the engine's own ``num_computed_tokens`` the tiers can load (None: ask
         again next step), as the engine's ``get_num_new_matched_tokens`` answers."""

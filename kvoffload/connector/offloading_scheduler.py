@@ -62,9 +62,10 @@ class OffloadingConnectorScheduler:
         self.book = SchedulerBook(self.block_size, self.factor, request_salt)
         #: After a reset: which requests read device KV older than it (they store nothing).
         self.reset_guard = ResetGuard()
-        self.loads = LoadPlanner(self.book, self.manager, self.groups, self.stats)
-        self.stores = StorePlanner(self.book, self.manager, self.groups, self.stats, self.reset_guard)
-        self.swaps = SwapPlanner(self.book, self.manager, self.groups, self.stats, self.reset_guard)
+        shared = (self.book, self.manager, self.groups, self.stats, self.reset_guard)
+        self.loads = LoadPlanner(*shared)
+        self.stores = StorePlanner(*shared)
+        self.swaps = SwapPlanner(*shared)
         #: Tokens the engine found on the device at the last lookup (where its loads start).
         self._local_tokens: dict[str, int] = {}
         #: Results of jobs some ranks have reported and others not yet.

@@ -12,9 +12,13 @@ import itertools
 import xxhash
 
 from kvoffload.connector.base import EngineRequest, RequestSalt
+from kvoffload.connector.group_keys import GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState
+from kvoffload.connector.reset_guard import ResetGuard
+from kvoffload.connector.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, as_list
+from kvoffload.offload.chain import TierChain
 
 
 class SchedulerBook:
@@ -80,3 +84,16 @@ class SchedulerBook:
                 jobs.discard(job_id)
                 if not jobs:
                     del self.fenced[b]
+
+
+class Planner:
+    """What every planner works over: the book, the tier chain, the KV groups' geometry, the
+    counters and the reset guard (one of each per scheduler half, shared)."""
+
+    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
+                 reset_guard: ResetGuard) -> None:
+        self.book = book
+        self.manager = manager
+        self.groups = groups
+        self.stats = stats
+        self.reset_guard = reset_guard

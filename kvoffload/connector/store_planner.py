@@ -10,12 +10,9 @@ before the step that writes the block.
 from __future__ import annotations
 
 from kvoffload.connector.base import StepPlan
-from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
+from kvoffload.connector.group_keys import NULL_BLOCK_ID
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.reset_guard import ResetGuard
-from kvoffload.connector.scheduler_book import SchedulerBook
-from kvoffload.connector.scheduler_stats import SchedulerSideStats
-from kvoffload.offload.chain import TierChain
+from kvoffload.connector.scheduler_book import Planner
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
 
@@ -24,15 +21,7 @@ def _storable(device_ids: list[int], factor: int) -> bool:
     return len(device_ids) == factor and NULL_BLOCK_ID not in device_ids
 
 
-class StorePlanner:
-    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
-                 reset_guard: ResetGuard) -> None:
-        self.book = book
-        self.manager = manager
-        self.groups = groups
-        self.stats = stats
-        self.reset_guard = reset_guard
-
+class StorePlanner(Planner):
     def follow_blocks(self, so: StepPlan) -> set[int]:
         """Follow each request's device blocks; returns the block ids the engine handed out
         this step (new blocks, and copy-on-write targets)."""

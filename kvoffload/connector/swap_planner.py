@@ -8,26 +8,15 @@ from __future__ import annotations
 import xxhash
 
 from kvoffload.connector.base import EngineRequest, GroupBlockIds
-from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry, group_key
+from kvoffload.connector.group_keys import NULL_BLOCK_ID, group_key
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.request_state import RequestOffloadState, SwapRecord
-from kvoffload.connector.reset_guard import ResetGuard
-from kvoffload.connector.scheduler_book import SchedulerBook
-from kvoffload.connector.scheduler_stats import SchedulerSideStats
+from kvoffload.connector.scheduler_book import Planner
 from kvoffload.offload.abstract import BlockHash, PrepareStoreOutput
-from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
 
-class SwapPlanner:
-    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
-                 reset_guard: ResetGuard) -> None:
-        self.book = book
-        self.manager = manager
-        self.groups = groups
-        self.stats = stats
-        self.reset_guard = reset_guard
-
+class SwapPlanner(Planner):
     def _first_block(self, group: int, computed: int) -> int:
         """The first engine block ``group`` needs to resume after ``computed`` tokens (a sliding
         window's: the block of the first position the next token attends to)."""
