@@ -16,10 +16,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from kvoffload import weight_digests  # noqa: E402
-from kvoffload.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
 from kvoffload.weight_digests import weights_fingerprint  # noqa: E402
+from tests.disk.test_namespace import generate  # noqa: E402
 
-PROMPTS = [[(i * 11 + j * 7) % 290 + 1 for j in range(70)] for i in range(3)]
 #: The sampled fingerprint this replaced: 64 windows of 64 KiB spread over a file (whole when
 #: smaller than 4 MiB). The edits below fall between its windows, where it saw nothing.
 _OLD_SAMPLES, _OLD_WINDOW = 64, 64 * 1024
@@ -99,16 +98,6 @@ def _swap_in_header(shard: Path) -> None:
     with open(shard, "r+b") as f:
         f.seek(8)
         f.write(raw.ljust(n, b" "))
-
-
-def generate(model_dir: Path, cache_dir: Path | None = None) -> tuple[list[list[int]], dict]:
-    offload = None
-    if cache_dir is not None:
-        offload = {"tiers": [{"medium": "cpu", "capacity": "4MiB"},
-                             {"medium": "disk", "path": str(cache_dir), "capacity": "16MiB", "write_through": True}]}
-    with LLM(EngineConfig(model=str(model_dir), block_size=8, num_gpu_blocks=64, kv_offload=offload)) as llm:
-        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=6, ignore_eos=True))
-        return [o.token_ids for o in outs], llm.stats()
 
 
 @pytest.mark.parametrize("edit", ["first", "middle", "last", "header"])
