@@ -25,7 +25,8 @@ _warned: set[str] = set()
 
 
 class ForeignEntryError(OSError):
-    """A name the tier opens is a symlink, FIFO, directory or hard-linked file: not ours."""
+    """A name the tier opens is a symlink, FIFO, directory or hard-linked file: not ours.
+    ``strerror`` says which ("a symlink", "a FIFO", ...), ``filename`` names it."""
 
 
 def describe(st: os.stat_result) -> str:
@@ -52,13 +53,17 @@ def open_file(name: str | os.PathLike[str], flags: int, dir_fd: int | None = Non
     try:
         fd = os.open(name, flags | _NOFOLLOW, mode, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-            raise ForeignEntryError(exc.errno, f"{exc.strerror} (not a regular file)", str(name)) from None
-        raise
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        try:
+            what = describe(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+        except OSError:
+            what = "not a regular file"  # gone meanwhile: what it was no longer matters
+        raise ForeignEntryError(exc.errno, what, str(name)) from None
     st = os.fstat(fd)
     if not is_own_file(st):
         os.close(fd)
-        raise ForeignEntryError(errno.ELOOP, f"{describe(st)}, not a regular file of ours", str(name))
+        raise ForeignEntryError(errno.ELOOP, describe(st), str(name))
     return fd
 
 
@@ -96,9 +101,10 @@ def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise
 
 
-def read_file(path: Path, limit: int = 1 << 20) -> bytes:
-    """A small file of ours read whole (ForeignEntryError for anything else)."""
-    fd = open_file(path, os.O_RDONLY)
+def read_file(name: str | os.PathLike[str], dir_fd: int | None = None, limit: int = 1 << 20) -> bytes:
+    """A small file of ours read whole, up to ``limit`` bytes (ForeignEntryError for anything
+    else)."""
+    fd = open_file(name, os.O_RDONLY, dir_fd)
     try:
         return os.read(fd, limit)
     finally:

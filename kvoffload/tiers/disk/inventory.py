@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.auth import RecordTagger
-from kvoffload.safe_files import ForeignEntryError, describe, is_own_file, open_file
+from kvoffload.safe_files import ForeignEntryError, open_file
 from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout, parse_file_header, scan_records
 from kvoffload.tiers.disk.io import record_problem
 from kvoffload.tiers.disk.ledger import (
@@ -80,17 +80,17 @@ def list_files(directory: Path) -> tuple[list[CacheFile], list[str]]:
     skipped: list[str] = []
     for path in sorted(directory.glob(TIER_GLOB)):
         try:
-            st = path.stat(follow_symlinks=False)
-            if not is_own_file(st):
-                skipped.append(f"{path}: {describe(st)}, not a tier file; remove it (nothing reads it)")
-                continue
             fd = open_file(path, os.O_RDONLY)
         except FileNotFoundError:
+            continue
+        except ForeignEntryError as exc:
+            skipped.append(f"{path}: {exc.strerror}, not a tier file; remove it (nothing reads it)")
             continue
         except OSError as exc:
             skipped.append(f"{path}: cannot be read ({exc.strerror}); fix its permissions or remove it")
             continue
         try:
+            st = os.fstat(fd)
             parsed = parse_file_header(os.pread(fd, HEADER_BYTES, 0))
             entry = CacheFile(path, parsed[0] if parsed else None, parsed[1] if parsed else "",
                               disk_bytes=st.st_blocks * 512, last_used=st.st_mtime, holder=find_lock_holder(path))

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from kvoffload.safe_files import ForeignEntryError, is_own_file, note_foreign, open_file, remove_entry
+from kvoffload.safe_files import ForeignEntryError, is_own_file, note_foreign, open_file, read_file, remove_entry
 
 #: Files are counted at their size rounded up to this (the allocation unit of common file systems).
 ALLOC_BYTES = 4096
@@ -78,13 +78,9 @@ class Bucket:
         """The bucket's count as last written, read without the lock (for reports: a write in
         progress may change it the next moment); 0 when there is none yet."""
         try:
-            fd = open_file(COUNTER_NAME, os.O_RDONLY, self.dir_fd)
+            return _decode(read_file(COUNTER_NAME, self.dir_fd, COUNTER_BYTES))
         except ForeignEntryError:
             return 0
-        try:
-            return _decode(os.pread(fd, COUNTER_BYTES, 0))
-        finally:
-            os.close(fd)
 
     def open_counter(self) -> int:
         """The ``.used`` file, opened read-write (created when missing); a planted entry there

@@ -28,9 +28,8 @@ from kvoffload.errors import ConfigError
 from kvoffload.safe_files import (
     ForeignEntryError,
     create_exclusive,
-    describe,
     open_dir,
-    open_file,
+    read_file,
     temp_name,
     warn_if_shared_with_others,
 )
@@ -131,7 +130,7 @@ class FsDirectory:
             finally:
                 os.unlink(temp, dir_fd=fd)
         try:
-            data = json.loads(_read_meta(fd))
+            data = json.loads(read_file(META_NAME, fd, 1 << 16))
             n = data["buckets"]
             ok = data["format"] == FORMAT and isinstance(n, int) and 1 <= n <= MAX_BUCKETS and n & (n - 1) == 0
         except (ValueError, KeyError, TypeError, ForeignEntryError):
@@ -152,19 +151,6 @@ class FsDirectory:
     @property
     def capacity(self) -> int:
         return sum(b.capacity for b in self.buckets)
-
-
-def _read_meta(dir_fd: int) -> bytes:
-    """The description, read only if it is a plain file of its own (never through a link)."""
-    try:
-        fd = open_file(META_NAME, os.O_RDONLY, dir_fd)
-    except ForeignEntryError as exc:
-        st = os.stat(META_NAME, dir_fd=dir_fd, follow_symlinks=False)
-        raise ForeignEntryError(exc.errno, describe(st), META_NAME) from None
-    try:
-        return os.read(fd, 1 << 16)
-    finally:
-        os.close(fd)
 
 
 def _make_fd_room(n: int, key: str) -> None:
