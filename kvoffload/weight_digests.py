@@ -56,22 +56,23 @@ def weights_fingerprint(path: str | os.PathLike[str], cache_dir: Path | None) ->
     """A digest of every byte of a checkpoint directory's weight files (the config is its own
     component); "" if ``path`` is not a directory (the caller then names the weights by a
     revision id). ``cache_dir``: where file digests are kept (None: hashed every time)."""
-    root = Path(path)
-    if not root.is_dir():
-        return ""
-    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
-    return "full:" + files_digest(files, cache_dir)
+    return _directory_digest("full", path, WEIGHT_SUFFIXES, cache_dir)
 
 
 def adapter_fingerprint(path: str | os.PathLike[str], cache_dir: Path | None) -> str:
     """A digest of every byte of an adapter directory's weights and its JSON configs (a LoRA's
     rank, alpha and target modules change the KV as much as its weights); "" if ``path`` is
     not a directory."""
+    return _directory_digest("adapter", path, (*WEIGHT_SUFFIXES, ".json"), cache_dir)
+
+
+def _directory_digest(kind: str, path: str | os.PathLike[str], suffixes: tuple[str, ...],
+                      cache_dir: Path | None) -> str:
     root = Path(path)
     if not root.is_dir():
         return ""
-    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith((*WEIGHT_SUFFIXES, ".json")))
-    return "adapter:" + files_digest(files, cache_dir)
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(suffixes))
+    return f"{kind}:" + files_digest(files, cache_dir)
 
 
 def file_digest(path: Path, cache_dir: Path | None) -> str:
