@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble, timed
 from kvoffload.config import parse_size
 from kvoffload.weight_digests import weights_fingerprint
 
@@ -52,12 +50,6 @@ def _read_all(files: list[Path]) -> None:
                 pass
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("weights", __doc__)
     parser.add_argument("--size", default="16GiB", help="checkpoint size, written once as random bytes")
@@ -76,11 +68,11 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(args.reps):
             digests = Path(tmp, f"digests{rep}")
             _drop_cache(files)
-            reads.append(_timed(lambda: _read_all(files)))
+            reads.append(timed(lambda: _read_all(files)))
             _drop_cache(files)
             fingerprint = partial(weights_fingerprint, root, digests)
-            hashes.append(_timed(fingerprint))
-            cached.append(_timed(fingerprint))
+            hashes.append(timed(fingerprint))
+            cached.append(timed(fingerprint))
         read, hashed, warm = Sample(tuple(reads)), Sample(tuple(hashes)), Sample(tuple(cached))
         gb = total / 1e9
         print(f"plain read (baseline)     {read.fmt('.2f')} s  ({gb / read.median:.2f} GB/s)")
