@@ -376,3 +376,35 @@ def test_a_clear_between_open_and_lock_is_noticed_and_the_file_opened_again(tmp_
     with pytest.raises(DiskTierError, match="in use by"):
         DiskOffloadingManager(tmp_path, layout)
     mgr.close()
+
+
+def test_the_worker_opens_its_file_once_across_threads_and_never_after_close(tmp_path):
+    """Loads and stores run on threads of their own: the lazy open must not race into two
+    descriptors, and a copy finishing after close must not open the file again (a leak)."""
+    import threading
+
+    from kvoffload.tiers.disk.io import DiskIO
+    from kvoffload.transfer.handler import BlockTransferError
+
+    layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
+    mgr = DiskOffloadingManager(tmp_path, layout)
+    worker = DiskIO(layout, tier_file(tmp_path, layout))
+    before = len(os.listdir("/proc/self/fd"))
+    block = memoryview(bytearray(BLOCK_BYTES))
+    start = threading.Barrier(8)
+
+    def write(i):
+        start.wait()
+        worker.write([block], [i % 4], [bytes([i]) * 16])
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(os.listdir("/proc/self/fd")) == before + 1
+    worker.close()
+    with pytest.raises(BlockTransferError, match="closed"):
+        worker.write([block], [0], [b"k" * 16])
+    assert len(os.listdir("/proc/self/fd")) == before
+    mgr.close()

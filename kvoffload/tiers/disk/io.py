@@ -4,6 +4,7 @@ on every read, so nothing torn, flipped, misplaced or (with a shared secret) pla
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from collections.abc import Sequence
 
@@ -41,16 +42,23 @@ class DiskIO(TierIO):
         # be cleared (it is unlocked) and leave this process writing to a deleted one. Every
         # transfer comes after the scheduler side has opened and locked the file.
         self.fd = -1
+        self._opening = threading.Lock()  # loads and stores run on threads of their own
+        self._closed = False
 
     def _file(self) -> int:
-        if self.fd < 0:
-            try:
-                self.fd = open_file(self.path, os.O_RDWR)
-            except OSError as exc:
-                raise BlockTransferError(f"{self.name}: cannot open ({exc.strerror}); the scheduler side creates "
-                                         "it: is it running, and is nothing else writing the directory?",
-                                         [], io=True) from exc
-        return self.fd
+        if self.fd >= 0:
+            return self.fd
+        with self._opening:
+            if self._closed:
+                raise BlockTransferError(f"{self.name}: closed", [], io=True)
+            if self.fd < 0:
+                try:
+                    self.fd = open_file(self.path, os.O_RDWR)
+                except OSError as exc:
+                    raise BlockTransferError(f"{self.name}: cannot open ({exc.strerror}); the scheduler side "
+                                             "creates it: is it running, and is nothing else writing the "
+                                             "directory?", [], io=True) from exc
+            return self.fd
 
     def write(self, blocks: Sequence[memoryview], slots: list[int], keys: list[BlockHash]) -> None:
         try:
@@ -83,6 +91,8 @@ class DiskIO(TierIO):
                                      bad, reasons=dict(reasons))
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        with self._opening:
+            self._closed = True  # a copy finishing after this must not open the file again
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
