@@ -162,7 +162,7 @@ class OpRecorder(ForwardingTierChain):
         self.ops.append(("prepare_load", hashes, True))
         return self.backing.prepare_load(hashes)
 
-    def prepare_load_segments(self, block_hashes):
+    def prepare_load_segments(self, block_hashes, media=None):
         # One tier: the load goes through prepare_load above, so it is recorded.
         hashes = list(block_hashes)
         return [(self.prepare_load(hashes), hashes)]

@@ -9,16 +9,36 @@ the CPU tier again from the device (promotion).
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvoffload.connector.base import EngineRequest
-from kvoffload.connector.group_keys import NULL_BLOCK_ID
+from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
 from kvoffload.connector.jobs import JobKind
 from kvoffload.connector.request_state import RequestOffloadState
-from kvoffload.connector.scheduler_book import Planner
+from kvoffload.connector.reset_guard import ResetGuard
+from kvoffload.connector.scheduler_book import Planner, SchedulerBook
+from kvoffload.connector.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash, LookupResult, Medium
+from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
 
 class LoadPlanner(Planner):
+    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
+                 reset_guard: ResetGuard) -> None:
+        super().__init__(book, manager, groups, stats, reset_guard)
+        #: Per request looked up and not yet planned: the tier each found key is in, so the plan
+        #: pins where the lookup found (one question per hash and tier, not two).
+        self._found: dict[str, dict[BlockHash, Medium]] = {}
+        #: Requests whose blocks were touched: once per request (a waiting request is looked
+        #: up every step, and each look is not a reuse).
+        self._touched: set[str] = set()
+
+    def forget(self, rid: str) -> None:
+        """The request finished: drop what its lookups left."""
+        self._found.pop(rid, None)
+        self._touched.discard(rid)
+
     def hit_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens past the engine's own ``num_computed_tokens`` the tiers can load (None: ask
         again next step), as the engine's ``get_num_new_matched_tokens`` answers."""
@@ -26,17 +46,24 @@ class LoadPlanner(Planner):
         size = book.offloaded_block_size
         num_blocks = request.num_tokens // size
         hashes = book.offload_hashes(request, 0, num_blocks)
-        for g in groups.full_groups:
-            self.manager.touch(groups.keys(hashes, g))
-        for g in groups.sliding_groups:  # only the window a hit at the prompt's end needs
-            self.manager.touch(groups.keys(hashes[groups.first_needed(g, num_blocks):], g))
+        rid = request.request_id
+        if rid not in self._touched:
+            self._touched.add(rid)
+            for g in groups.full_groups:
+                self.manager.touch(groups.keys(hashes, g))
+            for g in groups.sliding_groups:  # only the window a hit at the prompt's end needs
+                self.manager.touch(groups.keys(hashes[groups.first_needed(g, num_blocks):], g))
         start = num_computed_tokens // size
+        self._found.pop(rid, None)
         if start >= len(hashes):
             return 0, False
         self.stats.lookups += 1
         end = len(hashes)
+        found_media: dict[BlockHash, Medium] = {}
         for g in groups.full_groups:
-            found = self.manager.lookup_prefix(groups.keys(hashes[start:end], g))
+            keys = groups.keys(hashes[start:end], g)
+            found = self.manager.lookup_prefix(keys)
+            found_media.update(zip(keys, found.media))
             if found.stop is LookupResult.RETRY:
                 return None, False
             if found.stop is LookupResult.HIT_PENDING:
@@ -46,7 +73,7 @@ class LoadPlanner(Planner):
                 return None, False
             end = start + found.hits
         if groups.sliding_groups:
-            sliding_end = self._sliding_hit_end(hashes, start, end)
+            sliding_end = self._sliding_hit_end(hashes, start, end, found_media)
             if sliding_end is None:
                 return None, False
             end = sliding_end
@@ -59,18 +86,24 @@ class LoadPlanner(Planner):
         if not all(book.blocks_being_loaded.isdisjoint(keys) for _, keys in loads):
             self.stats.lookups_deferred += 1
             return None, False  # another request is loading these blocks: ask again later
+        self._found[rid] = found_media
         return num_hit_tokens, True
 
-    def _sliding_hit_end(self, hashes: list[BlockHash], start: int, end: int) -> int | None:
+    def _sliding_hit_end(self, hashes: list[BlockHash], start: int, end: int,
+                         found_media: dict[BlockHash, Medium]) -> int | None:
         """The longest hit end <= ``end`` whose window every sliding group holds (all or
-        nothing: a group missing a block shortens the hit for every group). None: ask again."""
+        nothing: a group missing a block shortens the hit for every group). None: ask again.
+        The tier of each key found goes into ``found_media``."""
         groups = self.groups
         while end > start:
             for g in groups.sliding_groups:
                 first = max(start, groups.first_needed(g, end))
-                found = self.manager.lookup(groups.keys(hashes[first:end], g))
-                if found is None:
+                keys = groups.keys(hashes[first:end], g)
+                lookup = self.manager.lookup_prefix(keys)
+                if lookup.stop is LookupResult.RETRY:
                     return None
+                found_media.update(zip(keys, lookup.media))
+                found = lookup.hits
                 if first + found < end:
                     # Block first + found is missing: every end past it has it in its window
                     # (windows only move right as the end does), so the next candidate ends there.
@@ -108,9 +141,12 @@ class LoadPlanner(Planner):
         first_engine = num_local // block_size
         promote_from = end
         loading: list[BlockHash] = []
+        found = self._found.pop(rid, {})
         for g, (offset, keys) in enumerate(self._group_loads(hashes, start, end)):
             block_ids = state.block_ids[g]
-            for spec, seg_keys in self.manager.prepare_load_segments(keys):
+            media = [found.get(k) for k in keys]
+            known = None if None in media else cast("list[Medium]", media)
+            for spec, seg_keys in self.manager.prepare_load_segments(keys, known):
                 lo = max(offset * f, first_engine)
                 hi = (offset + len(seg_keys)) * f
                 while lo < hi and block_ids[lo] == NULL_BLOCK_ID:

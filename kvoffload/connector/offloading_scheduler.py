@@ -233,6 +233,7 @@ class OffloadingConnectorScheduler:
         """
         rid = request.request_id
         self._local_tokens.pop(rid, None)
+        self.loads.forget(rid)
         self.reset_guard.forget(rid)
         state = self.book.requests.get(rid)
         if state is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 
-from kvoffload.offload.abstract import BlockHash, Demotion, LoadStoreSpec, OffloadingManager, PrefixLookup
+from kvoffload.offload.abstract import BlockHash, Demotion, LoadStoreSpec, Medium, OffloadingManager, PrefixLookup
 from kvoffload.offload.tier_report import ChainReport
 
 
@@ -39,9 +39,12 @@ class TierChain(OffloadingManager):
         """Recency without reuse, e.g. a request's newly stored blocks."""
 
     @abstractmethod
-    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+    def prepare_load_segments(self, block_hashes: list[BlockHash], media: Sequence[Medium] | None = None,
+                              ) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
         """``prepare_load`` for blocks that may live in several tiers: consecutive runs per tier,
-        each pinned in its tier (release each with ``complete_load(hashes, spec.medium())``)."""
+        each pinned in its tier (release each with ``complete_load(hashes, spec.medium())``).
+        ``media``: the tier of each block as ``lookup_prefix`` found it, so the plan does not ask
+        the tiers again (a tier that no longer holds a block is then asked after all)."""
 
     @abstractmethod
     def take_demotions(self) -> list[Demotion]:

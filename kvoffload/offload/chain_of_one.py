@@ -14,6 +14,7 @@ from kvoffload.offload.abstract import (
     Demotion,
     LoadStoreSpec,
     LookupResult,
+    Medium,
     OffloadingEvent,
     OffloadingManager,
     PrefixLookup,
@@ -83,7 +84,8 @@ class ChainOfOne(TierChain):
     def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
         pass
 
-    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+    def prepare_load_segments(self, block_hashes: list[BlockHash], media: Sequence[Medium] | None = None,
+                              ) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
         hashes = list(block_hashes)
         return [(self.manager.prepare_load(hashes), hashes)]
 

@@ -13,6 +13,7 @@ from kvoffload.offload.abstract import (
     BlockHash,
     Demotion,
     LoadStoreSpec,
+    Medium,
     OffloadingEvent,
     OffloadingManager,
     PrefixLookup,
@@ -68,8 +69,9 @@ class ForwardingTierChain(TierChain):
     def is_pending(self, block_hash: BlockHash) -> bool:
         return self.backing.is_pending(block_hash)
 
-    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
-        return self.backing.prepare_load_segments(block_hashes)
+    def prepare_load_segments(self, block_hashes: list[BlockHash], media: Sequence[Medium] | None = None,
+                              ) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+        return self.backing.prepare_load_segments(block_hashes, media)
 
     def take_demotions(self) -> list[Demotion]:
         return self.backing.take_demotions()

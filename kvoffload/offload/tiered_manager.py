@@ -33,6 +33,7 @@ from kvoffload.offload.abstract import (
 )
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.ledger_tier import LedgerTier
+from kvoffload.offload.slot_ledger import BlockNotReadyError
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_report import ChainReport
 
@@ -128,23 +129,48 @@ class TieredOffloadingManager(TierChain):
         for t in self.secondaries:
             t.touch(hashes)
 
-    def prepare_load_segments(self, block_hashes: list[BlockHash]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
-        """Consecutive runs by tier (the fastest holding each block), each pinned in its tier; a
-        secondary tier's spec names its hashes, so the reader can check each record's key. A
-        tier that went out of service since the lookup still serves what it holds (a failed read
-        is reported and recomputed)."""
+    def prepare_load_segments(self, block_hashes: list[BlockHash], media: Sequence[Medium] | None = None,
+                              ) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+        """Consecutive runs by tier (the fastest holding each block, or the tier ``media`` names:
+        the lookup's answer, so no tier is asked twice), each pinned in its tier; a secondary
+        tier's spec names its hashes, so the reader can check each record's key. A tier that
+        went out of service since the lookup still serves what it holds (a failed read is
+        reported and recomputed)."""
+        hashes = list(block_hashes)
         if not self.secondaries:  # a chain of one: every block is the host tier's
-            hashes = list(block_hashes)
             return [(self.primary.prepare_load(hashes), hashes)] if hashes else []
+        if media is not None and len(media) == len(hashes) and all(m in self._by_medium for m in media):
+            try:
+                return self._pin_runs(self._runs(hashes, [self._by_medium[m] for m in media]))
+            except BlockNotReadyError:
+                pass  # a block left the tier the lookup found it in: ask the tiers afresh
         tiers: list[Tier] = [self.primary, *self.secondaries]
+        # A miss falls to the last tier, whose prepare_load fails with BlockNotReadyError.
+        found = [next((t for t in tiers if t.is_ready(h)), tiers[-1]) for h in hashes]
+        return self._pin_runs(self._runs(hashes, found))
+
+    @staticmethod
+    def _runs(hashes: list[BlockHash], tiers: list[Tier]) -> list[tuple[Tier, list[BlockHash]]]:
         runs: list[tuple[Tier, list[BlockHash]]] = []
-        for h in block_hashes:
-            tier = next((t for t in tiers if t.is_ready(h)), tiers[-1])  # a miss fails in prepare_load
+        for h, tier in zip(hashes, tiers):
             if runs and runs[-1][0] is tier:
                 runs[-1][1].append(h)
             else:
                 runs.append((tier, [h]))
-        return [(tier.prepare_load(hashes), hashes) for tier, hashes in runs]
+        return runs
+
+    @staticmethod
+    def _pin_runs(runs: list[tuple[Tier, list[BlockHash]]]) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
+        """Pin each run in its tier; all or nothing (a run that fails releases those before it)."""
+        out: list[tuple[LoadStoreSpec, list[BlockHash]]] = []
+        try:
+            for tier, hashes in runs:
+                out.append((tier.prepare_load(hashes), hashes))
+        except BlockNotReadyError:
+            for (tier, hashes), _ in zip(runs, out):
+                tier.complete_load(hashes)
+            raise
+        return out
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         """The one-tier form of ``prepare_load_segments``: blocks that span tiers cannot be one

@@ -109,7 +109,16 @@ def make_machine(policy: str, write_through: bool):
             if not ready:
                 return
             chosen = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=4, unique=True))
-            segments = self.mgr.prepare_load_segments(chosen)
+            # The lookup's tiers as a hint, sometimes stale (a local tier that lost the block
+            # since): the pins land where each block is. A shared store's tier cannot tell a
+            # stale hint (its blocks come and go unseen): what it is told to load and lacks
+            # fails the read and is recomputed, so its hints are only ever what it holds.
+            media = None
+            if data.draw(st.booleans()):
+                media = [data.draw(st.sampled_from(sorted(m for m, t in self.tiers.items()
+                                                          if t.is_ready(h) or not t.batched_lookup)))
+                         for h in chosen]
+            segments = self.mgr.prepare_load_segments(chosen, media)
             assert [h for _, hs in segments for h in hs] == chosen
             load = []
             for spec, hs in segments:
