@@ -19,7 +19,7 @@ import yaml
 from kvoffload.auth import AuthConfig, parse_auth
 from kvoffload.errors import ConfigError, UnknownPluginError
 from kvoffload.examples import resolve_config
-from kvoffload.registry import POLICIES, SPECS, TIER_KINDS
+from kvoffload.registry import SPECS, TIER_KINDS, PolicyRef, resolve_policy
 
 _UNITS = {
     "": 1, "b": 1,
@@ -99,6 +99,14 @@ class TierConfig:
     write_through: bool = False
     #: The tier kind's own keys, as its ``parse_options`` validated them (None for cpu and disk).
     options: Any = None
+    #: ``eviction_policy`` resolved by config (None for a TierConfig built by hand: the tier
+    #: resolves the name itself).
+    policy: PolicyRef | None = field(default=None, compare=False)
+
+    @property
+    def cache_policy(self) -> PolicyRef | str:
+        """What the tier's ledger evicts by: the resolved policy, else its name."""
+        return self.policy if self.policy is not None else self.eviction_policy
 
     def num_blocks(self, block_bytes: int, key: str = "") -> int:
         n = self.capacity_bytes // block_bytes
@@ -269,9 +277,10 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         if not isinstance(policy, str):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} must be a string")
         try:
-            policy_cls = POLICIES.load(policy)
+            policy_ref = resolve_policy(policy)
         except UnknownPluginError as exc:
             raise ConfigError(f"{key}.eviction_policy: {exc}") from None
+        policy_cls = policy_ref.cls
         if inspect.isabstract(policy_cls):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} is abstract; name a class that implements every method")
         try:
@@ -279,8 +288,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         except Exception as exc:  # noqa: BLE001 - a plugin's constructor may raise anything
             raise ConfigError(f"{key}.eviction_policy: {policy!r} cannot be created ({type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:120]}); fix the class or pick another policy") from None
-        # OfflinePolicy.needs_future (the class sits a layer above this one, so read by name).
-        if getattr(policy_cls, "needs_future", False):
+        if policy_cls.needs_future:
             raise ConfigError(f"{key}.eviction_policy: {policy!r} needs the future of the trace (offline, `kvoffload sim` "
                               "only); use lru, arc or an online policy here")
         path = raw.get("path")
@@ -300,7 +308,7 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         if medium == "cpu" and write_through:
             raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
                               "through to; remove it from the cpu tier")
-        tier = TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy,
+        tier = TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy, policy=policy_ref,
                           path=expand_path(path, f"{key}.path") if path is not None else None,
                           write_through=write_through, options=options)
         if kind is not None:

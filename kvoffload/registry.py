@@ -11,8 +11,9 @@ that implements its plugins.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Protocol, cast
 
 from kvoffload.errors import UnknownPluginError
 
@@ -87,3 +88,26 @@ TIER_KINDS = Registry("tier medium", "kvoffload.tiers", "kvoffload.tiers.base:Ti
     "mooncake": "kvoffload.tiers.mooncake.kind:MooncakeTier",
     "fs": "kvoffload.tiers.fs.kind:FsTier",
 })
+
+
+class PolicyClass(Protocol):
+    """An eviction policy class as config sees it, below the layer that defines its contract
+    (``kvoffload.offload.policy.CachePolicy``, which declares both members)."""
+
+    needs_future: bool
+
+    def __call__(self, cache_capacity: int) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRef:
+    """An eviction policy resolved once, at config time: its name (how the native ledger and
+    reports know it) and its class (what the tier instantiates, with no second lookup)."""
+
+    name: str
+    cls: PolicyClass
+
+
+def resolve_policy(name: str) -> PolicyRef:
+    """The policy ``name`` stands for; UnknownPluginError names it and the known ones."""
+    return PolicyRef(name, cast(PolicyClass, POLICIES.load(name)))

@@ -14,14 +14,14 @@ import math
 from collections.abc import Collection, Hashable, Iterable, Sequence
 
 from kvoffload.offload.block_status import BlockStatus
-from kvoffload.offload.policy import CachePolicy, OfflinePolicy
+from kvoffload.offload.policy import OfflinePolicy
 
 from .base import evictable, has_n_evictable
 
 NEVER = math.inf
 
 
-class BeladyCachePolicy(CachePolicy, OfflinePolicy):
+class BeladyCachePolicy(OfflinePolicy):
     """A block's rank is one int, -(next use x M + depth) with M above every request's length
     (no next use: the request count), so the heap's smallest entry ``(rank, seq, hash)`` is the
     block needed farthest away, deepest first, oldest push first. ``live[h]`` is h's one current

@@ -12,6 +12,7 @@ from kvoffload.offload.ledger_tier import MAX_QUEUED_EVENTS, LedgerTier
 from kvoffload.offload.mediums import CPULoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.slot_ledger import BlockNotReadyError
+from kvoffload.registry import PolicyRef
 
 __all__ = ["MAX_QUEUED_EVENTS", "BlockNotReadyError", "CPUOffloadingManager"]
 
@@ -20,7 +21,7 @@ class CPUOffloadingManager(LedgerTier):
     def __init__(
         self,
         num_blocks: int,
-        cache_policy: str | CachePolicy = "lru",
+        cache_policy: str | PolicyRef | CachePolicy = "lru",
         enable_events: bool = False,
         block_size: int = 0,
         native: bool | None = None,

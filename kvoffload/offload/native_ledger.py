@@ -18,6 +18,7 @@ from kvoffload.errors import ConfigError, require_positive
 from kvoffload.offload.abstract import BlockHash, as_list
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 from kvoffload.offload.slot_ledger import BlockNotReadyError, SlotLedger, StoreSlots
+from kvoffload.registry import PolicyRef
 
 try:
     from kvoffload_ext import _ledger
@@ -46,7 +47,8 @@ def native_available() -> bool:
 def wants_native(cache_policy: object, native: bool | None) -> bool:
     """Whether a CPU tier with this policy runs on the native ledger (None: when it can)."""
     global _warned
-    named = isinstance(cache_policy, str) and cache_policy in NATIVE_POLICIES
+    name = cache_policy.name if isinstance(cache_policy, PolicyRef) else cache_policy
+    named = isinstance(name, str) and name in NATIVE_POLICIES
     if native and not named:
         raise NativeLedgerUnavailableError(
             f"native=True with cache_policy={cache_policy!r}: the native ledger implements "

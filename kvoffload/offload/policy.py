@@ -23,26 +23,11 @@ from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.block_status import BlockLedger, BlockStatus
 
 
-class OfflinePolicy(ABC):
-    """A policy told the trace's future (an oracle such as Belady's MIN): research only. The
-    simulator (``kvoffload sim``) drives these hooks; an engine's tier config refuses it."""
-
-    needs_future: ClassVar[bool] = True
-
-    @abstractmethod
-    def set_future(self, future: Sequence[Sequence[BlockHash]]) -> None:
-        """``future[r]``: the block hashes request r references, in prefix order (once per trace)."""
-
-    @abstractmethod
-    def advance(self, request_index: int) -> None:
-        """Request ``request_index`` is served next."""
-
-    def admit(self, block_hash: BlockHash) -> bool:
-        """Worth storing at all (False: bypass the cache)? By default every block is."""
-        return True
-
-
 class CachePolicy(ABC):
+    #: True for a policy that must be told the trace's future (``OfflinePolicy``): research
+    #: only; config refuses it for an engine's tier.
+    needs_future: ClassVar[bool] = False
+
     def __init__(self, cache_capacity: int) -> None:
         require_positive("cache_capacity", cache_capacity)
         self.cache_capacity = cache_capacity
@@ -73,6 +58,25 @@ class CachePolicy(ABC):
         blocks it predicts will not be reused, instead of evicting a useful block for each.
         The default admits every block."""
         return block_hashes
+
+
+class OfflinePolicy(CachePolicy):
+    """A policy told the trace's future (an oracle such as Belady's MIN): research only. The
+    simulator (``kvoffload sim``) drives these hooks; an engine's tier config refuses it."""
+
+    needs_future: ClassVar[bool] = True
+
+    @abstractmethod
+    def set_future(self, future: Sequence[Sequence[BlockHash]]) -> None:
+        """``future[r]``: the block hashes request r references, in prefix order (once per trace)."""
+
+    @abstractmethod
+    def advance(self, request_index: int) -> None:
+        """Request ``request_index`` is served next."""
+
+    def admit(self, block_hash: BlockHash) -> bool:
+        """Worth storing at all (False: bypass the cache)? By default every block is."""
+        return True
 
 
 class SlotPolicy(ABC):

@@ -15,10 +15,11 @@ from kvoffload.offload.block_status import BlockLedger
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy, PlainPolicySlots, SlotPolicy
 from kvoffload.offload.policy_registry import create_policy
 from kvoffload.offload.slot_ledger import BlockNotReadyError, SlotLedger, StoreSlots
+from kvoffload.registry import PolicyRef
 
 
 class PySlotLedger(SlotLedger):
-    def __init__(self, capacity: int, cache_policy: str | CachePolicy = "lru", name: str = "CPU") -> None:
+    def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy = "lru", name: str = "CPU") -> None:
         self.capacity = capacity
         self.name = name  # the tier, as refusals name it
         self.book = BlockLedger(capacity)

@@ -54,7 +54,7 @@ class CPUOffloadingSpec(OffloadingSpec):
         cfg = self.config
         cpu = CPUOffloadingManager(
             self.num_blocks_per_tier()[0],
-            cache_policy=cfg.tiers[0].eviction_policy,
+            cache_policy=cfg.tiers[0].cache_policy,
             enable_events=cfg.metrics.events,
             block_size=self.offloaded_block_size,
         )

@@ -67,7 +67,7 @@ class DiskTier(TierKind):
 
     def build_manager(self) -> DiskOffloadingManager:
         t = self.ctx.tier
-        return DiskOffloadingManager(self._path(), self.layout(), t.eviction_policy, self.ctx.events,
+        return DiskOffloadingManager(self._path(), self.layout(), t.cache_policy, self.ctx.events,
                                      key=f"{self.ctx.key}.path", namespace=self.ctx.namespace)
 
     def build_io(self) -> DiskIO:

@@ -24,6 +24,7 @@ from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.tier_report import TierReport
+from kvoffload.registry import PolicyRef
 from kvoffload.safe_files import ForeignEntryError, open_file, read_file, replace_file, warn_if_shared_with_others
 from kvoffload.tiers.disk.format import DiskLayout, scan_records
 
@@ -139,7 +140,7 @@ class DiskOffloadingManager(LedgerTier):
     """The ledger is one for all ranks: slot s of every rank's file holds that rank's shard of
     the same block. Only a record intact in every rank's file is recovered on open."""
 
-    def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | CachePolicy = "lru",
+    def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | PolicyRef | CachePolicy = "lru",
                  enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
                  namespace: KVNamespace | None = None) -> None:
         ledger = make_ledger(cache_policy, layout.num_slots, name=DiskLoadStoreSpec.medium())
