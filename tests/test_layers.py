@@ -13,7 +13,7 @@ ROOT = Path(kvoffload.__file__).parent
 #: Bottom first. Equal ranks may not import each other (only within one package).
 LAYERS = [
     ("kvoffload.namespace",),
-    ("kvoffload.errors", "kvoffload.kv_info", "kvoffload.kv_store", "kvoffload.logs", "kvoffload.examples",
+    ("kvoffload.errors", "kvoffload.kv_info", "kvoffload.logs", "kvoffload.examples",
      "kvoffload.safe_files"),
     ("kvoffload.weight_digests",),
     ("kvoffload.metrics", "kvoffload.auth"),

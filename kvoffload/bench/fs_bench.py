@@ -55,11 +55,11 @@ def _one_rep(job: Job, roots: list[Path], data: np.ndarray, barrier: Any) -> tup
     """Each phase on this process's share of the bytes, started together with the others'."""
     from kvoffload.auth import RecordTagger
     from kvoffload.offload.abstract import BlockHash
-    from kvoffload.offload.store_keys import StoreKeys
     from kvoffload.tiers.fs.directory import FsDirectory
     from kvoffload.tiers.fs.store import FsStore
-    from kvoffload.transfer.store_io import StoreIO
-    from kvoffload.transfer.store_record import HEADER_BYTES
+    from kvoffload.tiers.store.io import StoreIO
+    from kvoffload.tiers.store.keys import StoreKeys
+    from kvoffload.tiers.store.record import HEADER_BYTES
 
     n = max(JOB_BLOCKS, job.total // job.block // job.procs)
     views = [row.data for row in data]

@@ -10,14 +10,14 @@ from collections.abc import Callable
 import numpy as np
 
 from kvoffload.bench.measure import Sample, bench_parser, positive_int, preamble, timed
-from kvoffload.offload.mediums import MooncakeLoadStoreSpec
-from kvoffload.offload.remote_manager import RemoteTierManager
-from kvoffload.offload.store_keys import StoreKeys
-from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.testing.mooncake_master import MooncakeMaster
 from kvoffload.tiers.mooncake.options import parse_options
+from kvoffload.tiers.mooncake.spec import MooncakeLoadStoreSpec
 from kvoffload.tiers.mooncake.store import MooncakeStore
-from kvoffload.transfer.store_io import StoreIO
+from kvoffload.tiers.store.io import StoreIO
+from kvoffload.tiers.store.keys import StoreKeys
+from kvoffload.tiers.store.lookups import StoreLookups
+from kvoffload.tiers.store.tier import SharedStoreTier
 
 
 def _paths(store: MooncakeStore, io: StoreIO, data: np.ndarray, out: np.ndarray, hashes: list[int], names: list[str],
@@ -88,7 +88,7 @@ def bench_lookup(store: MooncakeStore, blocks: int, reps: int) -> str:
     store.register(buf.ctypes.data, buf.nbytes)
     names = keys.rank_keys(hashes, 0)
     store.put_from(names, [buf.ctypes.data] * blocks, [64] * blocks)
-    tier = RemoteTierManager(MooncakeLoadStoreSpec, StoreLookups(store, keys, wait_s=1.0), 1 << 16)
+    tier = SharedStoreTier(MooncakeLoadStoreSpec, StoreLookups(store, keys, wait_s=1.0), 1 << 16)
     ours, raw = [], []
     for _ in range(reps):
         ours.append(timed(lambda: tier.lookup_run(hashes)) * 1e6)

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, SlotIds
 
-#: The built-in secondary tiers' mediums (kvoffload.tiers.disk, kvoffload.tiers.mooncake),
-#: registered beside their specs: the specs are public API (``kvoffload.offload``).
+#: The disk tier's medium, registered here beside its spec because ``DiskLoadStoreSpec`` is
+#: public API of this package (SPEC section 6); every other kind registers its medium beside
+#: its own kind (``tiers/fs/spec.py``, ``tiers/mooncake/spec.py``).
 DISK = Medium.register("DISK")
-MOONCAKE = Medium.register("MOONCAKE")
 
 
 class GPULoadStoreSpec(LoadStoreSpec):
@@ -53,14 +53,3 @@ class DiskLoadStoreSpec(KeyedLoadStoreSpec):
     @staticmethod
     def medium() -> Medium:
         return DISK
-
-
-class MooncakeLoadStoreSpec(KeyedLoadStoreSpec):
-    """Blocks of the shared Mooncake Store tier: the hashes address them (as store keys); the
-    slot ids only pair each block with its hash in the scheduler's ledger."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def medium() -> Medium:
-        return MOONCAKE

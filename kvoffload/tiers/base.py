@@ -21,8 +21,8 @@ from kvoffload.config import TierConfig
 from kvoffload.namespace import KVNamespace
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.offload.tier import Tier
+from kvoffload.tiers.store.keys import StoreKeys
 from kvoffload.transfer.tier_io import TierIO
 
 

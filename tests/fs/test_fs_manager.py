@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from kvoffload.auth import RecordTagger
-from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.tiers.fs import manager as manager_module
 from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.directory import FsDirectory
 from kvoffload.tiers.fs.manager import FsTierManager
 from kvoffload.tiers.fs.store import FsStore
-from kvoffload.transfer.store_io import StoreIO
+from kvoffload.tiers.store.io import StoreIO
+from kvoffload.tiers.store.keys import StoreKeys
 
 BLOCK = 4096
 

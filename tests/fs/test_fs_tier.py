@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from kvoffload.auth import RecordTagger
-from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.directory import FsDirectory
 from kvoffload.tiers.fs.store import FsStore
+from kvoffload.tiers.store.io import StoreIO
+from kvoffload.tiers.store.keys import StoreKeys
 from kvoffload.transfer.handler import BlockTransferError
-from kvoffload.transfer.store_io import StoreIO
 from tests.fs.fs_job import fs_offload, run_rounds
 
 JOB = Path(__file__).with_name("fs_job.py")

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kvoffload.engine import LLM
 from kvoffload.metrics import StatsCollector
-from kvoffload.transfer.store_record import HEADER_BYTES, make_header
+from kvoffload.tiers.store.record import HEADER_BYTES, make_header
 from kvoffload.workload import run_chat_workload
 from tests.mooncake.conftest import needs_mooncake
 from tests.mooncake.replica_job import WORKLOAD, engine_config

@@ -3,4 +3,4 @@ any number of engine processes on one host or many, with no coordinator. ``kind`
 halves), ``options`` (its config keys and environment checks), ``directory`` (the on-disk
 layout and its shared metadata), ``bucket`` (a locked, size-bounded slice of a directory),
 ``store`` (the key-value store contract over files). Lookups, records, health and
-backpressure are the store-backed machinery every shared tier uses."""
+backpressure are the store-backed machinery every shared tier uses (``kvoffload.tiers.store``)."""

@@ -22,15 +22,15 @@ from typing import Any
 from kvoffload.auth import RecordTagger
 from kvoffload.config import TierConfig, expand_path, format_bytes
 from kvoffload.errors import ConfigError
-from kvoffload.offload.store_keys import StoreKeys
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.fs.directory import FsDirectory
 from kvoffload.tiers.fs.manager import FsTierManager
 from kvoffload.tiers.fs.options import OPTION_KEYS, FsOptions, parse_options
 from kvoffload.tiers.fs.spec import FS, FsLoadStoreSpec
 from kvoffload.tiers.fs.store import FsStore
-from kvoffload.transfer.store_io import StoreIO
-from kvoffload.transfer.store_record import HEADER_BYTES
+from kvoffload.tiers.store.io import StoreIO
+from kvoffload.tiers.store.keys import StoreKeys
+from kvoffload.tiers.store.record import HEADER_BYTES
 
 logger = logging.getLogger(__name__)
 

@@ -20,13 +20,13 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from kvoffload.offload.abstract import BlockHash
-from kvoffload.offload.remote_manager import RemoteTierManager
-from kvoffload.offload.store_keys import StoreKeys
-from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.spec import FsLoadStoreSpec
 from kvoffload.tiers.fs.store import FsStore
+from kvoffload.tiers.store.keys import StoreKeys
+from kvoffload.tiers.store.lookups import StoreLookups
+from kvoffload.tiers.store.tier import SharedStoreTier
 
 #: How long a reading of the buckets' counts serves reports.
 USAGE_TTL_S = 5.0
@@ -34,7 +34,7 @@ USAGE_TTL_S = 5.0
 REFRESH_S = 1.0
 
 
-class FsTierManager(RemoteTierManager):
+class FsTierManager(SharedStoreTier):
     def __init__(self, store: FsStore, keys: StoreKeys, record_bytes: int, capacity_blocks: int,
                  retry_after_s: float) -> None:
         super().__init__(FsLoadStoreSpec, StoreLookups(store, keys), capacity_blocks, retry_after_s, name=store.name)

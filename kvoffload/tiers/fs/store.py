@@ -23,11 +23,11 @@ from typing import TypeVar
 
 import xxhash
 
-from kvoffload.kv_store import KeyValueStore
 from kvoffload.safe_files import is_own_file, temp_name
 from kvoffload.tiers.fs.bucket import RECORD_SUFFIX, Bucket, allocated
 from kvoffload.tiers.fs.directory import FsDirectory
 from kvoffload.tiers.fs.record_files import BUSY, MISSING, NO_ROOM, RecordWrite, record_files, touch
+from kvoffload.tiers.store.kv_store import KeyValueStore
 
 logger = logging.getLogger(__name__)
 

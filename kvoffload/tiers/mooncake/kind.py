@@ -17,15 +17,15 @@ from typing import Any
 from kvoffload.auth import RecordTagger
 from kvoffload.config import TierConfig, format_bytes
 from kvoffload.errors import ConfigError
-from kvoffload.offload.mediums import MOONCAKE, MooncakeLoadStoreSpec
-from kvoffload.offload.remote_manager import RemoteTierManager
-from kvoffload.offload.store_keys import StoreKeys
-from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.mooncake.options import OPTION_KEYS, MooncakeOptions, parse_options
+from kvoffload.tiers.mooncake.spec import MOONCAKE, MooncakeLoadStoreSpec
 from kvoffload.tiers.mooncake.store import MooncakeStore
-from kvoffload.transfer.store_io import StoreIO
-from kvoffload.transfer.store_record import HEADER_BYTES
+from kvoffload.tiers.store.io import StoreIO
+from kvoffload.tiers.store.keys import StoreKeys
+from kvoffload.tiers.store.lookups import StoreLookups
+from kvoffload.tiers.store.record import HEADER_BYTES
+from kvoffload.tiers.store.tier import SharedStoreTier
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class MooncakeTier(TierKind):
     def keys(self) -> StoreKeys:
         return self.ctx.store_keys(self._tagger.key_id)
 
-    def build_manager(self) -> RemoteTierManager:
+    def build_manager(self) -> SharedStoreTier:
         if not self._tagger.authenticated:
             logger.warning("kvoffload: %s (mooncake) has no auth secret: any client of the store can plant KV that "
                            "this engine serves; set auth.secret_file or auth.secret_env (see the README's security "
@@ -74,7 +74,7 @@ class MooncakeTier(TierKind):
                         self._tagger.algorithm, self._tagger.key_id)
         store = MooncakeStore.connect(self.options, self.ctx.key, lend_segment=False)
         lookups = StoreLookups(store, self.keys())
-        return RemoteTierManager(self.spec_type, lookups, self.ctx.num_slots, self.options.retry_after_s,
+        return SharedStoreTier(self.spec_type, lookups, self.ctx.num_slots, self.options.retry_after_s,
                                  name=f"mooncake tier ({store.name})")
 
     def build_io(self) -> StoreIO:

@@ -16,8 +16,8 @@ import urllib.request
 from typing import Any
 
 from kvoffload.errors import ConfigError, StoreUnavailableError
-from kvoffload.kv_store import KeyValueStore
 from kvoffload.tiers.mooncake.options import MooncakeOptions
+from kvoffload.tiers.store.kv_store import KeyValueStore
 
 logger = logging.getLogger(__name__)
 

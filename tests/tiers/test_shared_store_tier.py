@@ -11,21 +11,21 @@ import pytest
 
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.abstract import LookupResult, Medium
-from kvoffload.offload.mediums import MOONCAKE, MooncakeLoadStoreSpec
-from kvoffload.offload.remote_manager import RemoteTierManager
-from kvoffload.offload.store_keys import StoreKeys, UnkeyableHashError, hash_text
-from kvoffload.offload.store_lookups import StoreLookups
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.tiers.mooncake.spec import MOONCAKE, MooncakeLoadStoreSpec
+from kvoffload.tiers.store.io import StoreIO
+from kvoffload.tiers.store.keys import StoreKeys, UnkeyableHashError, hash_text
+from kvoffload.tiers.store.lookups import StoreLookups
+from kvoffload.tiers.store.record import HEADER_BYTES, check_record, write_header
+from kvoffload.tiers.store.tier import SharedStoreTier
 from kvoffload.transfer.handler import BlockTransferError
-from kvoffload.transfer.store_io import StoreIO
-from kvoffload.transfer.store_record import HEADER_BYTES, check_record, write_header
-from tests.offload.store_double import UNREACHABLE, DictStore
+from tests.tiers.store_double import UNREACHABLE, DictStore
 
 KEYS = StoreKeys.of("digestA", 16, 256, 1)
 
 
-def _manager(store: DictStore, keys: StoreKeys = KEYS, wait_s: float = 1.0, **kw) -> RemoteTierManager:
-    return RemoteTierManager(MooncakeLoadStoreSpec, StoreLookups(store, keys, wait_s=wait_s, **kw), 1000, retry_after_s=0.2)
+def _manager(store: DictStore, keys: StoreKeys = KEYS, wait_s: float = 1.0, **kw) -> SharedStoreTier:
+    return SharedStoreTier(MooncakeLoadStoreSpec, StoreLookups(store, keys, wait_s=wait_s, **kw), 1000, retry_after_s=0.2)
 
 
 def _put(store: DictStore, keys: StoreKeys, hashes, rank=0):

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from kvoffload.kv_store import KeyValueStore
 from kvoffload.offload.abstract import BlockHash
-from kvoffload.offload.store_keys import StoreKeys
+from kvoffload.tiers.store.keys import StoreKeys
+from kvoffload.tiers.store.kv_store import KeyValueStore
 
 logger = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvoffload.auth import RecordTagger
-from kvoffload.kv_store import KeyValueStore
 from kvoffload.offload.abstract import BlockHash
-from kvoffload.offload.store_keys import StoreKeys
+from kvoffload.tiers.store.keys import StoreKeys
+from kvoffload.tiers.store.kv_store import KeyValueStore
+from kvoffload.tiers.store.record import HEADER_BYTES, check_header, make_header, write_header
+from kvoffload.tiers.store.staging import StagingArena
 from kvoffload.transfer.handler import BlockTransferError
-from kvoffload.transfer.staging_arena import StagingArena
-from kvoffload.transfer.store_record import HEADER_BYTES, check_header, make_header, write_header
 from kvoffload.transfer.tier_io import TierIO
 
 

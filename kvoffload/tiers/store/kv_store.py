@@ -1,4 +1,4 @@
-"""KeyValueStore: a shared key-value store as a remote tier sees it (Mooncake Store, or a test
+"""KeyValueStore: a shared key-value store as a shared-store tier sees it (Mooncake Store, or a test
 double). Every call is batched, because a round trip per block would cost more than the copy,
 and moves bytes between the store and memory the caller owns (registered once), so no block is
 copied into a Python object on the way.

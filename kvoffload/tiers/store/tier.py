@@ -1,4 +1,4 @@
-"""RemoteTierManager: the scheduler half of a tier in a shared key-value store.
+"""SharedStoreTier: the scheduler half of a tier in a shared key-value store.
 
 The store is the ledger: other replicas write into it and its own eviction (a master's high
 watermark) removes blocks without telling anyone. So this manager keeps no slots, only what it
@@ -19,16 +19,16 @@ from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, PrepareStoreOutput
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.offload.store_lookups import STORE_ERROR, StoreLookups
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
 from kvoffload.offload.tier_report import TierReport
+from kvoffload.tiers.store.lookups import STORE_ERROR, StoreLookups
 
 #: How long a block that failed to load is not looked up again.
 BAD_BLOCK_S = 60.0
 
 
-class RemoteTierManager(Tier):
+class SharedStoreTier(Tier):
     batched_lookup = True
 
     def __init__(self, spec_type: type[KeyedLoadStoreSpec], lookups: StoreLookups, capacity_blocks: int,

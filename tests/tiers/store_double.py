@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from kvoffload.kv_store import KeyValueStore
+from kvoffload.tiers.store.kv_store import KeyValueStore
 
 UNREACHABLE = -900
 NOT_FOUND = -704

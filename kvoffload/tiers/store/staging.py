@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from kvoffload.kv_store import KeyValueStore
+from kvoffload.tiers.store.kv_store import KeyValueStore
 
 
 class StagingArena:
