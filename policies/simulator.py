@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.abstract import LookupResult, PrefixLookup
-from kvoffload.offload.forwarding import ForwardingTierChain
 from kvoffload.offload.policy import OfflinePolicy
+from kvoffload.offload.tiered_manager import TieredOffloadingManager, as_chain
 
 
 @dataclass(slots=True)
@@ -130,12 +130,16 @@ def replay(
                      written, evicted, seconds, windows)
 
 
-class OpRecorder(ForwardingTierChain):
-    """Wraps a live manager of one tier and records every call of the small contract, so a run
-    can be replayed exactly."""
+class OpRecorder(TieredOffloadingManager):
+    """The chain of one over a live manager's host tier, recording every call of the small
+    contract, so a run can be replayed exactly."""
 
     def __init__(self, backing: OffloadingManager) -> None:
-        super().__init__(backing)
+        chain = as_chain(backing)
+        primary, secondaries, _ = chain.same_tiers() if isinstance(chain, TieredOffloadingManager) else (None, [], [])
+        if primary is None or secondaries or type(chain) is not TieredOffloadingManager:
+            raise TypeError(f"OpRecorder records a chain of one tier; got {type(backing).__name__}")
+        super().__init__(primary)
         self.ops: list[tuple[str, list[Hashable], bool]] = []
 
     def lookup_prefix(self, block_hashes):
@@ -144,23 +148,23 @@ class OpRecorder(ForwardingTierChain):
         hits = self.lookup(hashes)
         if hits == len(hashes):
             return PrefixLookup([self.medium] * hits, LookupResult.HIT)
-        pending = self.backing.is_pending(hashes[hits])
+        pending = self.primary.is_pending(hashes[hits])
         return PrefixLookup([self.medium] * hits, LookupResult.HIT_PENDING if pending else LookupResult.MISS)
 
     def lookup(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("lookup", hashes, True))
-        return self.backing.lookup(hashes)
+        return super().lookup(hashes)
 
     def touch(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("touch", hashes, True))
-        self.backing.touch(hashes)
+        super().touch(hashes)
 
     def prepare_load(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("prepare_load", hashes, True))
-        return self.backing.prepare_load(hashes)
+        return self.primary.prepare_load(hashes)
 
     def prepare_load_segments(self, block_hashes, media=None):
         # One tier: the load goes through prepare_load above, so it is recorded.
@@ -170,17 +174,17 @@ class OpRecorder(ForwardingTierChain):
     def complete_load(self, block_hashes, medium=None):
         hashes = list(block_hashes)
         self.ops.append(("complete_load", hashes, True))
-        self.backing.complete_load(hashes, medium)
+        super().complete_load(hashes, medium)
 
     def prepare_store(self, block_hashes):
         hashes = list(block_hashes)
         self.ops.append(("prepare_store", hashes, True))
-        return self.backing.prepare_store(hashes)
+        return super().prepare_store(hashes)
 
     def complete_store(self, block_hashes, success=True):
         hashes = list(block_hashes)
         self.ops.append(("complete_store", hashes, success))
-        self.backing.complete_store(hashes, success)
+        super().complete_store(hashes, success)
 
 
 def replay_ops(ops: Sequence[tuple[str, list[Hashable], bool]], capacity: int, policy: str = "lru",

@@ -130,9 +130,13 @@ def test_nothing_outside_testing_names_a_test_only_medium():
         assert not found, f"{path.relative_to(ROOT)} names {found}"
 
 
+#: The packages of the offload stack, held to small files and classes that do their own work.
+SIZED_PACKAGES = ("connector", "offload", "tiers", "transfer")
+
+
 def test_no_file_of_the_offload_stack_over_400_lines():
     """Files past ~400 lines mix concepts (the scheduler half was 686 before its split)."""
-    long = {str(p.relative_to(ROOT)): n for pkg in ("connector", "offload", "tiers", "transfer")
+    long = {str(p.relative_to(ROOT)): n for pkg in SIZED_PACKAGES
             for p in (ROOT / pkg).rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}
 
@@ -164,3 +168,35 @@ def test_no_import_cycles():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+#: Attributes a class may call through: the C ledger is the native tier's implementation
+#: itself (each method a binding of one C call), not an object between the tier and its work.
+NATIVE_BINDINGS = {"_core"}
+
+
+def _forwards(fn: ast.FunctionDef) -> bool:
+    """The method's body is one call of the same-named method of one of its attributes
+    (``return self.x.name(...)``): it passes through."""
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1:
+        return False
+    stmt = body[0]
+    call = stmt.value if isinstance(stmt, (ast.Return, ast.Expr)) else None
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == fn.name
+            and isinstance(call.func.value, ast.Attribute) and isinstance(call.func.value.value, ast.Name)
+            and call.func.value.value.id == "self" and call.func.value.attr not in NATIVE_BINDINGS)
+
+
+def test_no_pass_through_class():
+    """A class in the offload path does its own work: none forwards four or more methods to an
+    object it holds (a tier owns its ledger; the reuse filter is the chain, not a wrapper)."""
+    passing = []
+    for package in SIZED_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    forwarded = [f.name for f in node.body if isinstance(f, ast.FunctionDef) and _forwards(f)]
+                    if len(forwarded) >= 4:
+                        passing.append(f"{path.relative_to(ROOT.parent)}: {node.name} forwards {forwarded}")
+    assert passing == []

@@ -11,7 +11,7 @@ import numpy as np
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble, sample
 from kvoffload.tiers.disk.format import RECORD_HEADER, DiskLayout, data_checksum, parse_record_header, record_header
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager
+from kvoffload.tiers.disk.tier import DiskOffloadingManager
 
 
 def tier_io(path: str, block_bytes: int, total: int) -> tuple[float, float, float, float]:

@@ -86,6 +86,13 @@ class LoadStoreSpec(ABC):
         return f"{type(self).__name__}({self.block_ids.tolist()})"
 
 
+class BlockNotReadyError(KeyError):
+    """prepare_load was asked for a block that is absent or still being written."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class LookupResult(Enum):
     """What a lookup found for one block (vLLM's names)."""
 

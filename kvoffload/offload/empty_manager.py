@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, OffloadingManager, PrepareStoreOutput
+from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, LoadStoreSpec, PrepareStoreOutput
+from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import CPULoadStoreSpec
-from kvoffload.offload.slot_ledger import BlockNotReadyError
 
 
-class EmptyOffloadingManager(OffloadingManager):
+class EmptyOffloadingManager(TierChain):
     def __init__(self, block_size: int = 0) -> None:
         self.block_size = block_size
 

@@ -1,67 +1,92 @@
-"""LedgerTier: a tier whose slots this process owns, kept by a SlotLedger (host memory, a local
-disk file, the test tiers). The one tier-manager class: the medium, spec type, events and I/O
-health are the tier's; every decision about slots is the ledger's."""
+"""LedgerTier: a tier whose slots this process owns (host memory, a local disk file, the test
+tiers), keeping them itself in a slot-indexed ledger: which hash is in which slot, ready or
+being written, pinned by how many loads; its CachePolicy says which slots go first.
+
+The tier *is* its ledger (no object between them): this class keeps it in Python, for any
+CachePolicy (the reference implementation); ``NativeSlots`` (``native_ledger.py``) keeps the
+same ledger in C for the policies it implements, put before a tier class when that tier is
+built on it (``with_slots``). A call from the chain reaches the policy (or the C ledger)
+through this one object. Slot ids: never-used ids first in increasing order, then freed ids
+last-freed-first. Tensor-free, like everything scheduler-side.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from kvoffload.offload.abstract import (
     BlockHash,
+    BlockNotReadyError,
     LoadStoreSpec,
     OffloadingEvent,
     PrepareStoreOutput,
     as_list,
 )
-from kvoffload.offload.slot_ledger import LedgerArrays, SlotLedger
+from kvoffload.offload.block_status import BlockLedger
+from kvoffload.offload.policy import CachePolicy
+from kvoffload.offload.policy_registry import create_policy
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
 from kvoffload.offload.tier_report import TierReport
+from kvoffload.registry import PolicyRef
 
 logger = logging.getLogger(__name__)
 
 #: Undrained events kept per tier before the oldest are dropped.
 MAX_QUEUED_EVENTS = 10_000
 
+@dataclass(frozen=True, slots=True)
+class StoreSlots:
+    """What ``allocate`` did: the hashes that were absent and the slots they now occupy (not
+    ready), and the victims evicted to make room, with the slots they held."""
+
+    new: list[BlockHash]
+    slots: Sequence[int]
+    evicted: list[BlockHash]
+    evicted_slots: list[int]
+
+
+class LedgerSnapshot(Protocol):
+    """The ledger's state in the Python ledger's shape, for tests and debugging: hash → slot,
+    slot → hash, and the ref counts (-1 being written, 0 ready, n > 0 pinned by n loads)."""
+
+    @property
+    def index(self) -> dict[BlockHash, int]: ...
+
+    @property
+    def hashes(self) -> list[BlockHash | None]: ...
+
+    @property
+    def ref_cnt(self) -> npt.NDArray[np.int32]: ...
+
 
 class LedgerTier(Tier):
-    def __init__(self, ledger: SlotLedger, spec_type: type[LoadStoreSpec], block_size: int = 0,
-                 enable_events: bool = False, retry_after_s: float | None = None) -> None:
+    def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy, spec_type: type[LoadStoreSpec],
+                 block_size: int = 0, enable_events: bool = False, retry_after_s: float | None = None) -> None:
         """``retry_after_s``: a tier whose copies can fail (a file) keeps I/O health and goes out
         of service that long after errors in a row; None = it cannot fail (host memory)."""
-        self.slot_ledger = ledger
+        if capacity < 1:
+            raise ValueError(f"num_blocks={capacity}: a tier needs at least one block")
         self.spec_type = spec_type
         self.medium = spec_type.medium()
-        self.num_blocks = ledger.capacity
+        self.num_blocks = self.capacity = capacity
         self.block_size = block_size
         self.health = TierHealth(retry_after_s, self.describe) if retry_after_s is not None else None
         self.num_corrupt = 0
         self._events: deque[OffloadingEvent] | None = deque() if enable_events else None
         self.num_events_dropped = 0
+        self._init_slots(capacity, cache_policy)
 
     def describe(self) -> str:
         """How log lines name this tier."""
         return f"{self.medium.lower()} tier"
-
-    # ---- introspection -------------------------------------------------------------------
-    @property
-    def ledger(self) -> LedgerArrays:
-        """The ledger's state in the Python ledger's shape (tests, debugging)."""
-        return self.slot_ledger.arrays
-
-    @property
-    def policy(self) -> object:
-        return self.slot_ledger.policy
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.slot_ledger.num_free
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.slot_ledger.num_used
 
     def _emit(self, hashes: list[BlockHash], removed: bool) -> None:
         events = self._events
@@ -74,22 +99,16 @@ class LedgerTier(Tier):
                 self.num_events_dropped += 1
             events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
 
-    # ---- the manager contract ------------------------------------------------------------
-    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        return self.slot_ledger.lookup(as_list(block_hashes))
-
+    # ---- the manager contract, over the slot primitives below -----------------------------
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         hashes = as_list(block_hashes)
-        return self.slot_spec(self.slot_ledger.pin(hashes), hashes)
-
-    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.slot_ledger.touch(block_hashes)
+        return self.slot_spec(self.pin(hashes), hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
-        self.slot_ledger.unpin(as_list(block_hashes))
+        self.unpin(as_list(block_hashes))
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
-        out = self.slot_ledger.allocate(block_hashes)
+        out = self.allocate(block_hashes)
         if out is None:
             return None
         if out.evicted:
@@ -97,7 +116,7 @@ class LedgerTier(Tier):
         return PrepareStoreOutput(out.new, self.slot_spec(out.slots, out.new), out.evicted, out.evicted_slots)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
-        done = self.slot_ledger.complete(block_hashes, success)
+        done = self.complete(block_hashes, success)
         if success:
             self._emit(done, removed=False)
 
@@ -108,44 +127,20 @@ class LedgerTier(Tier):
         self._events.clear()
         return events
 
-    # ---- what the chain asks of a tier ---------------------------------------------------
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
-        return self.slot_ledger.store_miss(block_hashes)
-
-    def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
-        """Recency without reuse (see CachePolicy.refresh)."""
-        self.slot_ledger.refresh(block_hashes)
-
-    def is_ready(self, block_hash: BlockHash) -> bool:
-        return self.slot_ledger.is_ready(block_hash)
-
-    def is_pending(self, block_hash: BlockHash) -> bool:
-        return self.slot_ledger.is_pending(block_hash)
-
-    def contains(self, block_hash: BlockHash) -> bool:
-        return self.slot_ledger.contains(block_hash)
-
-    def slot_of(self, block_hash: BlockHash) -> int | None:
-        return self.slot_ledger.slot_of(block_hash)
-
-    def hash_at(self, slot: int) -> BlockHash | None:
-        return self.slot_ledger.hash_at(slot)
+        return self.store_miss(block_hashes)
 
     def slot_spec(self, slots: Sequence[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
         return self.spec_type.for_blocks(slots, block_hashes)
 
-    def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
-        """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
-        self.slot_ledger.restore(entries)
-
     def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Forget ready, unpinned blocks (found corrupt); returns the hashes dropped."""
-        dropped = self.slot_ledger.drop(block_hashes)
+        dropped = self.forget_ready(block_hashes)
         self._emit(dropped, removed=True)
         return dropped
 
     def drop_slots(self, slots: list[int]) -> int:
-        hashes = [h for h in map(self.slot_ledger.hash_at, slots) if h is not None]
+        hashes = [h for h in map(self.hash_at, slots) if h is not None]
         n = len(self.drop(hashes))
         self.num_corrupt += n
         return n
@@ -158,10 +153,219 @@ class LedgerTier(Tier):
         if self.health is not None:
             self.health.note_io(ok, write)
 
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_used
+
     def report(self) -> TierReport:
-        pinned, writing = self.slot_ledger.busy()
+        pinned, writing = self.busy()
         health = self.health
-        return TierReport(self.medium, self.slot_ledger.num_used, self.num_blocks, pinned, writing,
+        return TierReport(self.medium, self.num_used, self.num_blocks, pinned, writing,
                           in_service=self.in_service, corrupt_blocks=self.num_corrupt,
                           io_errors=health.num_io_errors if health else 0,
                           outages=health.num_outages if health else 0)
+
+    # ---- the slot primitives: the Python ledger (NativeSlots overrides every one) -----------
+    def _init_slots(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy) -> None:
+        self.book = BlockLedger(capacity)
+        self._policy = create_policy(cache_policy, capacity)
+        self._policy.bind_ledger(self.book)
+        self._num_allocated = 0
+        self._free_list: list[int] = []
+
+    def debug_snapshot(self) -> LedgerSnapshot:
+        """The ledger's state (tests, debugging; the native ledger's is a copy)."""
+        return self.book
+
+    @property
+    def policy(self) -> object:
+        """The eviction policy's state (the CachePolicy, or a view of the native one)."""
+        return self._policy
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_list) + self.capacity - self._num_allocated
+
+    @property
+    def num_used(self) -> int:
+        return len(self.book.index)
+
+    def _take_slots(self, n: int) -> list[int]:
+        fresh = min(n, self.capacity - self._num_allocated)
+        slots = list(range(self._num_allocated, self._num_allocated + fresh))
+        self._num_allocated += fresh
+        reused = n - fresh
+        if reused:
+            free = self._free_list
+            slots.extend(free[: -reused - 1 : -1])  # last freed first
+            del free[-reused:]
+        return slots
+
+    def _free(self, block_hash: BlockHash, slot: int) -> None:
+        del self.book.index[block_hash]
+        self.book.hashes[slot] = None
+        self.book.refs[slot] = 0  # a free slot counts as neither read nor written
+        self._free_list.append(slot)
+
+    def _slots_of(self, block_hashes: list[BlockHash]) -> list[int]:
+        index = self.book.index
+        try:
+            return list(map(index.__getitem__, block_hashes))
+        except KeyError as exc:
+            raise BlockNotReadyError(f"block {exc.args[0]!r} is not stored in the {self.medium} tier") from None
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        index_get = self.book.index.get
+        refs = self.book.refs
+        hits = 0
+        for block_hash in block_hashes:
+            slot = index_get(block_hash)
+            if slot is None or refs[slot] < 0:
+                break
+            hits += 1
+        return hits
+
+    def pin(self, block_hashes: list[BlockHash]) -> Sequence[int]:
+        """Slots of ready blocks, each pinned once more; raises BlockNotReadyError, pinning
+        nothing, when one is absent or being written."""
+        slots = self._slots_of(block_hashes)
+        refs = self.book.refs
+        for h, slot in zip(block_hashes, slots):
+            if refs[slot] < 0:
+                raise BlockNotReadyError(f"block {h!r} is still being written; lookup() before prepare_load()")
+        for slot in slots:
+            refs[slot] += 1
+        return slots
+
+    def unpin(self, block_hashes: list[BlockHash]) -> None:
+        """Release one pin of each block; ValueError, changing nothing, for a block not pinned."""
+        slots = self._slots_of(block_hashes)
+        refs = self.book.refs
+        for h, slot in zip(block_hashes, slots):
+            if refs[slot] <= 0:
+                raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
+        for slot in slots:
+            refs[slot] -= 1
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        self._policy.touch_hashes(list(block_hashes))
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Recency without reuse (see CachePolicy.refresh)."""
+        self._policy.refresh_hashes(list(block_hashes))
+
+    def store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        """Show the policy the absent hashes about to be stored (ghost hits); returns them."""
+        index = self.book.index
+        missing = [h for h in block_hashes if h not in index]
+        if missing:
+            self.touch(missing)  # absent hashes: only ghost lists react
+        return missing
+
+    def allocate(self, block_hashes: Iterable[BlockHash]) -> StoreSlots | None:
+        """Slots for the absent hashes, inserted being written, evicting (never a pinned,
+        written or offered block) when the free slots are too few; None and no change at all
+        when eviction cannot free enough."""
+        hashes = list(dict.fromkeys(block_hashes))
+        book = self.book
+        index = book.index
+        new = [h for h in hashes if h not in index]
+        if new:
+            new = self._policy.admitted(new)
+        need = len(new) - self.num_free
+        evicted: list[BlockHash] = []
+        evicted_slots: list[int] = []
+        if need > 0:
+            if need > self.capacity:
+                return None
+            victims = self._policy.evict_slots(need, set(hashes))
+            if victims is None:
+                return None
+            slot_hashes = book.hashes
+            evicted = [slot_hashes[slot] for slot in victims]
+            for block_hash in evicted:
+                del index[block_hash]
+            for slot in victims:
+                slot_hashes[slot] = None
+            self._free_list.extend(victims)
+            evicted_slots = list(victims)
+        slots = self._take_slots(len(new))
+        refs, slot_hashes = book.refs, book.hashes
+        for block_hash, slot in zip(new, slots):
+            index[block_hash] = slot
+            slot_hashes[slot] = block_hash
+            refs[slot] = -1
+        self._policy.insert_slots(slots)
+        return StoreSlots(new, slots, evicted, evicted_slots)
+
+    def complete(self, block_hashes: Iterable[BlockHash], success: bool) -> list[BlockHash]:
+        """Blocks being written become ready (or are freed on failure); returns those changed."""
+        index_get = self.book.index.get
+        refs = self.book.refs
+        done: list[BlockHash] = []
+        for block_hash in dict.fromkeys(block_hashes):
+            slot = index_get(block_hash)
+            if slot is None or refs[slot] != -1:
+                continue
+            done.append(block_hash)
+            if success:
+                refs[slot] = 0
+            else:
+                self._policy.remove_slots([slot])
+                self._free(block_hash, slot)
+        return done
+
+    def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
+        """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
+        if self.book.index or self._num_allocated:
+            raise ValueError("restore() needs an empty ledger")
+        entries = sorted(entries, key=lambda e: e[1])
+        used = {slot for _, slot in entries}
+        top = max(used) + 1 if used else 0
+        self._num_allocated = top
+        self._free_list = [s for s in range(top - 1, -1, -1) if s not in used]  # lowest popped first
+        book = self.book
+        for block_hash, slot in entries:
+            book.index[block_hash] = slot
+            book.hashes[slot] = block_hash
+            book.refs[slot] = 0
+        self._policy.insert_slots([slot for _, slot in entries])
+
+    def forget_ready(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        """Forget ready, unpinned blocks, without an event; returns those forgotten."""
+        dropped = []
+        for block_hash in block_hashes:
+            slot = self.book.index.get(block_hash)
+            if slot is None or self.book.refs[slot] != 0:
+                continue
+            self._policy.remove_slots([slot])
+            self._free(block_hash, slot)
+            dropped.append(block_hash)
+        return dropped
+
+    def hash_at(self, slot: int) -> BlockHash | None:
+        return self.book.hashes[slot]
+
+    def slot_of(self, block_hash: BlockHash) -> int | None:
+        return self.book.index.get(block_hash)
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        return block_hash in self.book.index
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        slot = self.book.index.get(block_hash)
+        return slot is not None and self.book.refs[slot] >= 0
+
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        slot = self.book.index.get(block_hash)
+        return slot is not None and self.book.refs[slot] < 0
+
+    def busy(self) -> tuple[int, int]:
+        """Blocks pinned by loads, and blocks being written."""
+        refs = self.book.ref_cnt[: self._num_allocated]
+        return int((refs > 0).sum()), int((refs < 0).sum())
+

@@ -1,10 +1,11 @@
-"""NativeSlotLedger: the SlotLedger in C (``kvoffload_ext._ledger``) for "lru", "arc", "arc_classic"
-and "prefix_value".
+"""NativeSlots: a LedgerTier's ledger in C (``kvoffload_ext._ledger``) for "lru", "arc",
+"arc_classic" and "prefix_value".
 
 The same contract, slots, eviction order and ghost lists as the Python ledger; one C call per
-run of hashes instead of Python work per hash. ``make_ledger`` picks it for those names when the
-extension was built at install time; the Python ledger stays the reference and the fallback
-(``native=False``, ``KVOFFLOAD_NO_NATIVE=1``, a policy object, or no compiler at install).
+run of hashes instead of Python work per hash. A tier is built on it for those names when the
+extension was built at install time (``wants_native``, ``with_slots``); the Python ledger stays
+the reference and the fallback (``native=False``, ``KVOFFLOAD_NO_NATIVE=1``, a policy object,
+or no compiler at install).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import logging
 import os
 from array import array
 from collections.abc import Iterable, Sequence
+from functools import cache
+from typing import TypeVar, cast
 
 from kvoffload.errors import ConfigError, require_positive
-from kvoffload.offload.abstract import BlockHash, as_list
+from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, as_list
+from kvoffload.offload.ledger_tier import LedgerTier, StoreSlots
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
-from kvoffload.offload.slot_ledger import BlockNotReadyError, SlotLedger, StoreSlots
+from kvoffload.offload.policy import CachePolicy
 from kvoffload.registry import PolicyRef
 
 try:
@@ -34,6 +38,8 @@ logger = logging.getLogger(__name__)
 NATIVE_POLICIES = {"lru": 1, "arc": 2, "arc_classic": 3, "prefix_value": 4}
 
 _warned = False
+
+T = TypeVar("T", bound=LedgerTier)
 
 
 class NativeLedgerUnavailableError(ConfigError):
@@ -71,20 +77,23 @@ def wants_native(cache_policy: object, native: bool | None) -> bool:
     return True
 
 
-class NativeSlotLedger(SlotLedger):
-    def __init__(self, capacity: int, cache_policy: str = "lru", name: str = "CPU") -> None:
+class NativeSlots(LedgerTier):
+    """A LedgerTier whose ledger is the C one: put before a tier class (``with_slots``), it
+    overrides every slot primitive; the tier's own code is unchanged."""
+
+    def _init_slots(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy) -> None:
         wants_native(cache_policy, native=True)  # raises unless the extension runs this policy
         require_positive("ledger capacity", capacity)
-        self.capacity = capacity
-        self.name = name
+        name = cache_policy.name if isinstance(cache_policy, PolicyRef) else cache_policy
+        assert isinstance(name, str)  # wants_native accepts names only
+        cache_policy = name
         refs = array("i", bytes(4 * capacity))
         self._core = core = _ledger.Ledger(capacity, NATIVE_POLICIES[cache_policy], refs)
         self._view = NativeLedgerView(core, refs, capacity)
         view = NativeLRUView if cache_policy in ("lru", "prefix_value") else NativeARCView
         self._policy_view = view(core, refs, capacity)
 
-    @property
-    def arrays(self) -> NativeLedgerView:
+    def debug_snapshot(self) -> NativeLedgerView:
         return self._view
 
     @property
@@ -102,14 +111,14 @@ class NativeSlotLedger(SlotLedger):
     def _refuse(self, hashes: list[BlockHash], bad: tuple[int, int], load: bool) -> Exception:
         block_hash = hashes[bad[0]]
         if bad[1] == 0:
-            return BlockNotReadyError(f"block {block_hash!r} is not stored in the {self.name} tier")
+            return BlockNotReadyError(f"block {block_hash!r} is not stored in the {self.medium} tier")
         if load:
             return BlockNotReadyError(f"block {block_hash!r} is still being written; lookup() before prepare_load()")
         return ValueError(f"complete_load for block {block_hash!r} without a matching prepare_load")
 
-    # ---- contract ------------------------------------------------------------------------
-    def lookup(self, block_hashes: list[BlockHash]) -> int:
-        return self._core.lookup(block_hashes)
+    # ---- the slot primitives in C --------------------------------------------------------
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        return self._core.lookup(as_list(block_hashes))
 
     def pin(self, block_hashes: list[BlockHash]) -> Sequence[int]:
         slots = self._core.pin(block_hashes)
@@ -145,7 +154,7 @@ class NativeSlotLedger(SlotLedger):
         entries = sorted(entries, key=lambda e: e[1])
         self._core.restore([h for h, _ in entries], [s for _, s in entries])
 
-    def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+    def forget_ready(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         return self._core.drop(as_list(block_hashes))
 
     def hash_at(self, slot: int) -> BlockHash | None:
@@ -165,3 +174,16 @@ class NativeSlotLedger(SlotLedger):
 
     def busy(self) -> tuple[int, int]:
         return self._core.busy()
+
+
+def with_slots(cls: type[T], native: bool) -> type[T]:
+    """``cls`` keeping its ledger in C (``native``: one subclass per tier class, made once) or
+    in Python (``cls`` itself)."""
+    return _native_variant(cls) if native else cls
+
+
+@cache
+def _native_variant(cls: type[T]) -> type[T]:
+    name = f"Native{cls.__name__}"  # e.g. NativeCPUOffloadingManager, as reprs show it
+    variant = type(name, (NativeSlots, cls), {"__module__": cls.__module__, "__qualname__": name, "__doc__": cls.__doc__})
+    return cast("type[T]", variant)

@@ -7,9 +7,12 @@ Contract (the manager relies on it):
     them, or returns None and changes nothing. It never picks a block whose ref_cnt != 0
     (being written or being read) nor one in ``protected``.
 
-A policy may keep plain ``hash -> BlockStatus`` maps (the textbook way, as research policies
-in ``policies/`` do). The built-in ones derive from ``LedgerCachePolicy`` instead: they keep
-state in the manager's slot-indexed ``BlockLedger`` and offer slot-level fast paths.
+A tier drives every policy through its slot-level calls (``insert_slots``, ``evict_slots``, ...),
+after updating its slot-indexed ``BlockLedger`` itself. A policy may keep plain
+``hash -> BlockStatus`` maps (the textbook way, as research policies in ``policies/`` do): the
+slot calls' defaults turn into its hash-level calls. The built-in ones derive from
+``LedgerCachePolicy`` instead, the fast path: their state lives in the tier's ledger and they
+implement the slot calls directly.
 """
 
 from __future__ import annotations
@@ -27,10 +30,22 @@ class CachePolicy(ABC):
     #: True for a policy that must be told the trace's future (``OfflinePolicy``): research
     #: only; config refuses it for an engine's tier.
     needs_future: ClassVar[bool] = False
+    #: The tier's ledger once it binds the policy (a class default: a plugin's __init__ may
+    #: not call this one's).
+    _tier_ledger: BlockLedger | None = None
 
     def __init__(self, cache_capacity: int) -> None:
         require_positive("cache_capacity", cache_capacity)
         self.cache_capacity = cache_capacity
+
+    def bind_ledger(self, ledger: BlockLedger) -> None:
+        """The tier's ledger, which the slot calls below read (the tier owns and updates it)."""
+        self._tier_ledger = ledger
+
+    def _bound(self) -> BlockLedger:
+        if self._tier_ledger is None:
+            raise RuntimeError(f"{type(self).__name__}: a slot call before a tier bound its ledger (bind_ledger)")
+        return self._tier_ledger
 
     @abstractmethod
     def get(self, block_hash: BlockHash) -> BlockStatus | None: ...
@@ -59,6 +74,33 @@ class CachePolicy(ABC):
         The default admits every block."""
         return block_hashes
 
+    # ---- the slot-level calls a tier drives (it updated its ledger's index and hashes) -------
+    # The defaults turn each into the hash-level call; LedgerCachePolicy implements them natively.
+    def insert_slots(self, slots: list[int]) -> None:
+        """New blocks (index and hashes already set by the tier), most recent last."""
+        ledger = self._bound()
+        for slot in slots:
+            self.insert(ledger.hashes[slot], ledger.status(slot))
+
+    def remove_slots(self, slots: list[int]) -> None:
+        """Blocks leaving (still in the tier's index while this runs)."""
+        hashes = self._bound().hashes
+        for slot in slots:
+            self.remove(hashes[slot])
+
+    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
+        """``touch`` without the per-call conversions; absent hashes are allowed."""
+        self.touch(block_hashes)
+
+    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
+        """``refresh`` without the per-call conversions; absent hashes are allowed."""
+        self.refresh(block_hashes)
+
+    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
+        """Victim slots (forgotten by the policy, still in the tier's index), or None."""
+        pairs = self.evict(n, protected)
+        return None if pairs is None else [status.block_id for _, status in pairs]
+
 
 class OfflinePolicy(CachePolicy):
     """A policy told the trace's future (an oracle such as Belady's MIN): research only. The
@@ -79,36 +121,11 @@ class OfflinePolicy(CachePolicy):
         return True
 
 
-class SlotPolicy(ABC):
-    """The slot-level calls a manager drives a policy through (it has updated its ledger's
-    index and hashes itself). Built-in policies implement them natively; any other CachePolicy
-    is wrapped in ``PlainPolicySlots``, so the manager has one code path."""
+class LedgerCachePolicy(CachePolicy):
+    """A policy whose per-block state lives in the tier's BlockLedger: the fast path.
 
-    @abstractmethod
-    def insert_slots(self, slots: list[int]) -> None:
-        """New blocks (index and hashes already set by the caller), most recent last."""
-
-    @abstractmethod
-    def remove_slots(self, slots: list[int]) -> None:
-        """Blocks leaving (still in the caller's index while this runs)."""
-
-    @abstractmethod
-    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
-        """``touch`` without the per-call conversions; absent hashes are allowed."""
-
-    @abstractmethod
-    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
-        """Victim slots (removed from the policy, still in the caller's index), or None."""
-
-    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
-        """``refresh`` without the per-call conversions; absent hashes are allowed."""
-
-
-class LedgerCachePolicy(CachePolicy, SlotPolicy):
-    """A policy whose per-block state lives in a shared BlockLedger.
-
-    The ``*_slots`` methods are the fast paths a manager calls after it has updated the
-    ledger's index itself; the hash-level methods keep the index too, for standalone use.
+    Its ``*_slots`` methods work on the ledger directly (no per-block hash call); the
+    hash-level methods keep the index too, for standalone use.
     """
 
     def __init__(self, cache_capacity: int) -> None:
@@ -168,33 +185,3 @@ class LedgerCachePolicy(CachePolicy, SlotPolicy):
             ledger.hashes[slot] = None
             out.append((block_hash, BlockStatus(slot, ledger.refs[slot])))
         return out
-
-
-class PlainPolicySlots(SlotPolicy):
-    """The slot API over a hash-level CachePolicy (research policies keep ``hash -> status``
-    maps of their own): each slot call becomes the policy's hash call on the manager's ledger."""
-
-    __slots__ = ("ledger", "policy")
-
-    def __init__(self, policy: CachePolicy, ledger: BlockLedger) -> None:
-        self.policy = policy
-        self.ledger = ledger
-
-    def insert_slots(self, slots: list[int]) -> None:
-        ledger = self.ledger
-        for slot in slots:
-            self.policy.insert(ledger.hashes[slot], ledger.status(slot))
-
-    def remove_slots(self, slots: list[int]) -> None:
-        for slot in slots:
-            self.policy.remove(self.ledger.hashes[slot])
-
-    def touch_hashes(self, block_hashes: list[BlockHash]) -> None:
-        self.policy.touch(block_hashes)
-
-    def refresh_hashes(self, block_hashes: list[BlockHash]) -> None:
-        self.policy.refresh(block_hashes)
-
-    def evict_slots(self, n: int, protected: Collection[BlockHash]) -> list[int] | None:
-        pairs = self.policy.evict(n, protected)
-        return None if pairs is None else [status.block_id for _, status in pairs]

@@ -6,6 +6,9 @@ store (the connector offers each full block of a request once). Prefix lookups a
 counted: they stop at the first miss, so a lookup-fed counter needs ~2N+1 repeats to warm an
 N-block prefix. Counts live in an LRU-bounded tracker; a call whose backing store answers
 None leaves every count unchanged, so the connector's retry is not counted twice.
+
+It is the tier chain itself with stores filtered (built over the tiers of the chain or tier it
+is given), not a wrapper forwarding every call to one.
 """
 
 from __future__ import annotations
@@ -14,17 +17,22 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, OffloadingManager, PrepareStoreOutput
-from kvoffload.offload.forwarding import ForwardingTierChain
 from kvoffload.offload.tier_report import ChainReport
+from kvoffload.offload.tiered_manager import TieredOffloadingManager, as_chain
 
 
-class FilterReusedOffloadingManager(ForwardingTierChain):
+class FilterReusedOffloadingManager(TieredOffloadingManager):
     def __init__(self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
         if store_threshold < 2:
             raise ValueError(f"store_threshold={store_threshold}: the reuse filter needs >= 2 (use the backing manager directly)")
         if max_tracker_size < 1:
             raise ValueError(f"max_tracker_size={max_tracker_size}: must be >= 1")
-        super().__init__(backing)
+        chain = as_chain(backing)
+        if not isinstance(chain, TieredOffloadingManager):
+            raise TypeError(f"FilterReusedOffloadingManager over a {type(backing).__name__}: give it a tier or a "
+                            "TieredOffloadingManager")
+        primary, secondaries, write_through = chain.same_tiers()
+        super().__init__(primary, *secondaries, write_through=write_through)
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
         self.counts: OrderedDict[BlockHash, int] = OrderedDict()
@@ -36,16 +44,15 @@ class FilterReusedOffloadingManager(ForwardingTierChain):
 
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         # The policy sees only candidates this offer admits (vLLM shows ARC nothing else).
-        return self.backing.on_store_miss([h for h in block_hashes if self._admits(h)])
+        return super().on_store_miss([h for h in block_hashes if self._admits(h)])
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         hashes = list(dict.fromkeys(block_hashes))
         counts = self.counts
         admitted = [h for h in hashes if self._admits(h)]
         # Offers already stored (ready or being written) are not stores the filter skipped.
-        backing = self.backing
-        skipped = sum(1 for h in hashes if not self._admits(h) and not (backing.is_ready(h) or backing.is_pending(h)))
-        result = self.backing.prepare_store(admitted)
+        skipped = sum(1 for h in hashes if not self._admits(h) and not (self.is_ready(h) or self.is_pending(h)))
+        result = super().prepare_store(admitted)
         if result is None:
             return None
         for h in hashes:
@@ -60,4 +67,4 @@ class FilterReusedOffloadingManager(ForwardingTierChain):
         return result
 
     def report(self) -> ChainReport:
-        return self.backing.report().with_filter(self.num_filtered)
+        return super().report().with_filter(self.num_filtered)

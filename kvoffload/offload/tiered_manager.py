@@ -22,18 +22,19 @@ from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import (
     BlockHash,
+    BlockNotReadyError,
     Demotion,
     LoadStoreSpec,
     LookupResult,
     Medium,
     OffloadingEvent,
+    OffloadingManager,
     PrefixLookup,
     PrepareStoreOutput,
     as_list,
 )
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.ledger_tier import LedgerTier
-from kvoffload.offload.slot_ledger import BlockNotReadyError
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_report import ChainReport
 
@@ -42,9 +43,21 @@ class BlocksSpanTiersError(ValueError):
     """``prepare_load`` was asked for blocks held in more than one tier."""
 
 
+def as_chain(manager: OffloadingManager) -> TierChain:
+    """What the connector drives: a chain as it is, a lone host-side tier as a chain of one."""
+    if isinstance(manager, TierChain):
+        return manager
+    if isinstance(manager, LedgerTier):
+        return TieredOffloadingManager(manager)
+    raise TypeError(f"{type(manager).__name__}: the connector drives a TierChain; return a "
+                    "TieredOffloadingManager over your tiers (or a LedgerTier, a chain of one) from get_manager()")
+
+
 class TieredOffloadingManager(TierChain):
     def __init__(self, primary: LedgerTier, *secondaries: Tier,
                  write_through: bool | Sequence[bool] = False) -> None:
+        """``primary`` the host tier, ``secondaries`` the slower ones in order; ``write_through``
+        (one flag, or one per secondary): tier i+1 receives every block landing in tier i."""
         media = [primary.medium] + [t.medium for t in secondaries]
         if len(set(media)) != len(media):
             raise ValueError(f"tiers {[str(m) for m in media]}: one tier per medium (copies are routed by medium)")
@@ -64,6 +77,11 @@ class TieredOffloadingManager(TierChain):
         self._demotions: list[Demotion] = []
         self.num_demoted = 0
         self.num_demotions_dropped = 0
+
+    def same_tiers(self) -> tuple[LedgerTier, list[Tier], list[bool]]:
+        """What a chain over the same tiers is built from (a subclass adding behaviour, such as
+        the reuse filter, takes over a chain built without it)."""
+        return self.primary, list(self.secondaries), self.write_through[1:]
 
     def _tier_of(self, medium: str | None) -> Tier:
         if medium is None:

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Sequence
 
 from kvoffload.offload.abstract import BlockHash, Medium
-from kvoffload.offload.ledger_factory import make_ledger
 from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
+from kvoffload.offload.native_ledger import wants_native, with_slots
 from kvoffload.tiers.base import TierKind
 from kvoffload.transfer.handler import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
@@ -30,10 +30,13 @@ class RemoteLoadStoreSpec(KeyedLoadStoreSpec):
 
 
 class MemoryTierManager(LedgerTier):
+    def __new__(cls, num_blocks: int, cache_policy: str = "lru", enable_events: bool = False,
+                block_size: int = 0, retry_after_s: float = 60.0) -> MemoryTierManager:
+        return super().__new__(with_slots(cls, wants_native(cache_policy, None)))
+
     def __init__(self, num_blocks: int, cache_policy: str = "lru", enable_events: bool = False,
                  block_size: int = 0, retry_after_s: float = 60.0) -> None:
-        super().__init__(make_ledger(cache_policy, num_blocks, name=REMOTE), RemoteLoadStoreSpec, block_size,
-                         enable_events, retry_after_s)
+        super().__init__(num_blocks, cache_policy, RemoteLoadStoreSpec, block_size, enable_events, retry_after_s)
 
 
 class MemoryIO(TierIO):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from kvoffload.offload.abstract import Medium
+from kvoffload.offload.abstract import BlockHash, Medium, SlotIds
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec, KeyedLoadStoreSpec
 from kvoffload.transfer.backpressure import StoreBackpressure
 from kvoffload.transfer.handler import StoreSkipped, TrackedJobsHandler, TransferSpec
@@ -131,19 +131,19 @@ class SecondaryTierHandler(TrackedJobsHandler):
 
         return self.pool.submit(direction, timed)
 
-    def _from_host(self, host_blocks: list[int], slots: list[int], keys: list) -> None:
+    def _from_host(self, host_blocks: list[int], slots: list[int], keys: list[BlockHash]) -> None:
         self.tier_fences.wait(slots)  # a victim in these slots is read out first
         blocks = [memoryview(self.host.rows(b * self.factor, self.factor).numpy().reshape(-1).data) for b in host_blocks]
         self.io.write(blocks, slots, keys)
 
-    def _from_tier(self, src_io: TierIO, src_slots: list[int], slots: list[int], keys: list) -> None:
+    def _from_tier(self, src_io: TierIO, src_slots: list[int], slots: list[int], keys: list[BlockHash]) -> None:
         staging = np.empty((len(slots), self.block_bytes), dtype=np.uint8)
         views = [row.data for row in staging]
         src_io.read(src_slots, keys, views)
         self.tier_fences.wait(slots)
         self.io.write(views, slots, keys)
 
-    def _load(self, slots: list[int], keys: list, device_ids: np.ndarray, skip: int) -> None:
+    def _load(self, slots: list[int], keys: list[BlockHash], device_ids: SlotIds, skip: int) -> None:
         cuda = self.kv.device.type == "cuda"
         # On CUDA the staging is pinned (the copy kernel reads it through its mapped address).
         staging = torch.empty((len(slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8, pin_memory=cuda)
@@ -158,7 +158,7 @@ class SecondaryTierHandler(TrackedJobsHandler):
             return
         # This runs on a tier thread: copy on a stream of its own and wait for it, so the job is
         # done only when the bytes are on the device (and the staging outlives the copy).
-        stream = torch.cuda.Stream(self.kv.device)
+        stream = torch.cuda.Stream(self.kv.device)  # type: ignore[no-untyped-call]
         with torch.cuda.stream(stream):
             copy_block_groups(groups)
         stream.synchronize()

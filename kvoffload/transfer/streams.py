@@ -48,7 +48,7 @@ class StreamPool(ABC):
 class _FutureHandle(JobHandle):
     __slots__ = ("future",)
 
-    def __init__(self, future: cf.Future) -> None:
+    def __init__(self, future: cf.Future[float]) -> None:
         self.future = future
 
     def done(self) -> bool:
@@ -69,7 +69,7 @@ class CPUStreamPool(StreamPool):
         if num_streams < 1:
             raise ValueError(f"num_streams={num_streams}: need at least one copy thread")
         self._executor = cf.ThreadPoolExecutor(num_streams, thread_name_prefix="kvoffload-copy")
-        self._last: dict[str, cf.Future] = {}
+        self._last: dict[str, cf.Future[float]] = {}
         self._lock = threading.Lock()
 
     def submit(self, direction: str, fn: Callable[[], None]) -> JobHandle:
@@ -133,7 +133,7 @@ class _CudaHandle(JobHandle):
         self.start, self.end, self.exc = start, end, exc
 
     def done(self) -> bool:
-        return self.exc is not None or self.end.query()
+        return self.exc is not None or bool(self.end.query())  # type: ignore[no-untyped-call]
 
     def wait(self) -> None:
         if self.exc is None:
@@ -149,15 +149,15 @@ class _CudaHandle(JobHandle):
 class CUDAStreamPool(StreamPool):
     def __init__(self, device: torch.device, num_streams: int = 4) -> None:
         self.device = device
-        self._streams = [torch.cuda.Stream(device) for _ in range(num_streams)]
+        self._streams = [torch.cuda.Stream(device) for _ in range(num_streams)]  # type: ignore[no-untyped-call]
         self._next = 0
         self._last: dict[str, torch.cuda.Event] = {}
 
     def submit(self, direction: str, fn: Callable[[], None]) -> JobHandle:
         stream = self._streams[self._next]
         self._next = (self._next + 1) % len(self._streams)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         if direction == DEVICE_TO_HOST:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         prev = self._last.get(direction)

@@ -13,7 +13,7 @@ import pytest
 from kvoffload.config import ConfigError
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.tiers.disk.format import RECORD_HEADER, DiskLayout
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager, DiskTierError, tier_file
+from kvoffload.tiers.disk.tier import DiskOffloadingManager, DiskTierError, tier_file
 from kvoffload.workload import ChatWorkload, run_chat_workload
 
 WORKLOAD = ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12)
@@ -175,7 +175,7 @@ def test_refusal_names_the_process_holding_the_tier(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         from kvoffload.tiers.disk.format import DiskLayout
-        from kvoffload.tiers.disk.ledger import DiskOffloadingManager
+        from kvoffload.tiers.disk.tier import DiskOffloadingManager
         m = DiskOffloadingManager({str(tmp_path)!r}, DiskLayout("d", {BLOCK_BYTES}, 16, 4))
         print("ready", flush=True)
         time.sleep(60)

@@ -48,8 +48,7 @@ def baseline():
 
 def remote_tier(llm):
     manager = llm.scheduler_connector.connector_scheduler.manager
-    while not isinstance(manager, TieredOffloadingManager):
-        manager = manager.backing
+    assert isinstance(manager, TieredOffloadingManager)  # the reuse filter is one too
     return manager.secondaries[-1]
 
 

@@ -1,29 +1,20 @@
-"""Every method of the TierChain contract reaches the backing chain through each decorator, and
-the connector half reaches no manager attribute outside that contract."""
+"""The two manager contracts: vLLM's small one and the chain's; the reuse filter is a chain, not
+a wrapper forwarding to one; the connector half reaches no manager attribute outside the
+chain contract."""
 
 import ast
 import inspect
 from pathlib import Path
-from unittest import mock
 
 import pytest
-from kvoffload_policies.simulator import OpRecorder
 
-from kvoffload.offload import FilterReusedOffloadingManager, OffloadingManager
+from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.chain import TierChain
-from kvoffload.offload.forwarding import ForwardingTierChain
-from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.offload.tiered_manager import TieredOffloadingManager, as_chain
+from kvoffload.testing.memory_tier import MemoryTierManager
 
 PROTOCOL = sorted(name for name, fn in inspect.getmembers(TierChain, inspect.isfunction)
                   if not name.startswith("_"))
-ARGS = {"is_pending": (1,), "is_ready": (1,), "drop_corrupt": ("DISK", [0]), "record_io": ("DISK", False, True),
-        "complete_demotion": ([1], True, "DISK"), "complete_load": ([1], "CPU"), "complete_store": ([1], True)}
-
-
-def _call(manager, name):
-    args = ARGS.get(name, () if name in ("take_events", "close", "take_demotions", "has_pending_demotions", "report")
-                    else ([1],))
-    return getattr(manager, name)(*args)
 
 
 def test_the_small_contract_is_vllms():
@@ -33,25 +24,37 @@ def test_the_small_contract_is_vllms():
                      "take_events", "close"}
 
 
-@pytest.mark.parametrize("decorator", [ForwardingTierChain, OpRecorder,
-                                       lambda b: FilterReusedOffloadingManager(b, 2)],
-                         ids=["forwarding", "recorder", "reuse-filter"])
-@pytest.mark.parametrize("name", PROTOCOL)
-def test_each_protocol_method_reaches_the_backing_manager(decorator, name):
-    backing = mock.create_autospec(TieredOffloadingManager, instance=True)
-    backing.prepare_load_segments.return_value = []
-    backing.prepare_store.return_value = None
-    backing.lookup.return_value = 1
-    wrapped = decorator(backing)
-    _call(wrapped, name)
-    if name == "prepare_load_segments" and isinstance(wrapped, OpRecorder):
-        name = "prepare_load"  # the recorder loads through its own (recorded) prepare_load
-    if name == "lookup_prefix" and isinstance(wrapped, OpRecorder):
-        name = "lookup"  # ... and looks up through its own (recorded) lookup
-    if name == "prepare_store" and isinstance(wrapped, FilterReusedOffloadingManager):
-        backing.prepare_store.assert_called_once_with([])  # filtered: the first sighting admits nothing
-        return
-    assert getattr(backing, name).called, f"{type(wrapped).__name__}.{name} did not reach the backing manager"
+def test_the_reuse_filter_is_the_chain_with_stores_filtered():
+    """Over a chain with a tier behind the host one, the filter is that chain (same tiers,
+    demotions and all), overriding only what it filters."""
+    cpu, behind = CPUOffloadingManager(2), MemoryTierManager(8)
+    chain = FilterReusedOffloadingManager(TieredOffloadingManager(cpu, behind), 2)
+    assert chain.primary is cpu and chain.secondaries == [behind]
+    overrides = {name for name, v in vars(FilterReusedOffloadingManager).items()
+                 if inspect.isfunction(v) and not name.startswith("_")}
+    assert overrides == {"prepare_store", "on_store_miss", "report"}
+    for hashes in ([1, 2], [1, 2], [3, 4]):
+        out = chain.prepare_store(hashes)
+        chain.complete_store(out.block_hashes_to_store)
+    assert chain.prepare_store([3, 4]).block_hashes_evicted == [1, 2]  # second sighting: stored, 1 and 2 demoted
+    (demotion,) = chain.take_demotions()
+    assert demotion.block_hashes == [1, 2] and str(demotion.dst.medium()) == "REMOTE"
+    assert chain.report().stores_skipped_by_filter == 4 and chain.report().tiers[1].writing_blocks == 2
+
+
+def test_a_manager_outside_the_chain_contract_is_refused_with_what_to_return():
+    class Bare(OffloadingManager):
+        def lookup(self, block_hashes):
+            return 0
+
+        def prepare_load(self, block_hashes):
+            raise AssertionError
+
+        def prepare_store(self, block_hashes):
+            return None
+
+    with pytest.raises(TypeError, match="Bare: the connector drives a TierChain; return a TieredOffloadingManager"):
+        as_chain(Bare())
 
 
 def test_the_connector_half_calls_only_protocol_methods_on_its_manager():

@@ -15,8 +15,7 @@ import pytest
 
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload import native_ledger as nm
-from kvoffload.offload.native_ledger import NativeLedgerUnavailableError, NativeSlotLedger
-from kvoffload.offload.py_ledger import PySlotLedger
+from kvoffload.offload.native_ledger import NativeLedgerUnavailableError, NativeSlots, with_slots
 
 needs_native = pytest.mark.skipif(not nm.native_available(), reason="native ledger not built")
 
@@ -32,7 +31,7 @@ def test_the_readme_install_builds_the_native_ledger():
 
 def _state(mgr, policy="arc"):
     p = mgr.policy
-    ledger = mgr.ledger
+    ledger = mgr.debug_snapshot()
     hashes = ledger.hashes
     state = {"index": dict(ledger.index), "refs": np.array(ledger.ref_cnt).tolist(), "free": mgr.num_free_blocks}
     if policy == "prefix_value":  # its order is a heap; every eviction is compared op for op instead
@@ -71,7 +70,7 @@ def test_native_and_python_ledgers_agree_op_for_op(policy, capacity, universe):
     rng = random.Random(f"{policy}-{capacity}")
     native = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16)
     python = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16, native=False)
-    assert type(native.slot_ledger) is NativeSlotLedger and type(python.slot_ledger) is PySlotLedger
+    assert isinstance(native, NativeSlots) and not isinstance(python, NativeSlots)
     pending: list[list[int]] = []
     pinned: list[list[int]] = []
     evicted = 0
@@ -172,7 +171,7 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
     monkeypatch.setattr(nm, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="kvoffload.offload.native_ledger"):
         first, second = CPUOffloadingManager(4, "lru"), CPUOffloadingManager(4, "arc")
-    assert type(first.slot_ledger) is PySlotLedger and type(second.slot_ledger) is PySlotLedger
+    assert not isinstance(first, NativeSlots) and not isinstance(second, NativeSlots)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "no module named kvoffload_ext._ledger" in lines[0] and "Python ledger" in lines[0]
     with pytest.raises(NativeLedgerUnavailableError, match=r"native=True but kvoffload_ext\._ledger is not built .*pip install"):
@@ -182,13 +181,13 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
 def test_native_is_used_only_where_it_applies(monkeypatch):
     from kvoffload.offload import LRUCachePolicy
 
-    assert type(CPUOffloadingManager(4, LRUCachePolicy(4)).slot_ledger) is PySlotLedger  # a policy object
+    assert not isinstance(CPUOffloadingManager(4, LRUCachePolicy(4)), NativeSlots)  # a policy object
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
         CPUOffloadingManager(4, "sieve", native=True)
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
-        NativeSlotLedger(4, "sieve")  # built directly, not through make_ledger
+        with_slots(CPUOffloadingManager, True)(4, "sieve")  # the native class built directly
     monkeypatch.setenv("KVOFFLOAD_NO_NATIVE", "1")
-    assert type(CPUOffloadingManager(4, "lru").slot_ledger) is PySlotLedger
+    assert type(CPUOffloadingManager(4, "lru")) is CPUOffloadingManager
 
 
 @needs_native

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.tiers.disk.format import DiskLayout
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager
+from kvoffload.tiers.disk.tier import DiskOffloadingManager
 
 HASHES = st.integers(min_value=0, max_value=6)
 CPU, DISK = 4, 6
@@ -55,10 +55,10 @@ def make_machine(policy: str, threshold: int):
         @rule(hashes=st.lists(HASHES, min_size=1, max_size=3, unique=True))
         def store(self, hashes):
             cpu_pins = self._pins("CPU")
-            before = dict(self.cpu.ledger.index)
+            before = dict(self.cpu.debug_snapshot().index)
             out = self.mgr.prepare_store(hashes)
             if out is None:
-                assert dict(self.cpu.ledger.index) == before  # atomic
+                assert dict(self.cpu.debug_snapshot().index) == before  # atomic
                 return
             offered = hashes
             if threshold:
@@ -146,7 +146,7 @@ def make_machine(policy: str, threshold: int):
             if data.draw(st.integers(0, 4)):  # rare: else the disk tier rarely holds anything
                 return
             pinned = self._pins("DISK")
-            slots = [s for h, s in self.disk.ledger.index.items() if h not in pinned and self.disk.is_ready(h)]
+            slots = [s for h, s in self.disk.debug_snapshot().index.items() if h not in pinned and self.disk.is_ready(h)]
             if slots:
                 slot = data.draw(st.sampled_from(slots))
                 h = self.disk.hash_at(slot)
@@ -166,13 +166,13 @@ def make_machine(policy: str, threshold: int):
         @invariant()
         def ledgers_agree(self):
             for tier, medium, cap in ((self.cpu, "CPU", CPU), (self.disk, "DISK", DISK)):
-                index = tier.ledger.index
+                index = tier.debug_snapshot().index
                 assert len(set(index.values())) == len(index)
                 assert tier.num_free_blocks + len(index) == cap
                 pins = self._pins(medium)
                 writing = self.pending if medium == "CPU" else {h for d in self.demoting for h in d}
                 for h, s in index.items():
-                    assert tier.ledger.ref_cnt[s] == (-1 if h in writing else pins.get(h, 0)), (medium, h)
+                    assert tier.debug_snapshot().ref_cnt[s] == (-1 if h in writing else pins.get(h, 0)), (medium, h)
                 assert set(pins) <= set(index)  # a pinned block is never evicted or dropped
 
     Tiered.TestCase.settings = settings(max_examples=40, stateful_step_count=50, deadline=None,

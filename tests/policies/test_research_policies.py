@@ -32,10 +32,10 @@ def make_contract_machine(policy_name):
         @rule(hashes=st.lists(st.integers(0, 12), min_size=1, max_size=4))
         def store(self, hashes):
             pinned = {h for load in self.loads for h in load}
-            before = dict(self.mgr.ledger.index)
+            before = dict(self.mgr.debug_snapshot().index)
             out = self.mgr.prepare_store(hashes)
             if out is None:
-                assert self.mgr.ledger.index == before  # atomic: nothing changed
+                assert self.mgr.debug_snapshot().index == before  # atomic: nothing changed
                 return
             for h in out.block_hashes_evicted:
                 assert h not in pinned and h not in self.pending and h not in hashes
@@ -69,11 +69,11 @@ def make_contract_machine(policy_name):
 
         @invariant()
         def ledger_consistent(self):
-            index = self.mgr.ledger.index
+            index = self.mgr.debug_snapshot().index
             assert len(set(index.values())) == len(index)
             assert self.mgr.num_free_blocks + len(index) == 5
             for h, s in index.items():
-                assert self.mgr.ledger.refs[s] >= -1
+                assert self.mgr.debug_snapshot().refs[s] >= -1
                 assert self.mgr.policy.get(h) is not None
 
     Contract.TestCase.settings = settings(max_examples=30, stateful_step_count=40, deadline=None,

@@ -17,7 +17,7 @@ from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.llm import LLM
 from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.errors import ConfigError
-from kvoffload.tiers.disk.ledger import DiskTierError
+from kvoffload.tiers.disk.tier import DiskTierError
 from kvoffload.tiers.fs import store as store_module
 from kvoffload.tiers.fs.bucket import COUNTER_NAME
 from kvoffload.tiers.fs.directory import META_NAME, FsDirectory

@@ -15,7 +15,7 @@ from kvoffload.engine import LLM, EngineConfig
 from kvoffload.offload.cpu_manager import MAX_QUEUED_EVENTS, CPUOffloadingManager
 from kvoffload.tiers.disk import format as disk_format
 from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager, DiskTierError
+from kvoffload.tiers.disk.tier import DiskOffloadingManager, DiskTierError
 
 
 def _disk_cfg(path, capacity="8MiB"):

@@ -12,7 +12,7 @@ from kvoffload.connector.request_state import JobRecord, RequestOffloadState
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager, tier_file
+from kvoffload.tiers.disk.tier import DiskOffloadingManager, tier_file
 from kvoffload.transfer.handler import TransferResult
 
 

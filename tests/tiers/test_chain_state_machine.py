@@ -20,7 +20,7 @@ from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.testing.memory_tier import MemoryTierManager
 from kvoffload.tiers.disk.format import DiskLayout
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager
+from kvoffload.tiers.disk.tier import DiskOffloadingManager
 
 HASHES = st.integers(min_value=0, max_value=9)
 CAP = {"CPU": 3, "DISK": 3, "REMOTE": 4}
@@ -137,7 +137,7 @@ def make_machine(policy: str, write_through: bool):
         @rule(data=st.data(), medium=st.sampled_from(["DISK", "REMOTE"]))
         def drop_corrupt(self, data, medium):
             tier, pinned = self.tiers[medium], self._pins(medium)
-            slots = [s for h, s in tier.ledger.index.items() if h not in pinned and tier.is_ready(h)]
+            slots = [s for h, s in tier.debug_snapshot().index.items() if h not in pinned and tier.is_ready(h)]
             if slots and not data.draw(st.integers(0, 3)):
                 assert self.mgr.drop_corrupt(medium, [data.draw(st.sampled_from(slots))]) == 1
 
@@ -152,14 +152,14 @@ def make_machine(policy: str, write_through: bool):
         @invariant()
         def ledgers_agree(self):
             for medium, tier in self.tiers.items():
-                index = tier.ledger.index
+                index = tier.debug_snapshot().index
                 assert len(set(index.values())) == len(index)
                 assert tier.num_free_blocks + len(index) == CAP[medium]
                 pins = self._pins(medium)
                 writing = set(self.storing) if medium == "CPU" else {
                     h for dst, hs, _, _ in self.demoting if dst == medium for h in hs}
                 for h, s in index.items():
-                    assert tier.ledger.ref_cnt[s] == (-1 if h in writing else pins.get(h, 0)), (medium, h)
+                    assert tier.debug_snapshot().ref_cnt[s] == (-1 if h in writing else pins.get(h, 0)), (medium, h)
                 assert set(pins) <= set(index)  # a pinned block is never evicted or dropped
 
     Chain.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None,

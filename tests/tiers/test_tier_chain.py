@@ -13,7 +13,7 @@ from kvoffload.offload.mediums import DISK
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.testing.memory_tier import REMOTE, MemoryTier, MemoryTierManager
 from kvoffload.tiers.disk.format import DiskLayout
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager
+from kvoffload.tiers.disk.tier import DiskOffloadingManager
 from kvoffload.workload import ChatWorkload, run_chat_workload
 
 MEMORY = "kvoffload.testing.memory_tier:MemoryTier"
@@ -64,7 +64,7 @@ def test_victims_move_down_the_chain_each_read_before_its_slot_is_reused(chain):
         (Medium.CPU, [0, 1], [5, 6]), (DISK, [1], [3]), (REMOTE, [0, 1], [1, 2])]
     for spec, hashes in segments:
         mgr.complete_load(hashes, spec.medium())
-    assert not np.any(remote.ledger.ref_cnt[:2]) and not np.any(disk.ledger.ref_cnt[:2])
+    assert not np.any(remote.debug_snapshot().ref_cnt[:2]) and not np.any(disk.debug_snapshot().ref_cnt[:2])
 
 
 def test_a_pending_block_in_a_lower_tier_stops_the_lookup_as_pending(chain):
@@ -138,5 +138,5 @@ def test_prepare_load_refuses_blocks_in_two_tiers_and_pins_nothing(chain):
     _land(mgr, mgr.take_demotions())
     with pytest.raises(BlocksSpanTiersError, match=r"2 tier segments \(CPU, DISK\); load them with prepare_load_segments"):
         mgr.prepare_load([3, 1])
-    assert not np.any(cpu.ledger.ref_cnt[:2]) and not np.any(disk.ledger.ref_cnt[:2])
+    assert not np.any(cpu.debug_snapshot().ref_cnt[:2]) and not np.any(disk.debug_snapshot().ref_cnt[:2])
     assert mgr.prepare_load([3, 4]).block_ids.tolist() == [1, 0]  # one tier: one spec

@@ -23,7 +23,7 @@ from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
 from kvoffload.integrations.vllm_spec import check_config  # noqa: E402
 from kvoffload.integrations.vllm_worker import KVOffloadWorker  # noqa: E402
 from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
-from kvoffload.offload.forwarding import ForwardingTierChain  # noqa: E402
+from kvoffload.offload.tiered_manager import TieredOffloadingManager  # noqa: E402
 
 
 def key(i: int) -> bytes:
@@ -73,20 +73,20 @@ def test_recency_applied_at_request_finish_in_prefix_order():
     assert out.evicted_keys == [key(2), key(3)]
 
 
-class RecencyLog(ForwardingTierChain):
-    """The inner manager's recency calls, in order: what on_request_finished decided."""
+class RecencyLog(TieredOffloadingManager):
+    """The chain over a tier, logging its recency calls in order: what on_request_finished decided."""
 
-    def __init__(self, backing):
-        super().__init__(backing)
+    def __init__(self, tier):
+        super().__init__(tier)
         self.calls: list[tuple[str, list[int]]] = []
 
     def touch(self, block_hashes):
         self.calls.append(("touch", [int.from_bytes(k[:8], "big") for k in block_hashes]))
-        self.backing.touch(block_hashes)
+        super().touch(block_hashes)
 
     def refresh(self, block_hashes):
         self.calls.append(("refresh", [int.from_bytes(k[:8], "big") for k in block_hashes]))
-        self.backing.refresh(block_hashes)
+        super().refresh(block_hashes)
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])
@@ -151,7 +151,7 @@ def test_arc_insertion_is_not_reuse_even_behind_the_reuse_filter():
     from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 
     m = KVOffloadManager(lambda: FilterReusedOffloadingManager(CPUOffloadingManager(4, "arc"), 2))
-    arc = m.inner.backing.primary.policy
+    arc = m.inner.primary.policy
     a = ReqContext("a")
     m.prepare_store([key(1), key(2)], a)  # first sighting: filtered
     out = m.prepare_store([key(1), key(2)], a)

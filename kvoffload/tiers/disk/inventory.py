@@ -17,7 +17,7 @@ from kvoffload.auth import RecordTagger
 from kvoffload.safe_files import ForeignEntryError, open_file
 from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout, parse_file_header, scan_records
 from kvoffload.tiers.disk.io import record_problem
-from kvoffload.tiers.disk.ledger import (
+from kvoffload.tiers.disk.tier import (
     NAMESPACE_GLOB,
     NAMESPACE_KEY,
     find_lock_holder,

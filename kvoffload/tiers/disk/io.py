@@ -32,7 +32,7 @@ def record_problem(header: bytes | bytearray, data: bytes | memoryview, complete
 
 
 class DiskIO(TierIO):
-    def __init__(self, layout: DiskLayout, path: str | os.PathLike, tagger: RecordTagger | None = None) -> None:
+    def __init__(self, layout: DiskLayout, path: str | os.PathLike[str], tagger: RecordTagger | None = None) -> None:
         self.layout = layout
         self.tagger = tagger or RecordTagger()
         self.path = str(path)

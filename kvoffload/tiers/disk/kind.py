@@ -12,7 +12,7 @@ from kvoffload.offload.mediums import DISK, DiskLoadStoreSpec
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.disk.format import DiskLayout
 from kvoffload.tiers.disk.io import DiskIO
-from kvoffload.tiers.disk.ledger import DiskOffloadingManager, prepare_tier_dir, tier_file
+from kvoffload.tiers.disk.tier import DiskOffloadingManager, prepare_tier_dir, tier_file
 
 
 class DiskTier(TierKind):

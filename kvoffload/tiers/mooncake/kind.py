@@ -44,7 +44,8 @@ class MooncakeTier(TierKind):
     @classmethod
     def default_capacity(cls, options: Any) -> int | None:
         """What this process tracks as being in the store: by default, the memory it lends."""
-        return options.segment or options.local_buffer
+        capacity: int | None = options.segment or options.local_buffer
+        return capacity
 
     @classmethod
     def check_environment(cls, tier: TierConfig, key: str) -> list[str]:

@@ -19,9 +19,9 @@ from pathlib import Path
 from kvoffload.config import default_cache_dir, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.namespace import KVNamespace
-from kvoffload.offload.ledger_factory import make_ledger
 from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import DiskLoadStoreSpec
+from kvoffload.offload.native_ledger import wants_native, with_slots
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.registry import PolicyRef
@@ -140,11 +140,16 @@ class DiskOffloadingManager(LedgerTier):
     """The ledger is one for all ranks: slot s of every rank's file holds that rank's shard of
     the same block. Only a record intact in every rank's file is recovered on open."""
 
+    def __new__(cls, path: str | Path, layout: DiskLayout, cache_policy: str | PolicyRef | CachePolicy = "lru",
+                enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
+                namespace: KVNamespace | None = None) -> DiskOffloadingManager:
+        return super().__new__(with_slots(cls, wants_native(cache_policy, None)))
+
     def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | PolicyRef | CachePolicy = "lru",
                  enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
                  namespace: KVNamespace | None = None) -> None:
-        ledger = make_ledger(cache_policy, layout.num_slots, name=DiskLoadStoreSpec.medium())
-        super().__init__(ledger, DiskLoadStoreSpec, layout.block_tokens, enable_events, retry_after_s)
+        super().__init__(layout.num_slots, cache_policy, DiskLoadStoreSpec, layout.block_tokens, enable_events,
+                         retry_after_s)
         self.layout = layout
         directory = prepare_tier_dir(path, key)
         warn_if_shared_with_others(directory, f"{key}: the disk tier directory")
@@ -259,7 +264,7 @@ class DiskOffloadingManager(LedgerTier):
                 else:
                     records[slot] = key
             per_rank.append(records)
-        first_slot: dict = {}
+        first_slot: dict[object, int] = {}
         for slot, key in sorted(per_rank[0].items()):
             if all(other.get(slot) == key for other in per_rank[1:]):
                 first_slot.setdefault(key, slot)  # a hash stored twice keeps one slot
