@@ -33,8 +33,8 @@ def summarize(stats: dict[str, Any], wall_s: float) -> dict[str, Any]:
         "prefix-cache hit rate": f"{stats['prompt_hit_tokens'] / prompt:.1%}" if prompt else "n/a",
         "prefill tokens computed": stats["prefill_tokens_computed"],
         "prefill tokens saved": max(saved, 0),
-        **({"disk blocks recovered at start": stats["connector"]["disk_blocks_recovered"]}
-           if stats["connector"].get("disk_blocks_recovered") else {}),
+        **{f"{tier} blocks recovered at start": n for tier, n in stats["connector"].get("tier_blocks_recovered", {}).items()
+           if n},
         "preemptions": stats["preemptions"],
         "tokens swapped out": stats.get("swapped_out_tokens", 0),
         "recomputed after preemption": stats.get("recomputed_after_preemption", 0),

@@ -1,11 +1,19 @@
-"""Batched block copies behind two functions.
+"""kvoffload's native code, three concerns, each in its own modules:
 
-``copy_blocks(src, dst, src_ids, dst_ids)`` copies row ``src[src_ids[i]]`` to
-``dst[dst_ids[i]]`` for two 2-D uint8 tensors of equal row width (rows may be strided, each
-row contiguous). ``copy_block_groups`` does the same for several such groups at once (every
-layer view of a KV cache, say) in one native call or one kernel launch. Both return once the
-copy is issued: on CPU that means done; on CUDA it is queued on the current stream. The
-implementation is picked from the tensors' devices.
+- **Block copies** (this module's ``copy_blocks`` and ``copy_block_groups``; ``cpu_copy``,
+  ``cuda_copy``, ``ranges``, ``group_table``, ``native``): ``copy_blocks(src, dst, src_ids,
+  dst_ids)`` copies row ``src[src_ids[i]]`` to ``dst[dst_ids[i]]`` for two 2-D uint8 tensors of
+  equal row width (rows may be strided, each row contiguous); ``copy_block_groups`` does the
+  same for several such groups at once (every layer view of a KV cache, say) in one native call
+  or one kernel launch. Both return once the copy is issued: on CPU that means done; on CUDA it
+  is queued on the current stream. The implementation is picked from the tensors' devices.
+- **The block ledger in C** (``_ledger``, from ``_ledger.c`` and the ``ledger_*.h`` headers,
+  built by ``pip install``; optional): the host and disk tiers' slot bookkeeping and the
+  LRU / ARC / prefix-value orders (``kvoffload.offload.native_ledger`` binds it).
+- **The fs tier's record files** (``fs_files``, from ``fs_files.c``, compiled on first use):
+  one call writes a bucket's records or reads a batch, with the GIL released.
+
+Nothing here decides policy or knows a tier's layout beyond the bytes it is handed.
 """
 
 from __future__ import annotations

@@ -64,9 +64,7 @@ class ConnectorStatsDict(TypedDict):
     lookups_deferred: int
     blocks_demoted: int
     corrupt_blocks: int
-    disk_blocks_recovered: int
-    disk_io_errors: int
-    disk_outages: int
+    tier_blocks_recovered: dict[str, int]
     tier_io_errors: dict[str, int]
     tier_outages: dict[str, int]
     blocks_swapped_out: int
@@ -84,7 +82,6 @@ def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
 def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: int,
                     demotions_queued: bool) -> ConnectorStatsDict:
     secondaries = report.tiers[1:]
-    disk = report.tier("disk")
     return {
         "lookups": s.lookups,
         "hit_tokens_by_tier": dict(s.tier_hits),
@@ -106,10 +103,8 @@ def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: 
         "blocks_demoted": s.blocks_demoted,
         # Records dropped as corrupt (a read's, or torn ones found when a tier opened).
         "corrupt_blocks": report.corrupt_blocks,
-        "disk_blocks_recovered": disk.blocks_recovered if disk else 0,
-        "disk_io_errors": disk.io_errors if disk else 0,
-        "disk_outages": disk.outages if disk else 0,
-        # Every secondary tier's health, by tier: {"disk": 0, "mooncake": 2}.
+        # Every secondary tier's records recovered at start and health, by tier: {"disk": 0, "fs": 2}.
+        "tier_blocks_recovered": {t.name: t.blocks_recovered for t in secondaries},
         "tier_io_errors": {t.name: t.io_errors for t in secondaries},
         "tier_outages": {t.name: t.outages for t in secondaries},
         "blocks_swapped_out": s.blocks_swapped_out,

@@ -7,8 +7,9 @@ counted: they stop at the first miss, so a lookup-fed counter needs ~2N+1 repeat
 N-block prefix. Counts live in an LRU-bounded tracker; a call whose backing store answers
 None leaves every count unchanged, so the connector's retry is not counted twice.
 
-It is the tier chain itself with stores filtered (built over the tiers of the chain or tier it
-is given), not a wrapper forwarding every call to one.
+It is the tier chain itself with stores filtered, not a wrapper forwarding every call to one:
+built over the tiers of the chain (or the tier) it is given, it takes that chain's place (use
+the filter from then on; the chain given has no part in it).
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ def make_machine(policy: str, threshold: int):
             self.dir = tempfile.mkdtemp(prefix="kvoffload-sm-")
             self.cpu = CPUOffloadingManager(CPU, policy)
             self.disk = DiskOffloadingManager(self.dir, DiskLayout("sm", 64, 16, DISK), policy)
-            self.tiered = TieredOffloadingManager(self.cpu, self.disk)
-            self.mgr = FilterReusedOffloadingManager(self.tiered, threshold) if threshold else self.tiered
+            chain = TieredOffloadingManager(self.cpu, self.disk)
+            # The filter is the chain over the same tiers (it takes over the one it is given).
+            self.mgr = FilterReusedOffloadingManager(chain, threshold) if threshold else chain
             self.disk.prepare_store([3, 4, 5, 6])  # a warm disk tier (a restart), so disk hits come early
             self.disk.complete_store([3, 4, 5, 6])
             self.sightings: dict[int, int] = {}
@@ -70,7 +71,7 @@ def make_machine(policy: str, threshold: int):
             for h in out.block_hashes_evicted:
                 assert h not in cpu_pins and h not in self.pending and h not in offered
             self.pending |= set(out.block_hashes_to_store)
-            for d in self.tiered.take_demotions():
+            for d in self.mgr.take_demotions():
                 assert len(d.src) == len(d.dst) == len(d.block_hashes)
                 assert set(d.block_hashes) <= set(out.block_hashes_evicted)
                 self.demoting.append(list(d.block_hashes))
@@ -91,14 +92,16 @@ def make_machine(policy: str, threshold: int):
             h = data.draw(st.sampled_from(on_disk))
             if self.cpu.contains(h):
                 return
-            out = self.tiered.prepare_store([h])
-            if out is None:
-                return
-            for d in self.tiered.take_demotions():
+            out = self.mgr.prepare_store([h])
+            if out is not None and threshold:
+                self.sightings[h] = self.sightings.get(h, 0) + 1  # the promotion's offer is a sighting
+            if out is None or h not in out.block_hashes_to_store:
+                return  # no room, or (reuse filter) its first sighting: not stored
+            for d in self.mgr.take_demotions():
                 self.demoting.append(list(d.block_hashes))
-            self.tiered.complete_store([h])
+            self.mgr.complete_store([h])
             # Another request hits the promoted copy while the disk load may still run.
-            ((spec, hs),) = self.tiered.prepare_load_segments([h])
+            ((spec, hs),) = self.mgr.prepare_load_segments([h])
             assert spec.medium() == "CPU"
             self.loads.append([("CPU", hs)])
 
@@ -106,7 +109,7 @@ def make_machine(policy: str, threshold: int):
         @precondition(lambda self: self.demoting)
         def complete_demotion(self, data, ok):
             hashes = self.demoting.pop(data.draw(st.integers(0, len(self.demoting) - 1)))  # any order
-            self.tiered.complete_demotion(hashes, ok, "DISK")
+            self.mgr.complete_demotion(hashes, ok, "DISK")
 
         @rule(hashes=st.lists(HASHES, max_size=5))
         def lookup_touch(self, hashes):
@@ -123,7 +126,7 @@ def make_machine(policy: str, threshold: int):
             if not ready:
                 return
             chosen = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
-            segments = self.tiered.prepare_load_segments(chosen)
+            segments = self.mgr.prepare_load_segments(chosen)
             assert [h for _, hs in segments for h in hs] == chosen
             load = []
             for spec, hs in segments:
@@ -150,12 +153,12 @@ def make_machine(policy: str, threshold: int):
             if slots:
                 slot = data.draw(st.sampled_from(slots))
                 h = self.disk.hash_at(slot)
-                assert self.tiered.drop_corrupt("DISK", [slot]) == 1
+                assert self.mgr.drop_corrupt("DISK", [slot]) == 1
                 assert not self.disk.contains(h)
 
         @rule(ok=st.booleans(), write=st.booleans())
         def io_outcome(self, ok, write):
-            self.tiered.record_io("DISK", ok, write)
+            self.mgr.record_io("DISK", ok, write)
 
         @rule()
         @precondition(lambda self: not self.disk.in_service)

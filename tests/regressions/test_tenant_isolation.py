@@ -4,7 +4,7 @@ each other's blocks (the hit counters say 0), the same salt does, also after a r
 import pytest
 
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
-from tests.mooncake.conftest import MISSING
+from tests.tiers.mooncake.conftest import MISSING
 
 PROMPTS = [[(i * 17 + j * 3) % 250 + 1 for j in range(96)] for i in range(3)]
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)

@@ -67,7 +67,7 @@ def test_persistent_read_errors_drop_blocks_and_take_the_tier_out_of_service(tmp
     # bounded number of failed loads, not one per retry forever.
     assert c["loads_failed"] >= 3 and c["corrupt_blocks"] >= 3
     assert 3 <= stats["transfer"]["disk_to_device"]["failed"] <= 3 + 8  # + loads already in flight
-    assert c["disk_outages"] == 1
+    assert c["tier_outages"]["disk"] == 1
     assert sum("out of service" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -142,5 +142,5 @@ def test_eio_from_the_real_disk_reader_is_bounded_and_recomputed(tmp_path, monke
         assert [o.token_ids for o in llm.generate(prompts, params)] == expected
         stats = llm.stats()
     c = stats["connector"]
-    assert c["disk_outages"] == 1 and 3 <= c["disk_io_errors"] <= 3 + 8
-    assert stats["transfer"]["disk_to_device"]["failed"] == c["disk_io_errors"]
+    assert c["tier_outages"]["disk"] == 1 and 3 <= c["tier_io_errors"]["disk"] <= 3 + 8
+    assert stats["transfer"]["disk_to_device"]["failed"] == c["tier_io_errors"]["disk"]

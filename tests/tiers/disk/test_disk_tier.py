@@ -55,7 +55,7 @@ def test_restart_serves_previous_runs_cache_and_drops_corrupt_blocks(tmp_path, b
     # A fresh engine on the same path: no CPU tier contents, hits from the first run's disk cache.
     tokens, stats = run(tiers(tmp_path))
     assert tokens == baseline[0]
-    recovered = stats["connector"]["disk_blocks_recovered"]
+    recovered = stats["connector"]["tier_blocks_recovered"]["disk"]
     assert recovered > 0 and stats["prefix_hit_tokens"]["disk"] > 0
     # Flip bytes inside one stored block's data and cut the file inside another record.
     path = data_file(tmp_path)
@@ -75,7 +75,7 @@ def test_restart_serves_previous_runs_cache_and_drops_corrupt_blocks(tmp_path, b
     tokens, stats = run(tiers(tmp_path))
     assert tokens == baseline[0]
     c = stats["connector"]
-    assert c["disk_blocks_recovered"] == len(keys_after)  # the truncated one is dropped on open
+    assert c["tier_blocks_recovered"]["disk"] == len(keys_after)  # the truncated one is dropped on open
     assert c["corrupt_blocks"] >= 2  # truncated (on open) + flipped (on read)
     assert stats["transfer"].get("disk_to_device", {}).get("failed", 0) >= 1
     assert c["loads_failed"] >= 1
@@ -100,10 +100,10 @@ def test_write_through_persists_what_never_left_the_cpu_tier(tmp_path, baseline)
     stored = first["connector"]["blocks_stored"]
     assert stored > 0 and first["connector"]["blocks_demoted"] == stored
     tokens, again = run(cfg(back, False))
-    assert again["connector"]["disk_blocks_recovered"] == 0 and again["prefix_hit_tokens"]["disk"] == 0
+    assert again["connector"]["tier_blocks_recovered"]["disk"] == 0 and again["prefix_hit_tokens"]["disk"] == 0
     tokens, again = run(cfg(through, True))
     assert tokens == baseline[0]
-    assert again["connector"]["disk_blocks_recovered"] == stored
+    assert again["connector"]["tier_blocks_recovered"]["disk"] == stored
     assert again["prefix_hit_tokens"]["disk"] > 0
     assert again["prefill_tokens_computed"] < baseline[1]["prefill_tokens_computed"]
 

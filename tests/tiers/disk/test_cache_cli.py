@@ -100,7 +100,7 @@ def test_clear_never_removes_what_an_engine_holds(tmp_path, capsys):
     assert _ls(capsys, "--config", str(cfg)) == {str(tmp_path / "cache"): []}
     # The engine starts again on the cleared directory, cold.
     again = LLM(EngineConfig(num_gpu_blocks=48, kv_offload=str(cfg)))
-    assert again.stats()["connector"]["disk_blocks_recovered"] == 0
+    assert again.stats()["connector"]["tier_blocks_recovered"]["disk"] == 0
     again.close()
 
 

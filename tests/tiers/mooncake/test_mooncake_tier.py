@@ -21,8 +21,8 @@ from kvoffload.errors import ConfigError, StoreUnavailableError
 from kvoffload.metrics import StatsCollector
 from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.workload import run_chat_workload
-from tests.mooncake.conftest import needs_mooncake
-from tests.mooncake.replica_job import WORKLOAD, engine_config
+from tests.tiers.mooncake.conftest import needs_mooncake
+from tests.tiers.mooncake.replica_job import WORKLOAD, engine_config
 
 pytestmark = needs_mooncake
 JOB = Path(__file__).with_name("replica_job.py")

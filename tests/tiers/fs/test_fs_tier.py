@@ -26,10 +26,10 @@ from kvoffload.tiers.fs.store import FsStore
 from kvoffload.tiers.store.io import StoreIO
 from kvoffload.tiers.store.keys import StoreKeys
 from kvoffload.transfer.handler import BlockTransferError
-from tests.fs.fs_job import fs_offload, run_rounds
+from tests.tiers.fs.fs_job import fs_offload, run_rounds
 
 JOB = Path(__file__).with_name("fs_job.py")
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_a_directory_turning_read_only_then_vanishing_takes_the_tier_out_while_t
         switchable_dir, baseline, caplog):
     from kvoffload.engine import LLM
     from kvoffload.workload import run_chat_workload
-    from tests.fs.fs_job import engine_config, workload
+    from tests.tiers.fs.fs_job import engine_config, workload
 
     kv = fs_offload(str(switchable_dir.path), "4MiB", cpu="128KiB")
     with LLM(engine_config(kv)) as llm:
@@ -182,7 +182,7 @@ def test_a_record_copied_under_another_namespace_s_name_is_rejected_and_deleted(
 
 def test_the_tier_reports_the_whole_directory_s_fill_not_only_its_own_writes(tmp_path, baseline):
     from kvoffload.engine import LLM
-    from tests.fs.fs_job import engine_config
+    from tests.tiers.fs.fs_job import engine_config
 
     kv = fs_offload(str(tmp_path / "shared"), "4MiB")
     run_rounds(kv, [0])  # another process's writes, as far as the next engine knows

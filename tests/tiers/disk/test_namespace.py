@@ -56,7 +56,7 @@ def test_a_changed_model_under_the_same_path_is_never_served_old_kv(tmp_path, ca
     with caplog.at_level(logging.INFO, logger="kvoffload"):
         tokens, stats = generate(model, tmp_path / "cache")
     assert tokens == expected
-    assert stats["prefix_hit_tokens"]["disk"] == 0 and stats["connector"]["disk_blocks_recovered"] == 0
+    assert stats["prefix_hit_tokens"]["disk"] == 0 and stats["connector"]["tier_blocks_recovered"]["disk"] == 0
     changed = "weights" if change == "fine-tune" else "model"
     reasons = [r.getMessage() for r in caplog.records if "not reusing the cache of namespace" in r.getMessage()]
     assert len(reasons) == 1 and f"({changed} differ)" in reasons[0]

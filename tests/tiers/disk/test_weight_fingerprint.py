@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from kvoffload import weight_digests  # noqa: E402
 from kvoffload.weight_digests import weights_fingerprint  # noqa: E402
-from tests.disk.test_namespace import generate  # noqa: E402
+from tests.tiers.disk.test_namespace import generate  # noqa: E402
 
 #: The sampled fingerprint this replaced: 64 windows of 64 KiB spread over a file (whole when
 #: smaller than 4 MiB). The edits below fall between its windows, where it saw nothing.

@@ -80,7 +80,7 @@ def test_a_new_secret_starts_a_new_cache_instead_of_rejecting_the_old_one(tmp_pa
     monkeypatch.setenv("KVO_B", SECRET[::-1])
     run(tmp_path, "KVO_A")
     _, stats = run(tmp_path, "KVO_B")
-    assert stats["connector"]["disk_blocks_recovered"] == 0 and not stats["connector"]["tier_rejected_blocks"]
+    assert stats["connector"]["tier_blocks_recovered"]["disk"] == 0 and not stats["connector"]["tier_rejected_blocks"]
     assert len([p for p in os.listdir(tmp_path) if p.endswith(".kvdata")]) == 2
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from kvoffload.cli import main
-from tests.mooncake.conftest import needs_mooncake
+from tests.tiers.mooncake.conftest import needs_mooncake
 
 pytestmark = needs_mooncake
 

@@ -171,9 +171,9 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_that_a_sweep_reclaims(tmp_
     put(store, ["a"], [value(1)])
     code = f"""
 import os, signal, sys
-sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+sys.path.insert(0, {str(Path(__file__).parents[3])!r})
 import kvoffload.tiers.fs.record_files as f
-from tests.fs.test_fs_store import open_store, value, put
+from tests.tiers.fs.test_fs_store import open_store, value, put
 from pathlib import Path
 real = f._write_all
 def die(fd, parts):
@@ -199,9 +199,9 @@ def test_a_process_killed_mid_eviction_leaves_the_count_high_and_every_record_in
     put(store, [f"k{i}" for i in range(8)], [value(i) for i in range(8)])
     code = f"""
 import os, signal, sys
-sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+sys.path.insert(0, {str(Path(__file__).parents[3])!r})
 import kvoffload.tiers.fs.bucket as b
-from tests.fs.test_fs_store import open_store, value, put
+from tests.tiers.fs.test_fs_store import open_store, value, put
 from pathlib import Path
 real = b._unlink
 def die(name, dir_fd):
@@ -332,9 +332,9 @@ def test_writers_killed_at_random_instants_never_leave_a_record_that_reads_wrong
     native = store.files.native
     code = f"""
 import sys
-sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+sys.path.insert(0, {str(Path(__file__).parents[3])!r})
 from pathlib import Path
-from tests.fs.test_fs_store import open_store, value, put
+from tests.tiers.fs.test_fs_store import open_store, value, put
 store = open_store(Path({str(tmp_path)!r}), {capacity}, {record}, native={native})
 vals = [value(i, {record}) for i in range(8)]
 print("ready", flush=True)

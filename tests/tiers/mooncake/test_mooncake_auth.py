@@ -13,9 +13,9 @@ from kvoffload.engine import LLM
 from kvoffload.metrics import StatsCollector
 from kvoffload.tiers.store.record import HEADER_BYTES, make_header
 from kvoffload.workload import run_chat_workload
-from tests.mooncake.conftest import needs_mooncake
-from tests.mooncake.replica_job import WORKLOAD, engine_config
-from tests.mooncake.test_mooncake_tier import _raw_client, offload, remote_tier, run
+from tests.tiers.mooncake.conftest import needs_mooncake
+from tests.tiers.mooncake.replica_job import WORKLOAD, engine_config
+from tests.tiers.mooncake.test_mooncake_tier import _raw_client, offload, remote_tier, run
 
 pytestmark = needs_mooncake
 SECRET = "0123456789abcdef0123456789abcdef"
