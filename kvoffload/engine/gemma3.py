@@ -5,18 +5,17 @@ by sqrt(hidden), RMSNorm scaling by (1 + weight) in float32, QK-norm before RoPE
 per layer type (local for sliding layers, global for full ones), four norms per layer (around
 attention and around the MLP), a tanh-GELU MLP, the attention scale from
 ``query_pre_attn_scalar``, and optional soft-capping of the logits. Parameter names
-match the checkpoint's, so its safetensors load as they are.
+match the checkpoint's, so its safetensors load as they are. The decoder skeleton is
+``layers.PagedDecoderLM``, shared with Llama.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvoffload.engine.model import LayerHook, RotaryEmbedding
+from kvoffload.engine.layers import PagedDecoderLM, RotaryEmbedding
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.engine.paged_attention import AttentionMetadata, paged_attention, write_kv
 
@@ -86,24 +85,12 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
 
 
-class Gemma3Backbone(nn.Module):
+class Gemma3ForCausalLM(PagedDecoderLM[Gemma3DecoderLayer]):
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
-class Gemma3ForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.model = Gemma3Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        super().__init__(cfg, [Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)],
+                         GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
         self.ropes = nn.ModuleList()
         self._rope_of: list[int] = []
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
 
     def build_ropes(self, device: torch.device) -> None:
         """One rotary embedding per layer type (local base for sliding layers, global for full)."""
@@ -113,31 +100,21 @@ class Gemma3ForCausalLM(nn.Module):
         self.ropes = nn.ModuleList([full, local])
         self._rope_of = [0 if cfg.layer_window(i) is None else 1 for i in range(cfg.num_hidden_layers)]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: Sequence[torch.Tensor],
-        metas: Sequence[AttentionMetadata],
-        before_attention: LayerHook | None = None,
-        after_attention: LayerHook | None = None,
-    ) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)
-        h = h * torch.tensor(self.config.hidden_size**0.5, dtype=h.dtype)
-        layers: list[Gemma3DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
-        ropes: list[RotaryEmbedding] = list(self.ropes)  # type: ignore[arg-type]
-        for i, layer in enumerate(layers):
-            if before_attention is not None:
-                before_attention(i, kv_caches[i])
-            attn = layer.self_attn(layer.input_layernorm(h), positions, ropes[self._rope_of[i]], kv_caches[i], metas[i])
-            h = h + layer.post_attention_layernorm(attn)
-            if after_attention is not None:
-                after_attention(i, kv_caches[i])
-            h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
-        return self.model.norm(h)
+        return h * torch.tensor(self.config.hidden_size**0.5, dtype=h.dtype)
+
+    def attend(self, i: int, layer: Gemma3DecoderLayer, h: torch.Tensor, positions: torch.Tensor,
+               kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        rope = self.ropes[self._rope_of[i]]
+        return h + layer.post_attention_layernorm(layer.self_attn(layer.input_layernorm(h), positions, rope,
+                                                                  kv_cache, meta))
+
+    def feed_forward(self, layer: Gemma3DecoderLayer, h: torch.Tensor) -> torch.Tensor:
+        return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden).float()
+        logits = super().compute_logits(hidden)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

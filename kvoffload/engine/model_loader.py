@@ -1,7 +1,7 @@
 """Building the bundled engine's model: random weights from a seed, or a checkpoint's.
 
-Apart from the model classes (``model.py`` for Llama, ``gemma3.py`` for Gemma 3), so neither
-model module imports the other.
+Apart from the model classes (``llama.py`` for Llama, ``gemma3.py`` for Gemma 3, both on the
+skeleton in ``layers.py``), so neither model module imports the other.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from kvoffload.engine.gemma3 import Gemma3ForCausalLM
-from kvoffload.engine.model import CausalLM, LlamaForCausalLM, RotaryEmbedding
+from kvoffload.engine.layers import CausalLM, RotaryEmbedding
+from kvoffload.engine.llama import LlamaForCausalLM
 from kvoffload.engine.model_config import ModelConfig
 
 

@@ -12,7 +12,7 @@ import torch
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
 from kvoffload.engine.kv_groups import kv_cache_layout
-from kvoffload.engine.model import LayerHook
+from kvoffload.engine.layers import LayerHook
 from kvoffload.engine.model_config import ModelConfig
 from kvoffload.engine.model_loader import build_model
 from kvoffload.engine.outputs import ModelRunnerOutput
