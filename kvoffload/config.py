@@ -138,7 +138,7 @@ class OffloadConfig:
     max_tracker_size: int = 64_000
     transfer: TransferConfig = field(default_factory=TransferConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    spec_name: str = "CPUOffloadingSpec"
+    spec_name: str = "TieredOffloadingSpec"
     spec_module_path: str | None = None
     #: The shared secret that authenticates records of disk and shared tiers.
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -184,7 +184,7 @@ class OffloadConfig:
         port = _int(metrics_raw, "prometheus_port", None, "metrics.", 1)
         if port is not None and port > 65535:
             raise ConfigError(f"metrics.prometheus_port: {port} is not a TCP port (1-65535)")
-        spec_name = raw.get("spec_name", "CPUOffloadingSpec")
+        spec_name = raw.get("spec_name", "TieredOffloadingSpec")
         spec_module_path = raw.get("spec_module_path")
         for key, value in (("spec_name", spec_name), ("spec_module_path", spec_module_path)):
             if value is not None and not isinstance(value, str):

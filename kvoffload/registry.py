@@ -76,7 +76,10 @@ CONNECTORS = Registry("connector", "kvoffload.connectors", "kvoffload.connector.
     "OffloadingConnector": "kvoffload.connector.offloading_connector:OffloadingConnector",
 })
 SPECS = Registry("spec", "kvoffload.specs", "kvoffload.offload.spec:OffloadingSpec", {
-    "CPUOffloadingSpec": "kvoffload.tiers.cpu_spec:CPUOffloadingSpec",
+    "TieredOffloadingSpec": "kvoffload.tiers.tiered_spec:TieredOffloadingSpec",
+    # Its name before it said what it builds (the whole chain, not only host memory): configs
+    # written with it keep working.
+    "CPUOffloadingSpec": "kvoffload.tiers.tiered_spec:TieredOffloadingSpec",
 })
 POLICIES = Registry("eviction policy", "kvoffload.policies", "kvoffload.offload.policy:CachePolicy", {
     "lru": "kvoffload.offload.lru:LRUCachePolicy",

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.abstract import LookupResult, PrefixLookup
+from kvoffload.offload.chain_of_tiers import ChainOfTiers, as_chain
 from kvoffload.offload.policy import OfflinePolicy
-from kvoffload.offload.tiered_manager import TieredOffloadingManager, as_chain
 
 
 @dataclass(slots=True)
@@ -130,14 +130,14 @@ def replay(
                      written, evicted, seconds, windows)
 
 
-class OpRecorder(TieredOffloadingManager):
+class OpRecorder(ChainOfTiers):
     """The chain of one over a live manager's host tier, recording every call of the small
     contract, so a run can be replayed exactly."""
 
     def __init__(self, backing: OffloadingManager) -> None:
         chain = as_chain(backing)
-        primary, secondaries, _ = chain.same_tiers() if isinstance(chain, TieredOffloadingManager) else (None, [], [])
-        if primary is None or secondaries or type(chain) is not TieredOffloadingManager:
+        primary, secondaries, _ = chain.same_tiers() if isinstance(chain, ChainOfTiers) else (None, [], [])
+        if primary is None or secondaries or type(chain) is not ChainOfTiers:
             raise TypeError(f"OpRecorder records a chain of one tier; got {type(backing).__name__}")
         super().__init__(primary)
         self.ops: list[tuple[str, list[Hashable], bool]] = []

@@ -27,8 +27,8 @@ from kvoffload.connector.store_planner import StorePlanner
 from kvoffload.connector.swap_planner import SwapPlanner
 from kvoffload.offload.abstract import OffloadingEvent
 from kvoffload.offload.chain import TierChain
+from kvoffload.offload.chain_of_tiers import as_chain
 from kvoffload.offload.spec import OffloadingSpec
-from kvoffload.offload.tiered_manager import as_chain
 from kvoffload.transfer.handler import TransferResult
 
 logger = logging.getLogger(__name__)

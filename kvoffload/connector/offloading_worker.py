@@ -20,7 +20,7 @@ from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
 from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
 from kvoffload.offload.spec import OffloadingSpec
-from kvoffload.transfer.handler import OffloadingHandler, OffloadingWorker, TransferResult
+from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
 from kvoffload.transfer.layout import CanonicalKVCache, KVCaches, canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
 
@@ -98,7 +98,7 @@ class WorkerRequestState:
 class OffloadingConnectorWorker:
     def __init__(self, spec: OffloadingSpec) -> None:
         self.spec = spec
-        self.worker: OffloadingWorker | None = None
+        self.worker: TransferRouter | None = None
         self.kv: CanonicalKVCache | None = None
         self.handlers: list[OffloadingHandler] = []
         self._deferred: dict[str, list[TransferJob]] = {}
@@ -122,7 +122,7 @@ class OffloadingConnectorWorker:
     def register_kv_caches(self, kv_caches: KVCaches) -> None:
         canonical = canonicalize(kv_caches, self.spec.kv_info.num_device_blocks)
         self.kv = canonical
-        self.worker = OffloadingWorker()
+        self.worker = TransferRouter()
         for src, dst, handler in self.spec.get_handlers(canonical):
             if not isinstance(handler, OffloadingHandler):
                 raise TypeError(f"{type(self.spec).__name__}.get_handlers gave {type(handler).__name__} for "

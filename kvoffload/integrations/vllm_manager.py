@@ -33,7 +33,7 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
-from kvoffload.offload.tiered_manager import as_chain
+from kvoffload.offload.chain_of_tiers import as_chain
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ is vLLM's contract and all a single ledger needs. The chain's own operations (lo
 why they stopped, loads in per-tier segments, demotions, dropping corrupt records, I/O health,
 a typed report) live here, each with a default for a chain that has nothing to do there (no
 demotions, no records to find corrupt), written over the small contract. The chain over tiers
-is ``TieredOffloadingManager``; a lone tier becomes a chain of one (``as_chain``).
+is ``ChainOfTiers``; a lone tier becomes a chain of one (``as_chain``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import torch
 
 from kvoffload.offload.abstract import LoadStoreSpec, Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.tiers.cpu_spec import CPUOffloadingSpec
+from kvoffload.tiers.tiered_spec import TieredOffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.secondary_handler import copy_direction
@@ -125,7 +125,7 @@ def corrupt_landed_loads(pending: dict[int, np.ndarray], kv: CanonicalKVCache, r
                 view[index.to(view.device)] ^= 0x5A
 
 
-class FaultyOffloadingSpec(CPUOffloadingSpec):
+class FaultyOffloadingSpec(TieredOffloadingSpec):
     """The CPU(/disk) spec with each worker handler wrapped in a FaultyHandler."""
 
     plan: ClassVar[FaultPlan] = FaultPlan()

@@ -1,6 +1,6 @@
 """Worker-side transfers: canonical KV layouts, stream pools, handlers per media pair."""
 
-from kvoffload.transfer.handler import OffloadingHandler, OffloadingWorker, TransferResult, TransferSpec
+from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter, TransferSpec
 from kvoffload.transfer.layout import CanonicalKVCache, LayoutError, canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, CPUStreamPool, make_stream_pool
 
@@ -11,8 +11,8 @@ __all__ = [
     "CanonicalKVCache",
     "LayoutError",
     "OffloadingHandler",
-    "OffloadingWorker",
     "TransferResult",
+    "TransferRouter",
     "TransferSpec",
     "canonicalize",
     "make_stream_pool",

@@ -124,7 +124,7 @@ class UnsupportedTransferError(ValueError):
     pass
 
 
-class OffloadingWorker:
+class TransferRouter:
     """Dispatches each job to the handler registered for its media pair."""
 
     def __init__(self) -> None:

@@ -7,7 +7,7 @@ from kvoffload.connector.offloading_connector import OffloadingConnector
 from kvoffload.engine.outputs import ModelRunnerOutput
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo
-from kvoffload.transfer.handler import OffloadingHandler, OffloadingWorker, TransferResult
+from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
 from tests.engine.helpers import make_scheduler
 
 
@@ -58,7 +58,7 @@ class Harness:
         self.sched_conn = OffloadingConnector(cfg, KVConnectorRole.SCHEDULER, kv_info=kv_info)
         self.worker_conn = OffloadingConnector(cfg, KVConnectorRole.WORKER, kv_info=kv_info)
         self.handler = FakeHandler()
-        worker = OffloadingWorker()
+        worker = TransferRouter()
         worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, self.handler)
         worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, self.handler)
         self.worker_conn.connector_worker.worker = worker

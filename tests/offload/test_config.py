@@ -4,7 +4,8 @@ import pytest
 
 from kvoffload.config import ConfigError, OffloadConfig, parse_size
 from kvoffload.offload import CPUOffloadingManager, EngineKVInfo, FilterReusedOffloadingManager, OffloadingSpecFactory
-from kvoffload.offload.tiered_manager import TieredOffloadingManager
+from kvoffload.offload.chain_of_tiers import ChainOfTiers
+from kvoffload.tiers.tiered_spec import TieredOffloadingSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -84,13 +85,17 @@ def test_spec_builds_manager_from_config():
     spec = OffloadingSpecFactory.create_spec(cfg, EngineKVInfo(block_size=16, block_bytes=1024))
     assert spec.block_size_factor == 2 and spec.offloaded_block_bytes == 2048
     mgr = spec.get_manager()
-    assert isinstance(mgr, TieredOffloadingManager) and not mgr.secondaries  # a chain of one
+    assert isinstance(mgr, ChainOfTiers) and not mgr.secondaries  # a chain of one
     assert isinstance(mgr.primary, CPUOffloadingManager) and mgr.primary.num_blocks == 32 and mgr.block_size == 32
     filtered = OffloadingSpecFactory.create_spec(
         OffloadConfig.from_dict({**cpu(), "store_threshold": 2}), EngineKVInfo(16, 1024)).get_manager()
     assert isinstance(filtered, FilterReusedOffloadingManager)
     with pytest.raises(ConfigError, match="unknown spec 'Nope'"):
         OffloadingSpecFactory.create_spec(OffloadConfig.from_dict({**cpu(), "spec_name": "Nope"}), EngineKVInfo(16, 1024))
+    # The spec's name before it said it builds the whole chain: configs naming it still work.
+    old = OffloadingSpecFactory.create_spec(OffloadConfig.from_dict({**cpu(), "spec_name": "CPUOffloadingSpec"}),
+                                            EngineKVInfo(16, 1024))
+    assert type(old) is TieredOffloadingSpec
 
 
 def test_config_check_cli(capsys):

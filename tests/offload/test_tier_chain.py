@@ -9,8 +9,8 @@ from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.abstract import LookupResult, Medium
+from kvoffload.offload.chain_of_tiers import ChainOfTiers
 from kvoffload.offload.mediums import DISK
-from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.testing.memory_tier import REMOTE, MemoryTier, MemoryTierManager
 from kvoffload.tiers.disk.format import DiskLayout
 from kvoffload.tiers.disk.tier import DiskOffloadingManager
@@ -25,7 +25,7 @@ def chain(tmp_path):
     cpu = CPUOffloadingManager(2)
     disk = DiskOffloadingManager(tmp_path, DiskLayout("chain", 64, 16, 2))
     remote = MemoryTierManager(4)
-    yield TieredOffloadingManager(cpu, disk, remote), cpu, disk, remote
+    yield ChainOfTiers(cpu, disk, remote), cpu, disk, remote
     disk.close()
 
 
@@ -78,7 +78,7 @@ def test_a_pending_block_in_a_lower_tier_stops_the_lookup_as_pending(chain):
 
 def test_write_through_copies_each_landing_block_down(tmp_path):
     cpu, remote = CPUOffloadingManager(4), MemoryTierManager(4)
-    mgr = TieredOffloadingManager(cpu, remote, write_through=[True])
+    mgr = ChainOfTiers(cpu, remote, write_through=[True])
     _store(mgr, [1, 2])
     (d,) = mgr.take_demotions()
     assert (d.src.medium(), d.dst.medium(), d.block_hashes) == (Medium.CPU, REMOTE, [1, 2])
@@ -86,7 +86,7 @@ def test_write_through_copies_each_landing_block_down(tmp_path):
 
 def test_one_tier_per_medium():
     with pytest.raises(ValueError, match="one tier per medium"):
-        TieredOffloadingManager(CPUOffloadingManager(2), MemoryTierManager(2), MemoryTierManager(2))
+        ChainOfTiers(CPUOffloadingManager(2), MemoryTierManager(2), MemoryTierManager(2))
     cfg = {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"name": "a", "medium": MEMORY, "capacity": "1MiB"},
                      {"name": "b", "medium": MEMORY, "capacity": "1MiB"}]}
     with pytest.raises(ConfigError, match=r"tiers\[2\].medium: a second .* tier; one tier per medium"):
@@ -130,7 +130,7 @@ def test_three_tier_chain_serves_identical_tokens_from_every_tier(tmp_path):
 
 
 def test_prepare_load_refuses_blocks_in_two_tiers_and_pins_nothing(chain):
-    from kvoffload.offload.tiered_manager import BlocksSpanTiersError
+    from kvoffload.offload.chain_of_tiers import BlocksSpanTiersError
 
     mgr, cpu, disk, _ = chain
     _store(mgr, [1, 2])

@@ -135,18 +135,18 @@ def test_simulator_agrees_with_live_connector(monkeypatch):
     from kvoffload_policies.simulator import OpRecorder, replay_ops
 
     from kvoffload.engine import LLM, EngineConfig
-    from kvoffload.tiers import cpu_spec
+    from kvoffload.tiers import tiered_spec
     from kvoffload.workload import ChatWorkload, run_chat_workload
 
     recorders = []
-    original = cpu_spec.CPUOffloadingSpec.get_manager
+    original = tiered_spec.TieredOffloadingSpec.get_manager
 
     def recorded(self):
         rec = OpRecorder(original(self))
         recorders.append(rec)
         return rec
 
-    monkeypatch.setattr(cpu_spec.CPUOffloadingSpec, "get_manager", recorded)
+    monkeypatch.setattr(tiered_spec.TieredOffloadingSpec, "get_manager", recorded)
     tiers = {"tiers": [{"medium": "cpu", "capacity": 150 * 8192, "eviction_policy": "arc"}]}
     with LLM(EngineConfig(num_gpu_blocks=60, max_num_seqs=3, max_num_batched_tokens=256, kv_offload=tiers)) as llm:
         run_chat_workload(llm, ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12))

@@ -76,14 +76,14 @@ class FailingReads(MemoryIO):
 
 
 def test_refused_and_failed_copies_are_logged_once_per_cause(caplog):
-    from kvoffload.transfer.handler import OffloadingWorker
+    from kvoffload.transfer.handler import TransferRouter
 
     num_blocks = 4
     kv = canonicalize([torch.randn(2, num_blocks, 4, 2, 8) for _ in range(2)], num_blocks)
     host = HostBlockBuffer(2, kv.page_bytes)
     io = FailingReads()
     tier = SecondaryTierHandler(REMOTE, io, kv, host, 1, kv.page_bytes, SlotFences(), SlotFences())
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     worker.register_handler(RemoteLoadStoreSpec, GPULoadStoreSpec, tier)
     worker.register_handler(CPULoadStoreSpec, RemoteLoadStoreSpec, tier)
     caplog.set_level("WARNING")

@@ -1,4 +1,4 @@
-"""CPUOffloadingSpec: a CPU DRAM tier, then any chain of secondary tiers behind it (each a
+"""TieredOffloadingSpec: a CPU DRAM tier, then any chain of secondary tiers behind it (each a
 TierKind plugin), optionally the reuse filter in front of them all."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 from kvoffload.errors import ConfigError
 from kvoffload.offload.abstract import LoadStoreSpec, Medium, OffloadingManager
 from kvoffload.offload.chain import TierChain
+from kvoffload.offload.chain_of_tiers import ChainOfTiers
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 from kvoffload.offload.spec import OffloadingSpec
-from kvoffload.offload.tiered_manager import TieredOffloadingManager
 from kvoffload.registry import TIER_KINDS
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.transfer.device_host_handler import DeviceHostHandler
@@ -24,7 +24,7 @@ from kvoffload.transfer.streams import make_stream_pool
 from kvoffload.transfer.tier_io import TierIO
 
 
-class CPUOffloadingSpec(OffloadingSpec):
+class TieredOffloadingSpec(OffloadingSpec):
     def num_blocks_per_tier(self) -> list[int]:
         """A tier's ``capacity`` is its total over all ranks (like vLLM's ``cpu_bytes_to_use``):
         under tensor parallelism each rank holds its shard of every block, capacity / world_size."""
@@ -66,7 +66,7 @@ class CPUOffloadingSpec(OffloadingSpec):
             for tier in secondaries:
                 tier.close()
             raise
-        manager: TierChain = TieredOffloadingManager(cpu, *secondaries,
+        manager: TierChain = ChainOfTiers(cpu, *secondaries,
                                                      write_through=[t.write_through for t in cfg.tiers[1:]])
         if cfg.store_threshold >= 2:
             manager = FilterReusedOffloadingManager(manager, cfg.store_threshold, cfg.max_tracker_size)

@@ -1,4 +1,4 @@
-"""TieredOffloadingManager: the host (CPU) tier in front of a chain of secondary tiers.
+"""ChainOfTiers: the host (CPU) tier in front of a chain of secondary tiers.
 
 ``tiers[0]`` is the host tier (a LedgerTier); ``tiers[1:]`` are any Tiers (disk, a shared store),
 slowest last, one per medium; with none it is a chain of one. The chain has no special cases:
@@ -48,12 +48,12 @@ def as_chain(manager: OffloadingManager) -> TierChain:
     if isinstance(manager, TierChain):
         return manager
     if isinstance(manager, LedgerTier):
-        return TieredOffloadingManager(manager)
+        return ChainOfTiers(manager)
     raise TypeError(f"{type(manager).__name__}: the connector drives a TierChain; return a "
-                    "TieredOffloadingManager over your tiers (or a LedgerTier, a chain of one) from get_manager()")
+                    "ChainOfTiers over your tiers (or a LedgerTier, a chain of one) from get_manager()")
 
 
-class TieredOffloadingManager(TierChain):
+class ChainOfTiers(TierChain):
     def __init__(self, primary: LedgerTier, *secondaries: Tier,
                  write_through: bool | Sequence[bool] = False) -> None:
         """``primary`` the host tier, ``secondaries`` the slower ones in order; ``write_through``
@@ -87,7 +87,7 @@ class TieredOffloadingManager(TierChain):
         if medium is None:
             if not self.secondaries:  # a chain of one: the only tier
                 return self.primary
-            raise ValueError("TieredOffloadingManager needs the medium of the tier a load or demotion used")
+            raise ValueError("ChainOfTiers needs the medium of the tier a load or demotion used")
         return self._by_medium[medium]
 
     # ---- lookups and loads ---------------------------------------------------------------
