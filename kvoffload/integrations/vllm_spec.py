@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingSpec, TransferRouter
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingSpec, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from kvoffload.config import ConfigError, OffloadConfig
@@ -33,7 +33,7 @@ from kvoffload.offload.empty_manager import EmptyOffloadingManager
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 
 SPEC_NAME = "KVOffloadSpec"
-#: Keys of vLLM's own TieredOffloadingSpec that mean something else here.
+#: Keys of vLLM's own CPUOffloadingSpec that mean something else here.
 _VLLM_CPU_KEYS = ("cpu_bytes_to_use", "eviction_policy", "store_threshold", "max_tracker_size",
                   "cache_policy_module_path")
 
@@ -42,7 +42,7 @@ def check_config(cfg: OffloadConfig, extra: dict) -> None:
     misplaced = [k for k in _VLLM_CPU_KEYS if k in extra]
     if misplaced:
         raise ConfigError(
-            f"kv_connector_extra_config.{misplaced[0]}: a key of vLLM's TieredOffloadingSpec; with {SPEC_NAME} put "
+            f"kv_connector_extra_config.{misplaced[0]}: a key of vLLM's CPUOffloadingSpec; with {SPEC_NAME} put "
             "capacity, eviction_policy and store_threshold in the kvoffload config (\"config\" or \"config_file\")"
         )
     if len(cfg.tiers) != 1 or cfg.tiers[0].medium != "cpu":
@@ -63,7 +63,7 @@ class KVOffloadSpec(OffloadingSpec):
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
         """The same ``vllm:kv_offload_*`` metrics as vLLM's CPU spec (KVOffloadManager.get_stats
         reports them), the skipped-store counter when our config enables the reuse filter."""
-        from vllm.v1.kv_offload.cpu.spec import TieredOffloadingSpec as VllmCPUSpec
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec as VllmCPUSpec
 
         try:
             threshold = load_extra_config(dict(extra_config)).store_threshold
@@ -82,7 +82,7 @@ class KVOffloadSpec(OffloadingSpec):
         tier = self.offload_config.tiers[0]
         self.num_chunks = tier.num_blocks(self.chunk_bytes, "tiers[0]") if self.chunk_bytes else 0
         self._manager: KVOffloadManager | None = None
-        self._worker: TransferRouter | None = None
+        self._worker: OffloadingWorker | None = None
 
     def _build_manager(self) -> KVOffloadingManager:
         cfg = self.offload_config
@@ -104,7 +104,7 @@ class KVOffloadSpec(OffloadingSpec):
             self._manager = KVOffloadManager(self._build_manager)
         return self._manager
 
-    def get_worker(self, kv_caches: CanonicalKVCaches) -> TransferRouter:
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
             from kvoffload.integrations.vllm_worker import KVOffloadWorker
 

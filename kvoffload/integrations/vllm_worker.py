@@ -1,4 +1,4 @@
-"""KVOffloadWorker: kvoffload's copy engine behind vLLM's ``TransferRouter`` contract.
+"""KVOffloadWorker: kvoffload's copy engine behind vLLM's ``OffloadingWorker`` contract.
 
 vLLM hands the worker its KV cache already reduced to ``(num_blocks, page_bytes)`` int8
 views (``CanonicalKVCaches``) and, per job, a GPU spec (block ids, the first block's index in
@@ -19,8 +19,8 @@ from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
     LoadStoreSpec,
+    OffloadingWorker,
     TransferResult,
-    TransferRouter,
 )
 
 from kvoffload.transfer.device_host_handler import DeviceHostHandler
@@ -51,7 +51,7 @@ def canonical_from_vllm(kv_caches: CanonicalKVCaches) -> CanonicalKVCache:
     return CanonicalKVCache(tuple(views), num_blocks)
 
 
-class KVOffloadWorker(TransferRouter):
+class KVOffloadWorker(OffloadingWorker):
     def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int,
                  backend: str = "auto", num_streams: int = 4) -> None:
         self.kv = canonical_from_vllm(kv_caches)
