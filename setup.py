@@ -1,4 +1,4 @@
-"""Build configuration beyond pyproject.toml: the optional native ledger (kvoffload_ext._ledger).
+"""Build configuration beyond pyproject.toml: the optional native ledger (kvoffload_ext.ledger._ledger).
 
 ``optional=True``: without a C compiler or Python headers the install still succeeds and
 kvoffload uses its pure-Python ledger (logged once at start-up).
@@ -6,7 +6,7 @@ kvoffload uses its pure-Python ledger (logged once at start-up).
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("kvoffload_ext._ledger", ["kvoffload_ext/_ledger.c"], optional=True,
-                             depends=["kvoffload_ext/ledger_containers.h", "kvoffload_ext/ledger_policy.h",
-                                      "kvoffload_ext/ledger_prefix_value.h"],
+setup(ext_modules=[Extension("kvoffload_ext.ledger._ledger", ["kvoffload_ext/ledger/_ledger.c"], optional=True,
+                             depends=["kvoffload_ext/ledger/ledger_containers.h", "kvoffload_ext/ledger/ledger_policy.h",
+                                      "kvoffload_ext/ledger/ledger_prefix_value.h"],
                              extra_compile_args=["-O2", "-std=c11"])])

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
-from kvoffload_ext import fs_files
+from kvoffload_ext.fs_records import fs_files
 
 BLOCKS = (64 << 10, 256 << 10, 1 << 20, 2 << 20)
 PHASES = ("store", "load", "lookup", "plain_write", "plain_read")

@@ -22,7 +22,7 @@ from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
 from kvoffload_ext import copy_block_groups
-from kvoffload_ext.cpu_copy import COPY_THREADS, copy_ranges_cpu
+from kvoffload_ext.copies.cpu_copy import COPY_THREADS, copy_ranges_cpu
 
 D2H, H2D = "device->host", "host->device"
 

@@ -1,4 +1,4 @@
-"""NativeSlots: a LedgerTier's ledger in C (``kvoffload_ext._ledger``) for "lru", "arc",
+"""NativeSlots: a LedgerTier's ledger in C (``kvoffload_ext.ledger._ledger``) for "lru", "arc",
 "arc_classic" and "prefix_value".
 
 The same contract, slots, eviction order and ghost lists as the Python ledger; one C call per
@@ -25,7 +25,7 @@ from kvoffload.offload.policy import CachePolicy
 from kvoffload.registry import PolicyRef
 
 try:
-    from kvoffload_ext import _ledger
+    from kvoffload_ext.ledger import _ledger
 except ImportError as exc:  # built optionally: no compiler or headers at install time
     _ledger = None  # type: ignore[assignment]
     _IMPORT_ERROR: ImportError | None = exc
@@ -66,7 +66,7 @@ def wants_native(cache_policy: object, native: bool | None) -> bool:
     if _ledger is None:
         if native:
             raise NativeLedgerUnavailableError(
-                f"native=True but kvoffload_ext._ledger is not built ({_IMPORT_ERROR}); reinstall kvoffload "
+                f"native=True but kvoffload_ext.ledger._ledger is not built ({_IMPORT_ERROR}); reinstall kvoffload "
                 "where a C compiler and the Python headers are present (pip install -e .)")
         if not _warned:
             _warned = True

@@ -12,7 +12,7 @@ from kvoffload.offload.abstract import BlockHash, SlotIds
 from kvoffload.offload.block_status import BlockStatus
 
 if TYPE_CHECKING:
-    from kvoffload_ext._ledger import Ledger
+    from kvoffload_ext.ledger._ledger import Ledger
 
 
 class NativeLedgerView:

@@ -16,7 +16,8 @@ from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, StreamPool
-from kvoffload_ext import CopyGroup, copy_block_groups
+from kvoffload_ext import copy_block_groups
+from kvoffload_ext.copies import CopyGroup
 
 
 def host_copy_groups(kv: CanonicalKVCache, host: HostBlockBuffer, direction: str, device_ids: np.ndarray,

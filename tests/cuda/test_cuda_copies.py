@@ -21,7 +21,7 @@ OFFSETS = [(0, 0), (5, 21), (3, 17)]  # aligned; same misalignment both sides; d
 
 
 def loop_impl(src, dst, s_ids, d_ids):
-    from kvoffload_ext.cuda_copy import copy_blocks_loop
+    from kvoffload_ext.copies.cuda_copy import copy_blocks_loop
 
     copy_blocks_loop(src, dst, np.asarray(s_ids), np.asarray(d_ids))
 

@@ -16,7 +16,7 @@ CAPACITY = 6
 
 class LedgerMachine(RuleBasedStateMachine):
     policy = "lru"
-    native: bool = False  # which ledger: the C one (kvoffload_ext._ledger) or the Python one
+    native: bool = False  # which ledger: the C one (kvoffload_ext.ledger._ledger) or the Python one
     steps_run = 0
 
     def __init__(self) -> None:
@@ -130,7 +130,7 @@ def code_path(request, monkeypatch):
     force their numpy paths too, so every path is checked."""
     monkeypatch.setattr(LedgerMachine, "native", request.param == "native")
     if request.param == "native":
-        pytest.importorskip("kvoffload_ext._ledger", reason="native ledger not built (test_native_ledger.py::test_the_readme_install_builds_the_native_ledger says why)")
+        pytest.importorskip("kvoffload_ext.ledger._ledger", reason="native ledger not built (test_native_ledger.py::test_the_readme_install_builds_the_native_ledger says why)")
     if request.param == "vectorised":
         from kvoffload.offload import block_status, stamp_order
 

@@ -1,4 +1,4 @@
-"""The native ledger (kvoffload_ext._ledger): the same answers as the Python ledger, op for op,
+"""The native ledger (kvoffload_ext.ledger._ledger): the same answers as the Python ledger, op for op,
 at sizes where its hash table probes, wraps and shifts; keys released; a clear fallback."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_the_readme_install_builds_the_native_ledger():
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not (shutil.which("cc") or shutil.which("gcc")) or not headers.exists():
         pytest.skip("no C compiler or Python headers here: the Python ledger is the expected path")
-    assert nm.native_available(), f"kvoffload_ext._ledger failed to build or import: {nm._IMPORT_ERROR}"
+    assert nm.native_available(), f"kvoffload_ext.ledger._ledger failed to build or import: {nm._IMPORT_ERROR}"
 
 
 def _state(mgr, policy="arc"):
@@ -167,14 +167,14 @@ def test_restore_matches_the_python_ledger():
 
 def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypatch, caplog):
     monkeypatch.setattr(nm, "_ledger", None)
-    monkeypatch.setattr(nm, "_IMPORT_ERROR", ImportError("no module named kvoffload_ext._ledger"))
+    monkeypatch.setattr(nm, "_IMPORT_ERROR", ImportError("no module named kvoffload_ext.ledger._ledger"))
     monkeypatch.setattr(nm, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="kvoffload.offload.native_ledger"):
         first, second = CPUOffloadingManager(4, "lru"), CPUOffloadingManager(4, "arc")
     assert not isinstance(first, NativeSlots) and not isinstance(second, NativeSlots)
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "no module named kvoffload_ext._ledger" in lines[0] and "Python ledger" in lines[0]
-    with pytest.raises(NativeLedgerUnavailableError, match=r"native=True but kvoffload_ext\._ledger is not built .*pip install"):
+    assert len(lines) == 1 and "no module named kvoffload_ext.ledger._ledger" in lines[0] and "Python ledger" in lines[0]
+    with pytest.raises(NativeLedgerUnavailableError, match=r"native=True but kvoffload_ext\.ledger\._ledger is not built .*pip install"):
         CPUOffloadingManager(4, "lru", native=True)
 
 
@@ -233,7 +233,7 @@ def test_no_key_reference_leaks_across_every_operation(policy):
 def test_the_raw_ledger_type_refuses_bad_construction_instead_of_crashing():
     from array import array
 
-    from kvoffload_ext import _ledger
+    from kvoffload_ext.ledger import _ledger
 
     with pytest.raises(TypeError):
         _ledger.Ledger.__new__(_ledger.Ledger)  # no half-built ledger whose methods would crash

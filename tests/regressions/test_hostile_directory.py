@@ -23,7 +23,7 @@ from kvoffload.tiers.fs.bucket import COUNTER_NAME
 from kvoffload.tiers.fs.directory import META_NAME, FsDirectory
 from kvoffload.tiers.fs.record_files import record_files
 from kvoffload.tiers.fs.store import MISSING, FsStore
-from kvoffload_ext import fs_files
+from kvoffload_ext.fs_records import fs_files
 
 RECORD = 8192 - 64
 PROMPTS = [[(i * 37 + j) % 250 + 1 for j in range(160)] for i in range(4)]

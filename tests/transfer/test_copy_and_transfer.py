@@ -170,7 +170,7 @@ def test_copy_block_groups_one_call_for_views_of_several_widths_and_chunks():
 
 
 def test_byte_ranges_fold_rows_that_continue_each_other():
-    from kvoffload_ext.ranges import byte_ranges
+    from kvoffload_ext.copies.ranges import byte_ranges
 
     src = torch.zeros(8, 16, dtype=torch.uint8)
     dst = torch.zeros(8, 16, dtype=torch.uint8)
@@ -183,7 +183,7 @@ def test_byte_ranges_fold_rows_that_continue_each_other():
 def test_byte_ranges_of_many_groups_match_a_row_by_row_reference():
     """The all-groups-at-once computation against the obvious per-row one: groups of several
     widths and strides (views into wider rows), shared and empty id arrays, then folded."""
-    from kvoffload_ext.ranges import byte_ranges, fold
+    from kvoffload_ext.copies.ranges import byte_ranges, fold
 
     rng = np.random.default_rng(7)
     base = [torch.zeros(40, 96, dtype=torch.uint8), torch.zeros(40, 96, dtype=torch.uint8)]

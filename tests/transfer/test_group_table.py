@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload_ext.group_table import FIELDS, expand, group_table
+from kvoffload_ext.copies.group_table import FIELDS, expand, group_table
 
 
 def reference(groups, slice_bytes):

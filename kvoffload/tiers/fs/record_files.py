@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from kvoffload.errors import ConfigError
 from kvoffload.safe_files import ForeignEntryError, create_exclusive, open_file
 from kvoffload.tiers.fs.bucket import ALLOC_BYTES, COUNTER_NAME, Bucket, BucketBusyError, HeldBucket, allocated
-from kvoffload_ext import fs_files
+from kvoffload_ext.fs_records import fs_files
 
 MISSING = -errno.ENOENT
 BUSY = -errno.EBUSY

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.directory import FsDirectory
 from kvoffload.tiers.fs.store import MISSING, FsStore
-from kvoffload_ext import fs_files
+from kvoffload_ext.fs_records import fs_files
 
 RECORD = 4096 - 64 + 100  # allocated as 8 KiB
 KEYS = st.sampled_from([f"ns/k{i}" for i in range(24)])

@@ -22,7 +22,7 @@ from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.directory import META_NAME, FsDirectory, bucket_count
 from kvoffload.tiers.fs.record_files import record_files
 from kvoffload.tiers.fs.store import BUSY, MISSING, NO_ROOM, FsStore
-from kvoffload_ext import fs_files
+from kvoffload_ext.fs_records import fs_files
 
 RECORD = 8192 - 64  # a record's bytes: allocated as 8 KiB
 

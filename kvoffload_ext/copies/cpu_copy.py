@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from kvoffload_ext.native import native_lib
+from kvoffload_ext.copies.host_loop import native_lib
 
 _memmove = ctypes.memmove
 #: Threads one large host copy is split across (the caller's plus a pool's).

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Sequence
 from importlib.resources import files
 
-from kvoffload_ext.native import compile_library
+from kvoffload_ext.build import compile_library
 
 WRITTEN = 0
 EXISTED = 1
@@ -23,7 +23,7 @@ NEEDS_ROOM = 2
 
 
 def _source() -> str:
-    return files("kvoffload_ext").joinpath("fs_files.c").read_text()
+    return files("kvoffload_ext.fs_records").joinpath("fs_files.c").read_text()
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -1,5 +1,5 @@
 /* The CPU tier's block ledger in C: the hot half of kvoffload.offload.cpu_manager for the
- * policies named "lru", "arc" and "arc_classic", as the Python type kvoffload_ext._ledger.Ledger.
+ * policies named "lru", "arc" and "arc_classic", as the Python type kvoffload_ext.ledger._ledger.Ledger.
  *
  * Why C: the scheduler calls the ledger on every step with a few dozen hashes, and in Python the
  * per-hash work (dict probes, list moves, ref counts) costs more than everything vLLM's own manager
@@ -576,7 +576,7 @@ static PySequenceMethods L_as_seq = {.sq_contains = (objobjproc)L_contains};
 
 static PyTypeObject LedgerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kvoffload_ext._ledger.Ledger",
+    .tp_name = "kvoffload_ext.ledger._ledger.Ledger",
     .tp_basicsize = sizeof(Ledger),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Ledger(capacity, policy, refs): one tier's slots, ref counts and LRU (1) / ARC (2) / classic ARC (3) / prefix_value (4) order.",
@@ -587,7 +587,7 @@ static PyTypeObject LedgerType = {
     .tp_as_sequence = &L_as_seq,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ledger", "The native block ledger.", -1, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvoffload_ext.ledger._ledger", "The native block ledger.", -1, NULL};
 
 PyMODINIT_FUNC PyInit__ledger(void) {
     if (PyType_Ready(&LedgerType) < 0) return NULL;

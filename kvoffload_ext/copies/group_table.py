@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvoffload_ext.ranges import CopyGroup, live_groups
+from kvoffload_ext.copies.ranges import CopyGroup, live_groups
 
 #: int64 fields per group record.
 FIELDS = 8

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kvoffload_ext.group_table import GroupTable, group_table
-from kvoffload_ext.ranges import CopyGroup
+from kvoffload_ext.copies.group_table import GroupTable, group_table
+from kvoffload_ext.copies.ranges import CopyGroup
 
 log = logging.getLogger("kvoffload")
 # CuPy 14 deprecates ExternalStream for Stream.from_external; CuPy 13 has only the former.

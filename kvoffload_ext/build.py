@@ -1,5 +1,5 @@
-"""Optional native loops, compiled on first use with the system C compiler: the host copy loop
-(here) and the fs tier's batched record files (``fs_files``).
+"""Native loops compiled on first use with the system C compiler: the host copy loop
+(``copies.host_loop``) and the fs tier's batched record files (``fs_records.fs_files``).
 
 One ctypes call runs a whole job's loop (ctypes releases the GIL for its duration), so small
 items no longer pay a Python iteration each and other threads run meanwhile. Each library is
@@ -20,16 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("kvoffload")
-
-_SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-void kvo_copy_ranges(const int64_t* src, const int64_t* dst, const int64_t* len, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        memcpy((void*)(uintptr_t)dst[i], (const void*)(uintptr_t)src[i], (size_t)len[i]);
-    }
-}
-"""
 
 _libs: dict[str, ctypes.CDLL | None] = {}
 
@@ -79,13 +69,3 @@ def _build(stem: str, source: str, fallback: str) -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("could not build %s with %s (%s): %s", stem, compiler, e, fallback)
         return None
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    lib.kvo_copy_ranges.restype = None
-    lib.kvo_copy_ranges.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-
-
-def native_lib() -> ctypes.CDLL | None:
-    """The copy loop's library (``kvo_copy_ranges``), or None."""
-    return compile_library("kvo_copy", lambda: _SOURCE, _declare, "host block copies use the slower Python memmove loop")

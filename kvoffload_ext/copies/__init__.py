@@ -1,0 +1,51 @@
+"""Batched block copies behind two functions (re-exported as ``kvoffload_ext.copy_blocks`` and
+``kvoffload_ext.copy_block_groups``).
+
+``copy_blocks(src, dst, src_ids, dst_ids)`` copies row ``src[src_ids[i]]`` to
+``dst[dst_ids[i]]`` for two 2-D uint8 tensors of equal row width (rows may be strided, each
+row contiguous). ``copy_block_groups`` does the same for several such groups at once (every
+layer view of a KV cache, say) in one native call or one kernel launch. Both return once the
+copy is issued: on CPU that means done; on CUDA it is queued on the current stream. The
+implementation is picked from the tensors' devices: ``cpu_copy`` (over ``host_loop``),
+``cuda_copy`` (over ``group_table``), both from the byte ranges ``ranges`` computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from kvoffload_ext.copies.cpu_copy import copy_ranges_cpu
+from kvoffload_ext.copies.ranges import CopyGroup, as_ids, byte_ranges, check_group
+
+__all__ = ["CopyGroup", "copy_block_groups", "copy_blocks"]
+
+
+def copy_blocks(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_ids: Sequence[int] | np.ndarray | torch.Tensor,
+    dst_ids: Sequence[int] | np.ndarray | torch.Tensor,
+) -> None:
+    copy_block_groups([(src, dst, as_ids(src_ids), as_ids(dst_ids))])
+
+
+def copy_block_groups(groups: Sequence[CopyGroup]) -> None:
+    groups = [(s, d, as_ids(si), as_ids(di)) for s, d, si, di in groups]
+    bounds: dict[int, tuple[int, int]] = {}
+    for group in groups:
+        check_group(*group, bounds=bounds)
+    groups = [g for g in groups if len(g[2])]
+    if not groups:
+        return
+    cuda = {t.device for s, d, _, _ in groups for t in (s, d) if t.is_cuda}
+    if len(cuda) > 1:
+        raise ValueError(f"one copy spans several CUDA devices: {sorted(map(str, cuda))}")
+    if cuda:
+        from kvoffload_ext.copies.cuda_copy import copy_groups_cuda
+
+        copy_groups_cuda(groups, cuda.pop())
+    else:
+        copy_ranges_cpu(*byte_ranges(groups))

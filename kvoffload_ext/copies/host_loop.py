@@ -1,0 +1,28 @@
+"""The host copy loop in C (``kvo_copy_ranges``: one memcpy per byte range, a whole job per
+call with the GIL released), compiled on first use (``kvoffload_ext.build``)."""
+
+from __future__ import annotations
+
+import ctypes
+
+from kvoffload_ext.build import compile_library
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+void kvo_copy_ranges(const int64_t* src, const int64_t* dst, const int64_t* len, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        memcpy((void*)(uintptr_t)dst[i], (const void*)(uintptr_t)src[i], (size_t)len[i]);
+    }
+}
+"""
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.kvo_copy_ranges.restype = None
+    lib.kvo_copy_ranges.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+
+
+def native_lib() -> ctypes.CDLL | None:
+    """The copy loop's library (``kvo_copy_ranges``), or None."""
+    return compile_library("kvo_copy", lambda: _SOURCE, _declare, "host block copies use the slower Python memmove loop")
