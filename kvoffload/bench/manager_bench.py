@@ -12,6 +12,7 @@ from kvoffload.bench.baseline_manager import TextbookManager
 from kvoffload.bench.ledger_replay import bytes_per_block, replay
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.offload import CPUOffloadingManager
+from kvoffload.offload.native_ledger import NATIVE_POLICIES, native_available
 from kvoffload.traces import load_mooncake, synthetic_prefix_workload
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
@@ -37,6 +38,23 @@ def run(name: str, requests: list[list[int]], capacity: int, reps: int = 3) -> N
         print(f"{policy:<6} {'ratio':<10} {o_rate.ratio(b_rate).fmt() + 'x':>16} {same:>11} {o_mem / b_mem:12.2f}x")
 
 
+def run_native_vs_python(name: str, requests: list[list[int]], capacity: int, reps: int = 3) -> None:
+    """What the C ledger buys each policy it implements: the same replay on the native and the
+    Python ledger of the same policy, alternating, a fresh ledger each run."""
+    print(f"\n== native vs Python ledger, {name}: {len(requests):,} requests, capacity {capacity:,} slots")
+    print(f"{'policy':<13} {'native Mops/s':>16} {'Python Mops/s':>16} {'ratio':>14}  hits")
+    for policy in NATIVE_POLICIES:
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        hits: dict[bool, int] = {}
+        for _ in range(reps):
+            for native in (True, False):
+                ops, hits[native], seconds = replay(CPUOffloadingManager(capacity, policy, native=native), requests)
+                rates[native].append(ops / seconds / 1e6)
+        n, py = Sample(tuple(rates[True])), Sample(tuple(rates[False]))
+        same = "identical" if hits[True] == hits[False] else "DIFFER"
+        print(f"{policy:<13} {n.fmt():>16} {py.fmt():>16} {n.ratio(py).fmt() + 'x':>14}  {same}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("manager", __doc__)
     parser.add_argument("--capacity", type=int, default=1_000_000)
@@ -44,9 +62,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", type=Path, default=MOONCAKE)
     parser.add_argument("--vs-vllm", action="store_true",
                         help="compare with vLLM's CPUOffloadingManager (LRU, ARC); needs vLLM importable")
+    parser.add_argument("--native-vs-python", action="store_true",
+                        help="what the C ledger buys each policy it implements, on the trace at 5%% of its blocks")
     add_reps(parser)
     args = parser.parse_args(argv)
     print(preamble(args.reps))
+    if args.native_vs_python:
+        if not native_available():
+            raise SystemExit("--native-vs-python: the native ledger is not built here; reinstall with a C compiler")
+        reqs = load_mooncake(args.trace) if args.trace.exists() else synthetic_prefix_workload(args.requests)
+        unique = len({b for r in reqs for b in r})
+        run_native_vs_python(args.trace.name if args.trace.exists() else "synthetic", reqs, max(1, unique // 20),
+                             args.reps)
+        return
     if args.vs_vllm:
         try:
             from kvoffload.bench import vllm_manager_bench
