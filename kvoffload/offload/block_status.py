@@ -63,7 +63,7 @@ _RESTAMP_VECTOR_MIN = 48  # restamps longer than this assign stamps with numpy
 
 
 class BlockLedger:
-    """Slot-indexed arrays plus the one hash → slot dict; shared by a manager and its policy.
+    """Slot-indexed arrays plus the one hash → slot dict; shared by a tier and its policy.
 
     ``refs``/``stamps``/``tags`` are the arrays; ``ref_cnt``/``stamp``/``tag`` their numpy views.
     """

@@ -1,6 +1,6 @@
 """CachePolicy: decides which offloaded block leaves when a tier is full.
 
-Contract (the manager relies on it):
+Contract (the tier relies on it):
   * ``get/insert/remove`` maintain membership; ``touch`` records use, ``hashes[0]`` ending
     most recent (a request's tail is evicted before its head).
   * ``evict(n, protected)`` returns exactly n ``(hash, BlockStatus)`` victims and forgets
@@ -134,7 +134,7 @@ class LedgerCachePolicy(CachePolicy):
         self._on_bind()
 
     def bind_ledger(self, ledger: BlockLedger) -> None:
-        """Adopt a manager's ledger; only allowed while this policy is empty."""
+        """Adopt the tier's ledger; only allowed while this policy is empty."""
         if self.ledger.index:
             raise ValueError("cannot rebind a policy that already holds blocks")
         if ledger.capacity < self.cache_capacity:
