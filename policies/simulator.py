@@ -136,10 +136,9 @@ class OpRecorder(ChainOfTiers):
 
     def __init__(self, backing: OffloadingManager) -> None:
         chain = as_chain(backing)
-        primary, secondaries, _ = chain.same_tiers() if isinstance(chain, ChainOfTiers) else (None, [], [])
-        if primary is None or secondaries or type(chain) is not ChainOfTiers:
+        if type(chain) is not ChainOfTiers or chain.secondaries:
             raise TypeError(f"OpRecorder records a chain of one tier; got {type(backing).__name__}")
-        super().__init__(primary)
+        super().__init__(chain.primary)
         self.ops: list[tuple[str, list[Hashable], bool]] = []
 
     def lookup_prefix(self, block_hashes):

@@ -91,7 +91,7 @@ class KVOffloadSpec(OffloadingSpec):
             return EmptyOffloadingManager(block_size)
         manager: KVOffloadingManager = CPUOffloadingManager(
             self.num_chunks,
-            cache_policy=cfg.tiers[0].eviction_policy,
+            cache_policy=cfg.tiers[0].cache_policy,
             enable_events=self.kv_events_config.enable_kv_cache_events or cfg.metrics.events,
             block_size=block_size,
         )
