@@ -102,6 +102,8 @@ class TierConfig:
     #: ``eviction_policy`` resolved by config (None for a TierConfig built by hand: the tier
     #: resolves the name itself).
     policy: PolicyRef | None = field(default=None, compare=False)
+    #: How hits in this tier are served (None: the config's top-level ``load_mode``).
+    load_mode: str | None = None
 
     @property
     def cache_policy(self) -> PolicyRef | str:
@@ -116,6 +118,19 @@ class TierConfig:
                 f"({block_bytes} bytes); raise the capacity"
             )
         return n
+
+
+#: How a hit is served. auto: the cost model picks, per request, loading or recomputing (all of
+#: the hit or its leading part); async: always load, the request waits for the whole load (the
+#: behaviour before the cost model); never-recompute: always load, as auto would when loading.
+LOAD_MODES = ("auto", "async", "never-recompute")
+
+
+def _load_mode(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    value = raw.get("load_mode", default)
+    if value is not None and value not in LOAD_MODES:
+        raise ConfigError(f"{key}: {str(value)[:40]!r} is not a load mode; use one of {', '.join(LOAD_MODES)}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +157,8 @@ class OffloadConfig:
     spec_module_path: str | None = None
     #: The shared secret that authenticates records of disk and shared tiers.
     auth: AuthConfig = field(default_factory=AuthConfig)
+    #: How hits are served, unless a tier says otherwise (``LOAD_MODES``).
+    load_mode: str = "auto"
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
@@ -166,7 +183,7 @@ class OffloadConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadConfig:
         _check_keys(raw, {"offloaded_block_size", "store_threshold", "max_tracker_size", "tiers", "transfer",
-                          "metrics", "spec_name", "spec_module_path", "auth"}, "")
+                          "metrics", "spec_name", "spec_module_path", "auth", "load_mode"}, "")
         if "tiers" not in raw:
             raise ConfigError("tiers: required; list at least one tier, e.g. [{name: cpu, medium: cpu, capacity: 8GiB}]")
         tiers = _parse_tiers(raw["tiers"])
@@ -200,6 +217,7 @@ class OffloadConfig:
             spec_name=spec_name,
             spec_module_path=spec_module_path,
             auth=parse_auth(raw.get("auth")),
+            load_mode=_load_mode(raw, "load_mode", "auto") or "auto",
         )
 
     @classmethod
@@ -230,6 +248,12 @@ class OffloadConfig:
             )
         return size // engine_block_size
 
+    def tier_load_modes(self) -> dict[str, str]:
+        """Each tier's load mode by the medium its jobs carry ("CPU", "DISK", "FS")."""
+        kinds: list[Any] = [TIER_KINDS.load(t.medium) for t in self.tiers[1:]]  # TierKind classes
+        media = ["CPU", *(str(kind.medium) for kind in kinds)]
+        return {m: t.load_mode or self.load_mode for m, t in zip(media, self.tiers)}
+
     def tier_blocks(self, block_bytes: int) -> list[int]:
         return [t.num_blocks(block_bytes, f"tiers[{i}]") for i, t in enumerate(self.tiers)]
 
@@ -256,7 +280,8 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         medium = raw.get("medium")
         kind = _check_medium(medium, i, key)
         option_keys = kind.option_keys if kind is not None else frozenset()
-        _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path", "write_through", *option_keys}, key)
+        _check_keys(raw, {"name", "medium", "capacity", "eviction_policy", "path", "write_through", "load_mode",
+                          *option_keys}, key)
         if above is not None and above.last_in_chain:
             raise ConfigError(f"{key}: a tier after the {tiers[-1].medium} tier; {tiers[-1].medium} must be the last tier "
                               "(list it after cpu and disk)")
@@ -310,7 +335,8 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
                               "through to; remove it from the cpu tier")
         tier = TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy, policy=policy_ref,
                           path=expand_path(path, f"{key}.path") if path is not None else None,
-                          write_through=write_through, options=options)
+                          write_through=write_through, options=options,
+                          load_mode=_load_mode(raw, f"{key}.load_mode", None))
         if kind is not None:
             kind.validate(tier, key)
         tiers.append(tier)
@@ -412,6 +438,7 @@ def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_si
         f" (tracker {cfg.max_tracker_size})",
         f"transfer: backend={cfg.transfer.backend}, streams={cfg.transfer.num_streams}",
         f"spec: {cfg.spec_module_path or cfg.spec_name}",
+        f"load mode: {cfg.load_mode}",
         "tiers:",
     ]
     for tier, n in zip(cfg.tiers, blocks):
@@ -419,5 +446,6 @@ def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_si
         if tier.medium == "disk":
             where += ", write-through" if tier.write_through else ", CPU victims only (write-back)"
         lines.append(f"  {tier.name:<8} {tier.medium:<5} {format_bytes(tier.capacity_bytes):>12} = {n} blocks,"
-                     f" policy {tier.eviction_policy}{where}")
+                     f" policy {tier.eviction_policy}{where}"
+                     + (f", load mode {tier.load_mode}" if tier.load_mode else ""))
     return "\n".join(lines)

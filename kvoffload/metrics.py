@@ -26,6 +26,9 @@ HIT_BLOCKS = ("kvoffload_hit_blocks", "Offloaded blocks loaded, by tier")
 REJECTED_BLOCKS = ("kvoffload_tier_rejected_blocks",
                    "Blocks a tier's read rejected and dropped (served as misses), by tier and reason: checksum, "
                    "auth (MAC: not written with the shared secret), key, format, missing")
+LOAD_DECISIONS = ("kvoffload_load_decisions",
+                  "Hits the cost model decided, by the slowest tier the hit reached and decision: load (all of it), "
+                  "partial (its leading part, the rest recomputed), recompute (none of it)")
 FAILED_HIT_TOKENS = ("kvoffload_failed_hit_tokens", "Prompt tokens a tier's lookup promised whose load failed (recomputed)")
 #: transfer stats key -> (metric name, help); counters labelled by direction.
 TRANSFER_COUNTERS = {
@@ -39,6 +42,10 @@ GAUGES = {
     "kvoffload_tier_capacity_blocks": ("tier", "Capacity of a tier in blocks"),
     "kvoffload_jobs_in_flight": ("", "Copies planned and not yet reported"),
     "kvoffload_demotions_queued": ("", "1 while demotions wait for the next step"),
+    "kvoffload_tier_load_bytes_per_second": ("tier", "A tier's load throughput, as the cost model measures it"),
+    "kvoffload_tier_load_latency_seconds": ("tier", "A tier's fixed time per load job, as the cost model measures it"),
+    "kvoffload_prefill_tokens_per_second": ("tokens", "The engine's forward throughput in steps of up to this many "
+                                            "tokens, as the cost model measures it"),
 }
 #: connector stats key -> (metric name, help); plain counters without labels.
 CONNECTOR_COUNTERS = {
@@ -57,6 +64,8 @@ CONNECTOR_COUNTERS = {
     "blocks_swapped_in": ("kvoffload_swapped_in_blocks", "Blocks restored at swap-mode resume"),
     "store_flushes": ("kvoffload_store_flushes", "Stores awaited before a step: they read a sliding-window block "
                       "the engine had released and handed out again"),
+    "estimated_saved_seconds": ("kvoffload_estimated_saved_seconds", "Seconds of prefill the loads saved, as the cost "
+                                "model estimated them against recomputing the same tokens"),
 }
 
 #: Counters of each secondary tier's health, labelled by tier.
@@ -85,6 +94,11 @@ def _families(stats: dict[str, Any]) -> Iterator[Any]:
         for reason, n in reasons.items():
             rejected.add_metric([tier, reason], n)
     yield rejected
+    decisions = CounterMetricFamily(*LOAD_DECISIONS, labels=["tier", "decision"])
+    for tier, by_decision in conn.get("load_decisions", {}).items():
+        for decision, n in by_decision.items():
+            decisions.add_metric([tier, decision], n)
+    yield decisions
     failed = CounterMetricFamily(*FAILED_HIT_TOKENS, labels=["tier"])
     for tier, n in conn.get("failed_hit_tokens_by_tier", {}).items():
         failed.add_metric([tier], n)
@@ -129,7 +143,8 @@ def gauge_values(conn: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return {"kvoffload_tier_used_blocks": {tier: u[0] for tier, u in usage.items()},
             "kvoffload_tier_capacity_blocks": {tier: u[1] for tier, u in usage.items()},
             "kvoffload_jobs_in_flight": {"": conn.get("jobs_in_flight", 0)},
-            "kvoffload_demotions_queued": {"": conn.get("demotions_queued", 0)}}
+            "kvoffload_demotions_queued": {"": conn.get("demotions_queued", 0)},
+            **{name: dict(values) for name, values in conn.get("load_cost", {}).items() if name in GAUGES}}
 
 
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:

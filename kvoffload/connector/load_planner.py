@@ -9,11 +9,13 @@ the CPU tier again from the device (promotion).
 
 from __future__ import annotations
 
+import logging
 from typing import cast
 
 from kvoffload.connector.base import EngineRequest
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
 from kvoffload.connector.jobs import JobKind
+from kvoffload.connector.load_cost import LoadChoice, LoadCostModel, LoadDecision, Segment
 from kvoffload.connector.request_state import RequestOffloadState
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_book import Planner, SchedulerBook
@@ -22,11 +24,17 @@ from kvoffload.offload.abstract import BlockHash, LookupResult, Medium
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
+logger = logging.getLogger(__name__)
+
 
 class LoadPlanner(Planner):
     def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
-                 reset_guard: ResetGuard) -> None:
+                 reset_guard: ResetGuard, cost: LoadCostModel) -> None:
         super().__init__(book, manager, groups, stats, reset_guard)
+        #: Decides, per hit, how much of it to load (the rest is recomputed).
+        self.cost = cost
+        #: Requests whose decision was counted (a waiting request is looked up every step).
+        self._decided: set[str] = set()
         #: Per request looked up and not yet planned: the tier each found key is in, so the plan
         #: pins where the lookup found (one question per hash and tier, not two).
         self._found: dict[str, dict[BlockHash, Medium]] = {}
@@ -38,6 +46,7 @@ class LoadPlanner(Planner):
         """The request finished: drop what its lookups left."""
         self._found.pop(rid, None)
         self._touched.discard(rid)
+        self._decided.discard(rid)
 
     def hit_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens past the engine's own ``num_computed_tokens`` the tiers can load (None: ask
@@ -79,6 +88,12 @@ class LoadPlanner(Planner):
             end = sliding_end
         if end <= start:
             return 0, False
+        cut = self._decide(rid, hashes, start, end, found_media)
+        if cut is None:
+            return None, False
+        end = cut
+        if end <= start:
+            return 0, False
         num_hit_tokens = end * size - num_computed_tokens
         if num_hit_tokens <= 0:
             return 0, False
@@ -88,6 +103,41 @@ class LoadPlanner(Planner):
             return None, False  # another request is loading these blocks: ask again later
         self._found[rid] = found_media
         return num_hit_tokens, True
+
+    def _decide(self, rid: str, hashes: list[BlockHash], start: int, end: int,
+                found_media: dict[BlockHash, Medium]) -> int | None:
+        """Where the hit [start, end) should end: the cost model's cut (None: ask again)."""
+        groups = self.groups
+        if not groups.full_groups:
+            return end
+        keys = groups.keys(hashes[start:end], groups.full_groups[0])
+        segments: list[Segment] = []
+        for key in keys:
+            medium = str(found_media.get(key, Medium.CPU))
+            if segments and segments[-1].medium == medium:
+                segments[-1] = Segment(medium, segments[-1].blocks + 1)
+            else:
+                segments.append(Segment(medium, 1))
+        choice = self.cost.choose(segments)
+        cut = start + choice.blocks
+        if cut < end and groups.sliding_groups:
+            sliding_end = self._sliding_hit_end(hashes, start, cut, found_media)
+            if sliding_end is None:
+                return None
+            cut = sliding_end
+        self._count(rid, choice, end - start)
+        return cut
+
+    def _count(self, rid: str, choice: LoadChoice, blocks: int) -> None:
+        if rid in self._decided:
+            return
+        self._decided.add(rid)
+        self.stats.load_decisions[(choice.tier, choice.decision.value)] += 1
+        if choice.decision is not LoadDecision.RECOMPUTE and choice.recompute_s > choice.chosen_s:
+            self.stats.estimated_saved_seconds += choice.recompute_s - choice.chosen_s
+        logger.debug("kvoffload: request %s: hit of %d blocks reaching %s: %s %d of them (%s; estimated load %.2f ms, "
+                     "recompute %.2f ms, chosen %.2f ms)", rid, blocks, choice.tier, choice.decision.value,
+                     choice.blocks, choice.why, choice.load_s * 1e3, choice.recompute_s * 1e3, choice.chosen_s * 1e3)
 
     def _sliding_hit_end(self, hashes: list[BlockHash], start: int, end: int,
                          found_media: dict[BlockHash, Medium]) -> int | None:

@@ -22,7 +22,7 @@ from kvoffload.connector.base import (
     KVConnectorRole,
     StepPlan,
 )
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
+from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.kv_info import EngineKVInfo
@@ -72,13 +72,16 @@ class OffloadingConnector(KVConnectorBase):
         assert isinstance(meta, OffloadingConnectorMetadata)
         self._worker().start_load_kv(meta)
 
+    def wait_for_save(self) -> None:
+        self._worker().wait_for_save()
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker().get_finished(finished_req_ids)
 
     def get_failed_recving(self) -> set[str]:
         return self._worker().get_failed_recving()
 
-    def build_connector_worker_meta(self) -> list[TransferResult]:
+    def build_connector_worker_meta(self) -> list[TransferResult | StepTiming]:
         return self._worker().build_connector_worker_meta()
 
     # ---- scheduler side ------------------------------------------------------------------

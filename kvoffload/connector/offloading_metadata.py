@@ -7,7 +7,16 @@ from dataclasses import dataclass, field
 from kvoffload.connector.base import KVConnectorMetadata
 from kvoffload.connector.jobs import TransferJob
 
-__all__ = ["OffloadingConnectorMetadata", "TransferJob"]
+__all__ = ["OffloadingConnectorMetadata", "StepTiming", "TransferJob"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """What a worker measured of one forward pass (start_load_kv to wait_for_save), sent back
+    with its copy results: the scheduler half prices recomputation by it."""
+
+    tokens: int
+    seconds: float
 
 
 @dataclass
@@ -28,3 +37,5 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     #: step (a sliding window released them): the worker waits for them before any copy or
     #: forward pass of this step can write those blocks.
     flush_jobs: set[int] = field(default_factory=set)
+    #: Tokens this step computes, over all requests (the worker times the step's forward pass).
+    num_step_tokens: int = 0

@@ -17,8 +17,9 @@ from dataclasses import replace
 from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, StepPlan
 from kvoffload.connector.group_keys import GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
+from kvoffload.connector.load_cost import LoadCostModel
 from kvoffload.connector.load_planner import LoadPlanner
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
+from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.request_state import JobRecord
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_book import SchedulerBook
@@ -63,7 +64,10 @@ class OffloadingConnectorScheduler:
         #: After a reset: which requests read device KV older than it (they store nothing).
         self.reset_guard = ResetGuard()
         shared = (self.book, self.manager, self.groups, self.stats, self.reset_guard)
-        self.loads = LoadPlanner(*shared)
+        #: Per tier load timings and the engine's forward timings: how much of each hit to load.
+        self.cost = LoadCostModel(spec.config.tier_load_modes(), self.offloaded_block_size,
+                                  spec.offloaded_block_bytes * self.world_size)
+        self.loads = LoadPlanner(*shared, self.cost)
         self.stores = StorePlanner(*shared)
         self.swaps = SwapPlanner(*shared)
         #: Tokens the engine found on the device at the last lookup (where its loads start).
@@ -148,6 +152,7 @@ class OffloadingConnectorScheduler:
             demotions=self._plan_demotions(),
             swap_out=book.swap_out,
             await_finish=book.delayed,
+            num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
         book.reqs_to_load = {}
         book.swap_out = {}
@@ -155,9 +160,12 @@ class OffloadingConnectorScheduler:
         return meta
 
     # ---- completions -------------------------------------------------------------------------
-    def update_connector_output(self, results: Sequence[TransferResult]) -> None:
+    def update_connector_output(self, results: Sequence[TransferResult | StepTiming]) -> None:
         """Digest the worker halves' results (every rank's, in any order)."""
         for result in results:
+            if isinstance(result, StepTiming):
+                self.cost.observe_step(result.tokens, result.seconds)
+                continue
             job_id = result.job_id
             if job_id not in self.book.jobs:
                 continue
@@ -181,6 +189,8 @@ class OffloadingConnectorScheduler:
             self.manager.complete_demotion(hashes, result.success, job.medium)
             self._record_io(job.medium, result, write=True)
             self.stats.blocks_demoted += len(hashes) if result.success else 0
+            if result.success:
+                self.cost.observe_store(job.medium, len(hashes), result.seconds)
             if result.skipped:
                 self.stats.tier_stores_skipped[job.medium.lower()] += len(hashes)
         elif kind is JobKind.LOAD:
@@ -198,6 +208,7 @@ class OffloadingConnectorScheduler:
             for reason, n in result.rejected:
                 self.stats.tier_rejected[(tier, reason)] += n
             if result.success:
+                self.cost.observe_load(job.medium, len(hashes), result.seconds)
                 self.stats.blocks_loaded += len(hashes)
                 if job.hit_tokens:
                     self.stats.tier_hits[tier] += job.hit_tokens
@@ -254,4 +265,4 @@ class OffloadingConnectorScheduler:
 
     def stats_dict(self) -> ConnectorStatsDict:
         return connector_stats(self.stats, self.manager.report(), len(self.book.jobs),
-                               self.manager.has_pending_demotions())
+                               self.manager.has_pending_demotions(), self.cost.gauges())

@@ -12,12 +12,13 @@ finished-sending report of a request that was loading. Each request is reported 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TypedDict
 
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
+from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
 from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
@@ -114,7 +115,10 @@ class OffloadingConnectorWorker:
         self._failed_block_ids: set[int] = set()
         #: Engines that recompute per block (vLLM) set this and drain take_failed_block_ids().
         self.collect_failed_block_ids = False
-        self._results: list[TransferResult] = []
+        self._results: list[TransferResult | StepTiming] = []
+        #: When this step's forward pass began (start_load_kv) and the tokens it computes.
+        self._step_start: float | None = None
+        self._step_tokens = 0
         #: The plan whose demotions were submitted (held, so its identity stays unique).
         self._demoted_meta: OffloadingConnectorMetadata | None = None
         self.stats = TransferStats()
@@ -194,6 +198,7 @@ class OffloadingConnectorWorker:
         self.worker.wait([j for j, job in self._jobs.items() if job.req_id in meta.preempted_req_ids])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
+        self._step_start, self._step_tokens = time.perf_counter(), meta.num_step_tokens
         for rid in meta.await_finish:
             self._state(rid).awaiting_finish = True
         self._submit_demotions(meta)
@@ -206,6 +211,12 @@ class OffloadingConnectorWorker:
                 self._submit(job)
         self._submit_deferred()
         self._deferred = dict(meta.reqs_to_store)
+
+    def wait_for_save(self) -> None:
+        """The forward pass is done: its time goes back to the scheduler half's cost model."""
+        if self._step_start is not None and self._step_tokens > 0:
+            self._results.append(StepTiming(self._step_tokens, time.perf_counter() - self._step_start))
+        self._step_start = None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         recved: set[str] = set()
@@ -255,7 +266,7 @@ class OffloadingConnectorWorker:
         failed, self._failed_block_ids = self._failed_block_ids, set()
         return failed
 
-    def build_connector_worker_meta(self) -> list[TransferResult]:
+    def build_connector_worker_meta(self) -> list[TransferResult | StepTiming]:
         results, self._results = self._results, []
         return results
 

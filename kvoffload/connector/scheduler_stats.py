@@ -40,6 +40,10 @@ class SchedulerSideStats:
     tier_rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: tier -> blocks its worker did not store because its writes were too slow (backpressure).
     tier_stores_skipped: Counter[str] = field(default_factory=Counter)
+    #: (slowest tier of the hit, decision) -> requests: load, partial or recompute (LoadCostModel).
+    load_decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: What loading saved by the cost model's estimates, against recomputing the same tokens.
+    estimated_saved_seconds: float = 0.0
 
 
 class ConnectorStatsDict(TypedDict):
@@ -70,6 +74,9 @@ class ConnectorStatsDict(TypedDict):
     blocks_swapped_out: int
     blocks_swapped_in: int
     store_flushes: int
+    load_decisions: dict[str, dict[str, int]]
+    estimated_saved_seconds: float
+    load_cost: dict[str, dict[str, float]]
 
 
 def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
@@ -80,7 +87,7 @@ def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
 
 
 def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: int,
-                    demotions_queued: bool) -> ConnectorStatsDict:
+                    demotions_queued: bool, load_cost: dict[str, dict[str, float]]) -> ConnectorStatsDict:
     secondaries = report.tiers[1:]
     return {
         "lookups": s.lookups,
@@ -110,4 +117,8 @@ def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: 
         "blocks_swapped_out": s.blocks_swapped_out,
         "blocks_swapped_in": s.blocks_swapped_in,
         "store_flushes": s.store_flushes,
+        "load_decisions": _by_tier(s.load_decisions),
+        "estimated_saved_seconds": s.estimated_saved_seconds,
+        # The cost model's measurements (gauges): {gauge name: {label value: value}}.
+        "load_cost": load_cost,
     }

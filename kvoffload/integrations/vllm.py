@@ -216,7 +216,8 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         return None
 
     def wait_for_save(self) -> None:
-        return None
+        if self.worker is not None:
+            self.worker.wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """A request whose load failed is reported as received too (vLLM's contract), with its

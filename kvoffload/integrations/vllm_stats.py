@@ -23,6 +23,7 @@ from kvoffload.metrics import (
     GAUGES,
     HIT_BLOCKS,
     HIT_TOKENS,
+    LOAD_DECISIONS,
     REJECTED_BLOCKS,
     SECONDS_BUCKETS,
     TIER_COUNTERS,
@@ -35,6 +36,7 @@ METRICS: dict[str, tuple[str, str]] = {
     HIT_BLOCKS[0]: ("tier", HIT_BLOCKS[1]),
     FAILED_HIT_TOKENS[0]: ("tier", FAILED_HIT_TOKENS[1]),
     REJECTED_BLOCKS[0]: ("tier,reason", REJECTED_BLOCKS[1]),  # several labels: their values joined by ","
+    LOAD_DECISIONS[0]: ("tier,decision", LOAD_DECISIONS[1]),
     **{name: ("", doc) for name, doc in CONNECTOR_COUNTERS.values()},
     **{name: ("direction", doc) for name, doc in TRANSFER_COUNTERS.values()},
     **{name: ("tier", doc) for name, doc in TIER_COUNTERS.values()},
@@ -49,6 +51,8 @@ def scheduler_totals(stats: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         FAILED_HIT_TOKENS[0]: dict(stats.get("failed_hit_tokens_by_tier", {})),
         REJECTED_BLOCKS[0]: {f"{tier},{reason}": n for tier, reasons in stats.get("tier_rejected_blocks", {}).items()
                              for reason, n in reasons.items()},
+        LOAD_DECISIONS[0]: {f"{tier},{decision}": n for tier, decisions in stats.get("load_decisions", {}).items()
+                            for decision, n in decisions.items()},
     }
     for key, (name, _) in CONNECTOR_COUNTERS.items():
         out[name] = {"": stats.get(key, 0)}

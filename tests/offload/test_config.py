@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvoffload.config import ConfigError, OffloadConfig, parse_size
 from kvoffload.offload import CPUOffloadingManager, EngineKVInfo, FilterReusedOffloadingManager, OffloadingSpecFactory
@@ -49,6 +50,8 @@ def test_sizes(text, expected):
         ({**cpu(), "transfer": []}, r"transfer: \[\] must be a mapping"),
         ({**cpu(), "metrics": "on"}, "metrics: 'on' must be a mapping"),
         ({**cpu(), "auth": "hunter2"}, "auth: 'hunter2' must be a mapping"),
+        ({**cpu(), "load_mode": "layerwize"}, "load_mode: 'layerwize' is not a load mode; use one of auto, async"),
+        (cpu(load_mode=3), r"tiers\[0\].load_mode: '3' is not a load mode"),
     ],
 )
 def test_invalid_configs_name_the_key(raw, key):
@@ -96,6 +99,25 @@ def test_spec_builds_manager_from_config():
     old = OffloadingSpecFactory.create_spec(OffloadConfig.from_dict({**cpu(), "spec_name": "CPUOffloadingSpec"}),
                                             EngineKVInfo(16, 1024))
     assert type(old) is TieredOffloadingSpec
+
+
+def test_load_mode_per_tier_overrides_the_top_level(tmp_path, capsys):
+    from kvoffload.cli import main
+
+    raw = {"load_mode": "async", "tiers": [{"medium": "cpu", "capacity": "1MiB"},
+                                           {"medium": "disk", "capacity": "1MiB", "path": str(tmp_path),
+                                            "load_mode": "auto"}]}
+    cfg = OffloadConfig.from_dict(raw)
+    assert cfg.tier_load_modes() == {"CPU": "async", "DISK": "auto"}
+    assert OffloadConfig.from_dict(cpu()).tier_load_modes() == {"CPU": "auto"}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["config", "check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "load mode: async" in out and "load mode auto" in out
+    path.write_text(yaml.safe_dump({**raw, "load_mode": "fast"}))
+    assert main(["config", "check", str(path)]) == 2
+    assert "load_mode: 'fast' is not a load mode; use one of auto, async, never-recompute" in capsys.readouterr().err
 
 
 def test_config_check_cli(capsys):

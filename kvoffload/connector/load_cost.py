@@ -1,0 +1,198 @@
+"""LoadCostModel: per request, whether loading a hit beats recomputing it.
+
+A hit is a prefix of offloaded blocks, in runs by tier (``Segment``). Loading a run costs what
+that tier's recent load jobs took (``LinearFit`` over blocks per job, per tier); recomputing
+its tokens costs what the engine's recent forward passes took per token (``PrefillRate``).
+Runs of different tiers load concurrently (each tier has its own copy lanes), so a loaded
+prefix costs its slowest tier's time. The model picks the cut that loads the leading runs and
+recomputes the rest at the least estimated time: the whole hit, its leading part (a slow
+tier's deeper blocks recomputed), or nothing.
+
+Safeguards, since a wrong "recompute" throws away a real hit:
+- warm-up: until a tier has ``warmup_jobs`` timed loads and the engine one timed step, load;
+- hysteresis: a tier keeps its verdict (load or recompute) unless the other side is estimated
+  faster by ``margin`` and by ``min_gain_s`` seconds;
+- probes: a tier judged too slow is loaded again once ``probe_after_s`` passed without a new
+  measurement of it, so a tier that recovered is seen to have recovered;
+- modes: a tier in mode ``async`` or ``never-recompute`` is always loaded (``auto`` only
+  decides for tiers in mode ``auto``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kvoffload.connector.cost_fit import LinearFit, PrefillRate
+
+
+class LoadDecision(enum.Enum):
+    LOAD = "load"  # the whole hit (the request waits for its loads)
+    PARTIAL = "partial"  # its leading part; the rest recomputed
+    RECOMPUTE = "recompute"  # none of it
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A run of a hit's blocks held by one tier (its medium as jobs carry it)."""
+
+    medium: str
+    blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadChoice:
+    blocks: int  # leading blocks of the hit to load
+    decision: LoadDecision
+    tier: str  # the slowest tier the hit reached (lower case), the counters' label
+    why: str  # "measured", "warm-up", "probe", "mode"
+    load_s: float  # estimated time to load the whole hit (0 when unknown)
+    recompute_s: float  # estimated time to recompute the whole hit (0 when unknown)
+    chosen_s: float  # estimated time of the choice
+
+
+@dataclass(slots=True)
+class TierCost:
+    loads: LinearFit = field(default_factory=LinearFit)
+    stores: LinearFit = field(default_factory=LinearFit)
+    last_load_at: float = 0.0
+    #: The last verdict: True load, False recompute, None never judged.
+    verdict: bool | None = None
+
+
+class LoadCostModel:
+    def __init__(self, modes: Mapping[str, str], tokens_per_block: int, bytes_per_block: int,
+                 clock: Callable[[], float] = time.monotonic, warmup_jobs: int = 3, margin: float = 0.25,
+                 min_gain_s: float = 0.002, probe_after_s: float = 30.0) -> None:
+        #: Load mode by medium, in tier order (fastest first).
+        self.modes = dict(modes)
+        self.tokens_per_block = tokens_per_block
+        self.bytes_per_block = bytes_per_block
+        self.clock = clock
+        self.warmup_jobs = warmup_jobs
+        self.margin = margin
+        self.min_gain_s = min_gain_s
+        self.probe_after_s = probe_after_s
+        self.tiers: dict[str, TierCost] = {m: TierCost() for m in self.modes}
+        self.prefill = PrefillRate()
+
+    # ---- measurements --------------------------------------------------------------------
+    def _tier(self, medium: str) -> TierCost:
+        tier = self.tiers.get(medium)
+        if tier is None:
+            tier = self.tiers[medium] = TierCost()
+        return tier
+
+    def observe_load(self, medium: str, blocks: int, seconds: float) -> None:
+        tier = self._tier(medium)
+        tier.loads.add(blocks, seconds)
+        tier.last_load_at = self.clock()
+
+    def observe_store(self, medium: str, blocks: int, seconds: float) -> None:
+        self._tier(medium).stores.add(blocks, seconds)
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        self.prefill.add(tokens, seconds)
+
+    # ---- the decision --------------------------------------------------------------------
+    def choose(self, segments: Sequence[Segment]) -> LoadChoice:
+        total = sum(s.blocks for s in segments)
+        order = list(self.modes)
+        slowest = max((s.medium for s in segments), key=lambda m: order.index(m) if m in order else len(order))
+        label = slowest.lower()
+        # Runs a mode forces to load: the cut cannot be before the last of them.
+        forced = 0
+        ends = []
+        at = 0
+        for s in segments:
+            at += s.blocks
+            ends.append(at)
+            if self.modes.get(s.medium, "auto") != "auto":
+                forced = at
+        if forced == total:
+            return LoadChoice(total, LoadDecision.LOAD, label, "mode", 0.0, 0.0, 0.0)
+        recompute_all = self.prefill.seconds(total * self.tokens_per_block)
+        unmeasured = [s.medium for s in segments if self._tier(s.medium).loads.samples < self.warmup_jobs]
+        if recompute_all is None or unmeasured:
+            return LoadChoice(total, LoadDecision.LOAD, label, "warm-up", 0.0, recompute_all or 0.0, 0.0)
+        cuts = [0, *ends]
+        costs = {e: self._cost(segments, e, total) for e in cuts if e >= forced}
+        best = min(costs, key=lambda e: (costs[e], -e))
+        kept = self._consistent_cut(segments, forced)
+        why = "measured"
+        if best != kept and not (costs[best] * (1 + self.margin) < costs[kept]
+                                 and costs[kept] - costs[best] > self.min_gain_s):
+            best = kept  # not clearly better: keep each tier's verdict (no flapping)
+        probe = self._probe(segments, best)
+        if probe is not None:
+            best, why = probe, "probe"
+        self._record_verdicts(segments, best)
+        decision = (LoadDecision.LOAD if best == total else
+                    LoadDecision.RECOMPUTE if best == 0 else LoadDecision.PARTIAL)
+        return LoadChoice(best, decision, label, why, costs.get(total, self._cost(segments, total, total)),
+                          recompute_all, costs.get(best, 0.0))
+
+    def _cost(self, segments: Sequence[Segment], cut: int, total: int) -> float:
+        """Estimated seconds to load the hit's first ``cut`` blocks and recompute the rest."""
+        per_tier: dict[str, int] = {}
+        at = 0
+        for s in segments:
+            take = min(s.blocks, cut - at)
+            if take <= 0:
+                break
+            per_tier[s.medium] = per_tier.get(s.medium, 0) + take
+            at += take
+        load = max((self._tier(m).loads.estimate(n) for m, n in per_tier.items()), default=0.0)
+        recompute = self.prefill.seconds((total - cut) * self.tokens_per_block) or 0.0
+        return load + recompute
+
+    def _consistent_cut(self, segments: Sequence[Segment], forced: int) -> int:
+        """The cut each tier's last verdict asks for: load up to the first run of a tier judged
+        too slow (a tier never judged loads)."""
+        at = 0
+        for s in segments:
+            if at >= forced and self._tier(s.medium).verdict is False:
+                return at
+            at += s.blocks
+        return at
+
+    def _probe(self, segments: Sequence[Segment], cut: int) -> int | None:
+        """Load a recomputed tier's run once its last measurement is stale."""
+        now = self.clock()
+        at = 0
+        for s in segments:
+            at += s.blocks
+            if at > cut:
+                tier = self._tier(s.medium)
+                if now - tier.last_load_at >= self.probe_after_s:
+                    tier.last_load_at = now  # one probe per period, even if its load never lands
+                    return at
+                return None
+        return None
+
+    def _record_verdicts(self, segments: Sequence[Segment], cut: int) -> None:
+        at = 0
+        loaded: set[str] = set()
+        for s in segments:
+            if at < cut:
+                loaded.add(s.medium)
+            at += s.blocks
+        for s in segments:
+            self._tier(s.medium).verdict = s.medium in loaded
+
+    # ---- reports ---------------------------------------------------------------------------
+    def gauges(self) -> dict[str, dict[str, float]]:
+        """Measured throughputs, by tier (lower case) and prefill step bucket."""
+        rate: dict[str, float] = {}
+        latency: dict[str, float] = {}
+        for medium, tier in self.tiers.items():
+            if tier.loads.samples:
+                lat, per_block = tier.loads.coefficients()
+                latency[medium.lower()] = lat
+                if per_block > 0:
+                    rate[medium.lower()] = self.bytes_per_block / per_block
+        return {"kvoffload_tier_load_bytes_per_second": rate,
+                "kvoffload_tier_load_latency_seconds": latency,
+                "kvoffload_prefill_tokens_per_second": self.prefill.tokens_per_second()}

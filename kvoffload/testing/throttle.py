@@ -1,0 +1,94 @@
+"""A slow tier on demand: every read and write of the named secondary tiers waits a fixed
+latency per job plus its bytes over a set bandwidth, then does the real I/O.
+
+``ThrottledOffloadingSpec`` is the tiered spec with those tiers' I/O wrapped; name it with
+``spec_name: ThrottledOffloadingSpec`` and ``spec_module_path: kvoffload.testing.throttle``.
+The throttles come from ``ThrottledOffloadingSpec.throttles`` or, for engines in child
+processes, ``KVOFFLOAD_THROTTLE`` (``disk:20MB/s:50ms``, several joined by ``,``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvoffload.errors import ConfigError
+from kvoffload.offload.abstract import BlockHash
+from kvoffload.tiers.base import TierKind
+from kvoffload.tiers.tiered_spec import TieredOffloadingSpec
+from kvoffload.transfer.tier_io import TierIO
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
+_SPEC_RE = re.compile(r"^(\w+):([\d.]+)([kmg]?)b/s:([\d.]+)(ms|s)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    bytes_per_second: float
+    latency_s: float
+
+    def delay(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bytes_per_second
+
+
+def parse_throttles(text: str) -> dict[str, Throttle]:
+    """``disk:20MB/s:50ms,fs:1GB/s:1ms`` -> {"disk": Throttle(...), ...} (tier media, lower case)."""
+    out: dict[str, Throttle] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = _SPEC_RE.match(part)
+        if m is None:
+            raise ConfigError(f"throttle {part[:60]!r}: use MEDIUM:BANDWIDTH:LATENCY, e.g. disk:20MB/s:50ms")
+        medium, amount, unit, latency, latency_unit = m.groups()
+        bandwidth = float(amount) * _UNITS[unit.lower()]
+        if bandwidth <= 0:
+            raise ConfigError(f"throttle {part[:60]!r}: the bandwidth must be positive")
+        out[medium.lower()] = Throttle(bandwidth, float(latency) / (1000 if latency_unit == "ms" else 1))
+    return out
+
+
+class ThrottledIO(TierIO):
+    def __init__(self, inner: TierIO, throttle: Throttle) -> None:
+        self.inner = inner
+        self.throttle = throttle
+        self.name = f"throttled {inner.name}"
+
+    def write(self, blocks: Sequence[memoryview], slots: list[int], keys: list[BlockHash]) -> None:
+        time.sleep(self.throttle.delay(sum(b.nbytes for b in blocks)))
+        self.inner.write(blocks, slots, keys)
+
+    def read(self, slots: list[int], keys: list[BlockHash], out: Sequence[memoryview]) -> None:
+        time.sleep(self.throttle.delay(sum(o.nbytes for o in out)))
+        self.inner.read(slots, keys, out)
+
+    def register_memory(self, ptr: int, nbytes: int) -> None:
+        self.inner.register_memory(ptr, nbytes)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _throttled(kind: TierKind, throttle: Throttle) -> TierKind:
+    """The same kind, its workers' I/O throttled (a subclass, so everything else is its own)."""
+    base = type(kind)
+
+    class Throttled(base):  # type: ignore[valid-type,misc]
+        def build_io(self) -> TierIO:
+            return ThrottledIO(super().build_io(), throttle)
+
+    Throttled.__name__ = f"Throttled{base.__name__}"
+    kind.__class__ = Throttled
+    return kind
+
+
+class ThrottledOffloadingSpec(TieredOffloadingSpec):
+    throttles: ClassVar[dict[str, Throttle]] = {}
+
+    def tier_kinds(self) -> list[TierKind]:
+        env = os.environ.get("KVOFFLOAD_THROTTLE")
+        throttles = parse_throttles(env) if env else self.throttles
+        return [_throttled(k, throttles[str(k.medium).lower()]) if str(k.medium).lower() in throttles else k
+                for k in super().tier_kinds()]

@@ -1,0 +1,154 @@
+"""The load cost model: its estimates from timings, and its choice of how much of a hit to load."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvoffload.connector.cost_fit import LinearFit, PrefillRate, bucket_of
+from kvoffload.connector.load_cost import LoadCostModel, LoadDecision, Segment
+
+MODES = {"CPU": "auto", "DISK": "auto"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def model(modes: dict[str, str] = MODES, **kw: float) -> tuple[LoadCostModel, Clock]:
+    clock = Clock()
+    return LoadCostModel(modes, tokens_per_block=16, bytes_per_block=4096, clock=clock, **kw), clock  # type: ignore[arg-type]
+
+
+def teach(m: LoadCostModel, cpu_s_per_block: float = 1e-5, disk_latency: float = 0.05, disk_per_block: float = 2e-4,
+          s_per_token: float = 1e-4) -> None:
+    """Timings as a tier of that latency and per-block time, an engine of that per-token time."""
+    for blocks in (1, 2, 4, 8):
+        m.observe_load("CPU", blocks, blocks * cpu_s_per_block)
+        m.observe_load("DISK", blocks, disk_latency + blocks * disk_per_block)
+    for tokens in (16, 64, 256, 1024):
+        m.observe_step(tokens, tokens * s_per_token)
+
+
+def test_linear_fit_separates_latency_from_bandwidth() -> None:
+    fit = LinearFit()
+    for blocks in (1, 3, 5, 7, 2, 8):
+        fit.add(blocks, 0.05 + 0.002 * blocks)
+    latency, per_block = fit.coefficients()
+    assert latency == pytest.approx(0.05)
+    assert per_block == pytest.approx(0.002)
+    assert fit.estimate(10) == pytest.approx(0.07)
+
+
+def test_linear_fit_of_one_job_size_is_proportional() -> None:
+    fit = LinearFit()
+    for _ in range(5):
+        fit.add(4, 0.04)
+    assert fit.coefficients() == (0.0, pytest.approx(0.01))
+
+
+def test_one_stall_moves_the_estimate_a_little_a_slow_tier_all_the_way() -> None:
+    fit = LinearFit()
+    for _ in range(10):
+        fit.add(2, 0.002)
+    fit.add(2, 2.0)  # one stall of 1000x: clipped to 4x the estimate
+    assert fit.estimate(2) < 0.003
+    for _ in range(40):
+        fit.add(2, 2.0)  # the tier stays slow: the estimate follows
+    assert fit.estimate(2) > 1.5
+
+
+def test_prefill_rate_prices_by_the_nearest_bucket() -> None:
+    rate = PrefillRate()
+    assert rate.seconds(100) is None
+    rate.add(16, 0.016)  # 1 ms per token in small steps (per-step overhead)
+    rate.add(1024, 0.1024)  # 0.1 ms per token in large ones
+    assert bucket_of(16) == 4 and bucket_of(17) == 5 and bucket_of(1024) == 10
+    assert rate.seconds(16) == pytest.approx(0.016)
+    assert rate.seconds(900) == pytest.approx(0.09)  # bucket 10
+    assert rate.seconds(8) == pytest.approx(0.008)  # nearest: bucket 4
+    assert rate.tokens_per_second() == {"16": pytest.approx(1000.0), "1024": pytest.approx(10000.0)}
+
+
+def test_warm_up_loads_until_each_tier_and_the_engine_are_timed() -> None:
+    m, _ = model()
+    choice = m.choose([Segment("CPU", 2), Segment("DISK", 6)])
+    assert (choice.blocks, choice.decision, choice.why) == (8, LoadDecision.LOAD, "warm-up")
+    teach(m)
+    assert m.choose([Segment("CPU", 2), Segment("DISK", 6)]).why == "measured"
+
+
+def test_host_memory_loads_a_slow_tier_is_recomputed() -> None:
+    m, _ = model()
+    teach(m)  # disk: 50 ms a job; recompute 16 tokens a block at 0.1 ms a token = 1.6 ms a block
+    cpu = m.choose([Segment("CPU", 4)])
+    assert (cpu.blocks, cpu.decision, cpu.tier) == (4, LoadDecision.LOAD, "cpu")
+    assert cpu.chosen_s == pytest.approx(4e-5) and cpu.recompute_s == pytest.approx(4 * 16 * 1e-4)
+    disk = m.choose([Segment("DISK", 4)])
+    assert (disk.blocks, disk.decision, disk.tier) == (0, LoadDecision.RECOMPUTE, "disk")
+    # The leading host run pays, the disk run behind it does not.
+    both = m.choose([Segment("CPU", 3), Segment("DISK", 5)])
+    assert (both.blocks, both.decision, both.tier) == (3, LoadDecision.PARTIAL, "disk")
+    # A hit deep enough on disk pays its latency back.
+    deep = m.choose([Segment("DISK", 400)])
+    assert deep.decision is LoadDecision.LOAD
+
+
+def test_modes_force_loading() -> None:
+    m, _ = model({"CPU": "auto", "DISK": "never-recompute"})
+    teach(m)
+    choice = m.choose([Segment("CPU", 2), Segment("DISK", 4)])
+    assert (choice.blocks, choice.decision, choice.why) == (6, LoadDecision.LOAD, "mode")
+    m2, _ = model({"CPU": "async", "DISK": "async"})
+    assert m2.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+
+
+def test_hysteresis_keeps_a_verdict_until_the_other_side_is_clearly_faster() -> None:
+    m, _ = model(margin=0.25, min_gain_s=0.0)
+    teach(m, disk_latency=0.0, disk_per_block=1e-3, s_per_token=1e-4)  # disk 1.0 ms vs recompute 1.6 ms a block
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+    for _ in range(60):  # the disk slows to 1.8 ms a block: recompute is 11% faster, not 25%
+        m.observe_load("DISK", 4, 4 * 1.8e-3)
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+    for _ in range(60):  # 3 ms a block: clearly slower
+        m.observe_load("DISK", 4, 4 * 3e-3)
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
+    for _ in range(60):  # back to 1.8 ms: recompute stays (loading is not clearly faster)
+        m.observe_load("DISK", 4, 4 * 1.8e-3)
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
+
+
+def test_a_recomputed_tier_is_probed_when_its_timing_is_stale() -> None:
+    m, clock = model(probe_after_s=30.0)
+    teach(m)
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
+    clock.now += 29
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
+    clock.now += 2
+    probe = m.choose([Segment("DISK", 4)])
+    assert (probe.decision, probe.why) == (LoadDecision.LOAD, "probe")
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE  # one probe per period
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=st.lists(st.tuples(st.sampled_from(["CPU", "DISK"]), st.integers(1, 40)), min_size=1, max_size=5),
+       disk_latency=st.floats(0, 0.2), disk_per_block=st.floats(0, 0.01), forced=st.booleans())
+def test_a_cut_is_a_run_boundary_past_every_forced_run(runs: list[tuple[str, int]], disk_latency: float,
+                                                         disk_per_block: float, forced: bool) -> None:
+    m, _ = model({"CPU": "auto", "DISK": "never-recompute" if forced else "auto"})
+    teach(m, disk_latency=disk_latency, disk_per_block=disk_per_block)
+    segments = [Segment(medium, n) for medium, n in runs]
+    choice = m.choose(segments)
+    ends = [sum(s.blocks for s in segments[:i]) for i in range(len(segments) + 1)]
+    assert choice.blocks in ends
+    last_forced = max((ends[i + 1] for i, s in enumerate(segments) if forced and s.medium == "DISK"), default=0)
+    assert choice.blocks >= last_forced
+    total = ends[-1]
+    expected = (LoadDecision.LOAD if choice.blocks == total else
+                LoadDecision.RECOMPUTE if choice.blocks == 0 else LoadDecision.PARTIAL)
+    assert choice.decision is expected
