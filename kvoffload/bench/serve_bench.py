@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -30,6 +31,8 @@ from typing import Any
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, positive_int, preamble
 from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace
+from kvoffload.config import OffloadConfig
+from kvoffload.errors import ConfigError
 from kvoffload.testing.http_client import Completion, stream_completion
 from kvoffload.testing.vllm_server import VllmServer
 
@@ -97,18 +100,35 @@ def tier_sets(cpu: str, disk: str, workdir: Path) -> dict[str, list[dict[str, An
     }
 
 
-def configurations(names: list[str], cpu: str, disk: str, workdir: Path) -> dict[str, dict[str, Any] | None]:
+def offload_config(name: str, tiers: dict[str, list[dict[str, Any]]], throttled: bool) -> dict[str, Any] | None:
+    """kvoffload's config of a configuration named ``TIERS`` or ``TIERS:LOAD_MODE``
+    (``cpu+disk:never-recompute``); None for ``plain``. ``throttled``: the tiers' I/O is slowed
+    as ``--throttle-tier`` says (``kvoffload.testing.throttle``)."""
+    if name == "plain":
+        return None
+    tier_name, _, mode = name.partition(":")
+    if tier_name not in tiers:
+        raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk (each may end in :auto, :async or "
+                         ":never-recompute)")
+    config: dict[str, Any] = {"tiers": tiers[tier_name]}
+    if mode:
+        config["load_mode"] = mode
+    if throttled:
+        config.update(spec_name="ThrottledOffloadingSpec", spec_module_path="kvoffload.testing.throttle")
+    OffloadConfig.from_dict(config)  # a bad load mode fails here, in one line, before any server starts
+    return config
+
+
+def configurations(names: list[str], cpu: str, disk: str, workdir: Path,
+                   throttled: bool = False) -> dict[str, dict[str, Any] | None]:
     """vLLM's ``--kv-transfer-config`` of each configuration named (None: plain vLLM)."""
     tiers = tier_sets(cpu, disk, workdir)
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
-        if name == "plain":
-            out[name] = None
-        elif name in tiers:
-            out[name] = {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
-                         "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"config": {"tiers": tiers[name]}}}
-        else:
-            raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk")
+        config = offload_config(name, tiers, throttled)
+        out[name] = None if config is None else {
+            "kv_connector": "KVOffloadConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"config": config}}
     return out
 
 
@@ -332,7 +352,12 @@ def build_workload(args: argparse.Namespace) -> Workload:
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("serve", __doc__)
     p.add_argument("--workload", choices=["chat", "rag", "noreuse", "trace"], default="chat")
-    p.add_argument("--configs", default="plain,cpu,cpu+disk", help="comma-separated: plain, cpu, cpu+disk")
+    p.add_argument("--configs", default="plain,cpu,cpu+disk",
+                   help="comma-separated: plain, cpu, cpu+disk; a kvoffload one may end in :LOAD_MODE "
+                        "(cpu+disk:never-recompute)")
+    p.add_argument("--throttle-tier", default=None, metavar="MEDIUM:BW:LATENCY",
+                   help="slow a secondary tier's I/O down, e.g. disk:20MB/s:50ms (a test wrapper: "
+                        "kvoffload.testing.throttle)")
     p.add_argument("--engine", choices=["vllm", "bundled"], default="vllm",
                    help="vllm: vllm serve over HTTP; bundled: kvoffload's own engine, in process")
     p.add_argument("--threads", type=positive_int, default=1, help="--engine bundled: torch CPU threads")
@@ -374,6 +399,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:
         p.error(f"--device-fraction {args.device_fraction}: must be in (0, 1]")
+    if args.throttle_tier:
+        from kvoffload.testing.throttle import parse_throttles
+
+        try:
+            parse_throttles(args.throttle_tier)
+        except ConfigError as exc:
+            p.error(f"--throttle-tier: {exc}")
+        os.environ["KVOFFLOAD_THROTTLE"] = args.throttle_tier  # the servers (child processes) read it too
     if args.engine == "bundled":
         if args.url:
             p.error("--url measures a running vLLM server; drop it for --engine bundled")
@@ -413,7 +446,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
     extra = [a for k, v in engine.items() if k != "gpu_memory_utilization"
              for a in (f"--{k.replace('_', '-')}", str(v))]
-    configs = configurations(config_names(args.configs), args.cpu, args.disk, work)
+    configs = configurations(config_names(args.configs), args.cpu, args.disk, work, bool(args.throttle_tier))
     for line in effective_differences(model, engine, configs):
         print(f"warning: engine settings differ: {line}")
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total_turns} requests, concurrency {wl.concurrency}, "
@@ -471,9 +504,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
     names = config_names(args.configs)
     tiers = tier_sets(args.cpu, args.disk, work)
-    for name in names:
-        if name != "plain" and name not in tiers:
-            raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk")
+    offload = {name: offload_config(name, tiers, bool(args.throttle_tier)) for name in names}
     max_len, ws_blocks, device_blocks = cache_geometry(wl, BUNDLED_BLOCK, args.device_fraction)
     total_turns = sum(len(s.turns) for s in wl.sessions)
     print(f"workload {wl.name} on the bundled engine: {len(wl.sessions)} sessions, {total_turns} requests, "
@@ -486,7 +517,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
                 model=model, load_format=load_format, dtype=args.dtype, block_size=BUNDLED_BLOCK,
                 num_gpu_blocks=device_blocks + 1, max_model_len=max_len, max_num_seqs=max(8, wl.concurrency),
                 max_num_batched_tokens=BUNDLED_BATCH_TOKENS,
-                kv_offload={"tiers": tiers[name]} if name in tiers else None))
+                kv_offload=offload[name]))
         runs: dict[str, list[RunResult]] = {n: [] for n in names}
         with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
             for rep in range(args.reps):

@@ -55,6 +55,10 @@ class LinearFit:
                 return my, 0.0
         return 0.0, (self._sxy / self._sxx if self._sxx > 0 else 0.0)
 
+    def units_per_second(self) -> float:
+        """Observed throughput, latency included (recent jobs weigh most); 0 before any job."""
+        return self._sx / self._sy if self._sy > 0 else 0.0
+
     def estimate(self, units: float) -> float:
         latency, per_unit = self.coefficients()
         return latency + per_unit * units

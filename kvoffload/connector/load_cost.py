@@ -184,15 +184,14 @@ class LoadCostModel:
 
     # ---- reports ---------------------------------------------------------------------------
     def gauges(self) -> dict[str, dict[str, float]]:
-        """Measured throughputs, by tier (lower case) and prefill step bucket."""
+        """Measured throughputs (a tier's: bytes over the seconds its load jobs took, per-job
+        latency included), by tier (lower case) and prefill step bucket."""
         rate: dict[str, float] = {}
         latency: dict[str, float] = {}
         for medium, tier in self.tiers.items():
             if tier.loads.samples:
-                lat, per_block = tier.loads.coefficients()
-                latency[medium.lower()] = lat
-                if per_block > 0:
-                    rate[medium.lower()] = self.bytes_per_block / per_block
+                latency[medium.lower()] = tier.loads.coefficients()[0]
+                rate[medium.lower()] = self.bytes_per_block * tier.loads.units_per_second()
         return {"kvoffload_tier_load_bytes_per_second": rate,
                 "kvoffload_tier_load_latency_seconds": latency,
                 "kvoffload_prefill_tokens_per_second": self.prefill.tokens_per_second()}

@@ -13,6 +13,7 @@ from kvoffload.bench.serve_workloads import chat
 from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.llm import LLM
 from kvoffload.engine.sampling_params import SamplingParams
+from kvoffload.errors import ConfigError
 
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--vocab", "500"]
 
@@ -124,6 +125,11 @@ def test_configuration_names_read_plain_default_as_plain_and_refuse_unknown_ones
     assert configs["cpu"]["kv_connector_extra_config"]["config"]["tiers"][0]["medium"] == "cpu"
     with pytest.raises(ValueError, match="'gpu'; use plain, cpu, cpu"):
         serve_bench.configurations(["gpu"], "1GB", "2GB", tmp_path)
+    slow = serve_bench.configurations(["cpu+disk:never-recompute"], "1GB", "2GB", tmp_path, throttled=True)
+    config = slow["cpu+disk:never-recompute"]["kv_connector_extra_config"]["config"]
+    assert config["load_mode"] == "never-recompute" and config["spec_name"] == "ThrottledOffloadingSpec"
+    with pytest.raises(ConfigError, match="load_mode: 'sometimes' is not a load mode"):
+        serve_bench.configurations(["cpu:sometimes"], "1GB", "2GB", tmp_path)
 
 
 @pytest.mark.parametrize("hf, hybrid, expected", [

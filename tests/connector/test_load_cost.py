@@ -152,3 +152,15 @@ def test_a_cut_is_a_run_boundary_past_every_forced_run(runs: list[tuple[str, int
     expected = (LoadDecision.LOAD if choice.blocks == total else
                 LoadDecision.RECOMPUTE if choice.blocks == 0 else LoadDecision.PARTIAL)
     assert choice.decision is expected
+
+
+def test_gauges_report_what_was_measured() -> None:
+    m, _ = model()
+    teach(m, cpu_s_per_block=1e-5, disk_latency=0.05, disk_per_block=2e-4, s_per_token=1e-4)
+    g = m.gauges()
+    assert g["kvoffload_tier_load_latency_seconds"]["disk"] == pytest.approx(0.05)
+    assert g["kvoffload_tier_load_bytes_per_second"]["cpu"] == pytest.approx(4096 / 1e-5)
+    # disk: 15 blocks in 4 jobs of 50 ms + 0.2 ms a block, recent jobs weighing most
+    assert 4096 * 1 / 0.0502 < g["kvoffload_tier_load_bytes_per_second"]["disk"] < 4096 * 8 / 0.0516
+    assert g["kvoffload_prefill_tokens_per_second"] == {"16": pytest.approx(1e4), "64": pytest.approx(1e4),
+                                                        "256": pytest.approx(1e4), "1024": pytest.approx(1e4)}
