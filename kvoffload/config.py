@@ -121,9 +121,11 @@ class TierConfig:
 
 
 #: How a hit is served. auto: the cost model picks, per request, loading or recomputing (all of
-#: the hit or its leading part); async: always load, the request waits for the whole load (the
-#: behaviour before the cost model); never-recompute: always load, as auto would when loading.
-LOAD_MODES = ("auto", "async", "never-recompute")
+#: the hit or its leading part), and loads layer by layer inside the step where that fits;
+#: layerwise: always load, layer by layer where the engine can; async: always load, the request
+#: waits a step for the whole load (the behaviour before the cost model); never-recompute:
+#: always load, layer by layer or not as auto would.
+LOAD_MODES = ("auto", "layerwise", "async", "never-recompute")
 
 
 def _load_mode(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:

@@ -58,8 +58,8 @@ def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: t
         return run
 
     def batched() -> None:
-        copy_block_groups(host_copy_groups(kv, host, DEVICE_TO_HOST if direction == D2H else HOST_TO_DEVICE,
-                                           dev_ids, host_ids))
+        by_layer = host_copy_groups(kv, host, DEVICE_TO_HOST if direction == D2H else HOST_TO_DEVICE, dev_ids, host_ids)
+        copy_block_groups([g for layer in by_layer for g in layer])
 
     def per_block_loop() -> None:
         for d, h in zip(dev_ids.tolist(), host_ids.tolist()):

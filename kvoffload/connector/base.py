@@ -175,6 +175,11 @@ class KVConnectorBase(ABC):
         """Requests whose async load failed since the last call: they must be recomputed."""
         return set()
 
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Device blocks a synchronous load of this step failed to fill (asked after
+        get_finished): every request scheduled with one of them recomputes from it on."""
+        return set()
+
     def build_connector_worker_meta(self) -> object:
         return None
 

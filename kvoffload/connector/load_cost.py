@@ -14,8 +14,15 @@ Safeguards, since a wrong "recompute" throws away a real hit:
   faster by ``margin`` and by ``min_gain_s`` seconds;
 - probes: a tier judged too slow is loaded again once ``probe_after_s`` passed without a new
   measurement of it, so a tier that recovered is seen to have recovered;
-- modes: a tier in mode ``async`` or ``never-recompute`` is always loaded (``auto`` only
-  decides for tiers in mode ``auto``).
+- modes: a tier in mode ``layerwise``, ``async`` or ``never-recompute`` is always loaded
+  (``auto`` only decides for tiers in mode ``auto``).
+
+A load is synchronous (layer-wise, inside the forward pass of the step that schedules the
+request) where the engine allows it and it is estimated to take no longer than a step: then
+it costs at most that step's wait, not a step of waiting in the queue. Longer loads are
+asynchronous, so they do not stall every other request of the batch; before a tier is timed,
+only host memory loads synchronously. Mode ``layerwise`` loads synchronously always, ``async``
+never.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvoffload.connector.cost_fit import LinearFit, PrefillRate
 
@@ -46,6 +53,7 @@ class Segment:
 class LoadChoice:
     blocks: int  # leading blocks of the hit to load
     decision: LoadDecision
+    sync: bool  # loaded layer by layer inside the step that schedules the request
     tier: str  # the slowest tier the hit reached (lower case), the counters' label
     why: str  # "measured", "warm-up", "probe", "mode"
     load_s: float  # estimated time to load the whole hit (0 when unknown)
@@ -77,6 +85,8 @@ class LoadCostModel:
         self.probe_after_s = probe_after_s
         self.tiers: dict[str, TierCost] = {m: TierCost() for m in self.modes}
         self.prefill = PrefillRate()
+        #: A forward pass's time, exponentially averaged (0 before the first).
+        self.step_s = 0.0
 
     # ---- measurements --------------------------------------------------------------------
     def _tier(self, medium: str) -> TierCost:
@@ -95,9 +105,42 @@ class LoadCostModel:
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         self.prefill.add(tokens, seconds)
+        if seconds > 0:
+            self.step_s = seconds if self.step_s == 0 else self.step_s + 0.1 * (seconds - self.step_s)
 
     # ---- the decision --------------------------------------------------------------------
-    def choose(self, segments: Sequence[Segment]) -> LoadChoice:
+    def choose(self, segments: Sequence[Segment], sync_possible: bool = False) -> LoadChoice:
+        """How much of a hit of these runs to load, and whether synchronously (only where the
+        engine can: ``sync_possible``)."""
+        choice = self._cut(segments)
+        return replace(choice, sync=sync_possible and choice.blocks > 0 and self._sync(segments, choice.blocks))
+
+    def _sync(self, segments: Sequence[Segment], cut: int) -> bool:
+        loaded = self._loaded(segments, cut)
+        modes = {self.modes.get(m, "auto") for m in loaded}
+        if "async" in modes:
+            return False
+        if "layerwise" in modes:
+            return True
+        if any(self._tier(m).loads.samples < self.warmup_jobs for m in loaded) or self.step_s <= 0:
+            return set(loaded) == {"CPU"}  # untimed: host memory is fast enough, other tiers may not be
+        load = max(self._tier(m).loads.estimate(n) for m, n in loaded.items())
+        return load <= self.step_s
+
+    @staticmethod
+    def _loaded(segments: Sequence[Segment], cut: int) -> dict[str, int]:
+        """Blocks loaded per tier when the hit's first ``cut`` blocks are."""
+        per_tier: dict[str, int] = {}
+        at = 0
+        for s in segments:
+            take = min(s.blocks, cut - at)
+            if take <= 0:
+                break
+            per_tier[s.medium] = per_tier.get(s.medium, 0) + take
+            at += take
+        return per_tier
+
+    def _cut(self, segments: Sequence[Segment]) -> LoadChoice:
         total = sum(s.blocks for s in segments)
         order = list(self.modes)
         slowest = max((s.medium for s in segments), key=lambda m: order.index(m) if m in order else len(order))
@@ -112,11 +155,11 @@ class LoadCostModel:
             if self.modes.get(s.medium, "auto") != "auto":
                 forced = at
         if forced == total:
-            return LoadChoice(total, LoadDecision.LOAD, label, "mode", 0.0, 0.0, 0.0)
+            return LoadChoice(total, LoadDecision.LOAD, False, label, "mode", 0.0, 0.0, 0.0)
         recompute_all = self.prefill.seconds(total * self.tokens_per_block)
         unmeasured = [s.medium for s in segments if self._tier(s.medium).loads.samples < self.warmup_jobs]
         if recompute_all is None or unmeasured:
-            return LoadChoice(total, LoadDecision.LOAD, label, "warm-up", 0.0, recompute_all or 0.0, 0.0)
+            return LoadChoice(total, LoadDecision.LOAD, False, label, "warm-up", 0.0, recompute_all or 0.0, 0.0)
         cuts = [0, *ends]
         costs = {e: self._cost(segments, e, total) for e in cuts if e >= forced}
         best = min(costs, key=lambda e: (costs[e], -e))
@@ -131,19 +174,12 @@ class LoadCostModel:
         self._record_verdicts(segments, best)
         decision = (LoadDecision.LOAD if best == total else
                     LoadDecision.RECOMPUTE if best == 0 else LoadDecision.PARTIAL)
-        return LoadChoice(best, decision, label, why, costs.get(total, self._cost(segments, total, total)),
+        return LoadChoice(best, decision, False, label, why, costs.get(total, self._cost(segments, total, total)),
                           recompute_all, costs.get(best, 0.0))
 
     def _cost(self, segments: Sequence[Segment], cut: int, total: int) -> float:
         """Estimated seconds to load the hit's first ``cut`` blocks and recompute the rest."""
-        per_tier: dict[str, int] = {}
-        at = 0
-        for s in segments:
-            take = min(s.blocks, cut - at)
-            if take <= 0:
-                break
-            per_tier[s.medium] = per_tier.get(s.medium, 0) + take
-            at += take
+        per_tier = self._loaded(segments, cut)
         load = max((self._tier(m).loads.estimate(n) for m, n in per_tier.items()), default=0.0)
         recompute = self.prefill.seconds((total - cut) * self.tokens_per_block) or 0.0
         return load + recompute

@@ -35,6 +35,8 @@ class LoadPlanner(Planner):
         self.cost = cost
         #: Requests whose decision was counted (a waiting request is looked up every step).
         self._decided: set[str] = set()
+        #: Requests whose last lookup answered a synchronous load (their plan is marked so).
+        self._sync: set[str] = set()
         #: Per request looked up and not yet planned: the tier each found key is in, so the plan
         #: pins where the lookup found (one question per hash and tier, not two).
         self._found: dict[str, dict[BlockHash, Medium]] = {}
@@ -47,6 +49,7 @@ class LoadPlanner(Planner):
         self._found.pop(rid, None)
         self._touched.discard(rid)
         self._decided.discard(rid)
+        self._sync.discard(rid)
 
     def hit_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens past the engine's own ``num_computed_tokens`` the tiers can load (None: ask
@@ -64,6 +67,7 @@ class LoadPlanner(Planner):
                 self.manager.touch(groups.keys(hashes[groups.first_needed(g, num_blocks):], g))
         start = num_computed_tokens // size
         self._found.pop(rid, None)
+        self._sync.discard(rid)
         if start >= len(hashes):
             return 0, False
         self.stats.lookups += 1
@@ -88,10 +92,10 @@ class LoadPlanner(Planner):
             end = sliding_end
         if end <= start:
             return 0, False
-        cut = self._decide(rid, hashes, start, end, found_media)
-        if cut is None:
+        decided = self._decide(request, hashes, start, end, found_media)
+        if decided is None:
             return None, False
-        end = cut
+        end, sync = decided
         if end <= start:
             return 0, False
         num_hit_tokens = end * size - num_computed_tokens
@@ -102,14 +106,19 @@ class LoadPlanner(Planner):
             self.stats.lookups_deferred += 1
             return None, False  # another request is loading these blocks: ask again later
         self._found[rid] = found_media
-        return num_hit_tokens, True
+        if sync:
+            self._sync.add(rid)
+        return num_hit_tokens, not sync
 
-    def _decide(self, rid: str, hashes: list[BlockHash], start: int, end: int,
-                found_media: dict[BlockHash, Medium]) -> int | None:
-        """Where the hit [start, end) should end: the cost model's cut (None: ask again)."""
+    def _decide(self, request: EngineRequest, hashes: list[BlockHash], start: int, end: int,
+                found_media: dict[BlockHash, Medium]) -> tuple[int, bool] | None:
+        """Where the hit [start, end) should end (the cost model's cut), and whether it loads
+        synchronously (None: ask again). Only a one-group model loads synchronously (vLLM's
+        recovery from a failed synchronous load handles one group), and only a hit that leaves
+        the engine a token to compute."""
         groups = self.groups
         if not groups.full_groups:
-            return end
+            return end, False
         keys = groups.keys(hashes[start:end], groups.full_groups[0])
         segments: list[Segment] = []
         for key in keys:
@@ -118,25 +127,29 @@ class LoadPlanner(Planner):
                 segments[-1] = Segment(medium, segments[-1].blocks + 1)
             else:
                 segments.append(Segment(medium, 1))
-        choice = self.cost.choose(segments)
+        sync_possible = groups.num_groups == 1 and end * self.book.offloaded_block_size < request.num_tokens
+        choice = self.cost.choose(segments, sync_possible)
         cut = start + choice.blocks
         if cut < end and groups.sliding_groups:
             sliding_end = self._sliding_hit_end(hashes, start, cut, found_media)
             if sliding_end is None:
                 return None
             cut = sliding_end
-        self._count(rid, choice, end - start)
-        return cut
+        self._count(request.request_id, choice, end - start)
+        return cut, choice.sync
 
     def _count(self, rid: str, choice: LoadChoice, blocks: int) -> None:
         if rid in self._decided:
             return
         self._decided.add(rid)
-        self.stats.load_decisions[(choice.tier, choice.decision.value)] += 1
+        label = choice.decision.value
+        if choice.decision is LoadDecision.LOAD:
+            label = "layerwise" if choice.sync else "async"
+        self.stats.load_decisions[(choice.tier, label)] += 1
         if choice.decision is not LoadDecision.RECOMPUTE and choice.recompute_s > choice.chosen_s:
             self.stats.estimated_saved_seconds += choice.recompute_s - choice.chosen_s
         logger.debug("kvoffload: request %s: hit of %d blocks reaching %s: %s %d of them (%s; estimated load %.2f ms, "
-                     "recompute %.2f ms, chosen %.2f ms)", rid, blocks, choice.tier, choice.decision.value,
+                     "recompute %.2f ms, chosen %.2f ms)", rid, blocks, choice.tier, label,
                      choice.blocks, choice.why, choice.load_s * 1e3, choice.recompute_s * 1e3, choice.chosen_s * 1e3)
 
     def _sliding_hit_end(self, hashes: list[BlockHash], start: int, end: int,
@@ -208,6 +221,10 @@ class LoadPlanner(Planner):
                 offset += len(seg_keys)
             loading += keys
         book.reqs_to_load[rid] = jobs
+        if rid in self._sync:
+            self._sync.discard(rid)
+            book.sync_loads.add(rid)
+            state.sync_load = True
         state.loading = loading
         book.blocks_being_loaded.update(loading)
         state.next_stored = max(state.next_stored, promote_from)

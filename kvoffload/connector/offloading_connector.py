@@ -63,6 +63,11 @@ class OffloadingConnector(KVConnectorBase):
     def register_kv_caches(self, kv_caches: KVCaches) -> None:
         self._worker().register_kv_caches(kv_caches)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self.connector_worker is not None and isinstance(connector_metadata, OffloadingConnectorMetadata):
+            self.connector_worker.begin_step(connector_metadata)
+
     def handle_preemptions(self, connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(connector_metadata, OffloadingConnectorMetadata)
         self._worker().handle_preemptions(connector_metadata)
@@ -72,6 +77,9 @@ class OffloadingConnector(KVConnectorBase):
         assert isinstance(meta, OffloadingConnectorMetadata)
         self._worker().start_load_kv(meta)
 
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker().wait_for_layer_load(layer_name)
+
     def wait_for_save(self) -> None:
         self._worker().wait_for_save()
 
@@ -80,6 +88,9 @@ class OffloadingConnector(KVConnectorBase):
 
     def get_failed_recving(self) -> set[str]:
         return self._worker().get_failed_recving()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker().take_failed_block_ids()
 
     def build_connector_worker_meta(self) -> list[TransferResult | StepTiming]:
         return self._worker().build_connector_worker_meta()

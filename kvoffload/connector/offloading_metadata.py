@@ -37,5 +37,8 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     #: step (a sliding window released them): the worker waits for them before any copy or
     #: forward pass of this step can write those blocks.
     flush_jobs: set[int] = field(default_factory=set)
+    #: Requests in reqs_to_load the engine scheduled in this step: their loads are waited for
+    #: layer by layer inside the forward pass (the others are asynchronous).
+    sync_loads: set[str] = field(default_factory=set)
     #: Tokens this step computes, over all requests (the worker times the step's forward pass).
     num_step_tokens: int = 0

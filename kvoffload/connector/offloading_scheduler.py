@@ -147,6 +147,7 @@ class OffloadingConnectorScheduler:
         meta = OffloadingConnectorMetadata(
             flush_jobs=flush,
             reqs_to_load=book.reqs_to_load,
+            sync_loads=book.sync_loads,
             reqs_to_store=reqs_to_store,
             preempted_req_ids=set(scheduler_output.preempted_req_ids),
             demotions=self._plan_demotions(),
@@ -155,6 +156,7 @@ class OffloadingConnectorScheduler:
             num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
         book.reqs_to_load = {}
+        book.sync_loads = set()
         book.swap_out = {}
         book.delayed = set()
         return meta
@@ -200,6 +202,7 @@ class OffloadingConnectorScheduler:
                 state.loads_in_flight -= 1
                 if not state.loads_in_flight:
                     state.loading = None
+                    state.sync_load = False
             if result.bad_block_ids:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
                 self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
@@ -253,7 +256,7 @@ class OffloadingConnectorScheduler:
         # the request's blocks in the engine, so the load must reach the worker.
         delay = state.busy
         if delay:
-            if state.loading is None:
+            if state.loading is None or state.sync_load:  # a synchronous load is never reported received
                 self.book.delayed.add(rid)
             state.request, state.block_ids, state.swapped, state.finished = None, [], None, True
         else:

@@ -4,10 +4,17 @@ Loads are submitted as soon as their plan arrives; stores planned in step N are 
 the start of step N+1 (the KV they read is only written by step N's forward pass, and
 submitting later keeps the copy off the path to sampling). A request is reported as
 finished-sending once the scheduler half said it kept its blocks (``await_finish``) and none
-of its copies is outstanding. A request with loads is reported as finished-receiving (or
-failed) once all of them are done, whether or not the engine has finished it meanwhile: the
-engine frees a finished request on that report, and the scheduler half never asks for a
-finished-sending report of a request that was loading. Each request is reported once.
+of its copies is outstanding. A request with asynchronous loads is reported as
+finished-receiving (or failed) once all of them are done, whether or not the engine has
+finished it meanwhile: the engine frees a finished request on that report, and the scheduler
+half never asks for a finished-sending report of a request that was loading. Each request is
+reported once.
+
+Synchronous (layer-wise) loads belong to requests the engine scheduled in the same step: they
+are submitted before the forward pass, ``wait_for_layer_load`` waits for one layer of them at
+a time, and they are over by ``wait_for_save``. They are never reported as received; a failed
+one reports its device blocks (``take_failed_block_ids``) in the same step, and the stores that
+step planned are dropped (reported failed): they may hold KV computed from the bad blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata,
 from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
+from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layout import CanonicalKVCache, KVCaches, canonicalize
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
 
@@ -115,6 +123,10 @@ class OffloadingConnectorWorker:
         self._failed_block_ids: set[int] = set()
         #: Engines that recompute per block (vLLM) set this and drain take_failed_block_ids().
         self.collect_failed_block_ids = False
+        #: This step's synchronous loads: job -> its layer progress (None: wait for the whole job).
+        self._sync: dict[int, LayerProgress | None] = {}
+        #: A synchronous load of this step failed: its stores are not submitted.
+        self._sync_failed = False
         self._results: list[TransferResult | StepTiming] = []
         #: When this step's forward pass began (start_load_kv) and the tokens it computes.
         self._step_start: float | None = None
@@ -146,12 +158,19 @@ class OffloadingConnectorWorker:
         if st is not None and st.idle:
             del self._requests[rid]
 
-    def _submit(self, job: TransferJob) -> None:
-        """Submit one copy (a demotion belongs to no request)."""
+    def _submit(self, job: TransferJob, sync: bool = False) -> None:
+        """Submit one copy (a demotion belongs to no request); ``sync``: a load the engine reads
+        in this very step."""
         assert self.worker is not None, "register_kv_caches must run before any transfer"
         rid, is_load = job.req_id, job.kind is JobKind.LOAD
         if self.worker.transfer_async(job.job_id, (job.src, job.dst)):
             self._jobs[job.job_id] = job
+            if sync:
+                self._sync[job.job_id] = self.worker.layer_progress(job.job_id)
+                self._load_dst[job.job_id] = job.dst.block_ids.tolist()
+                if rid is not None:
+                    self._state(rid).outstanding += 1
+                return
             if rid is not None:
                 st = self._state(rid)
                 st.outstanding += 1
@@ -162,6 +181,10 @@ class OffloadingConnectorWorker:
             return
         direction = HOST_TO_DEVICE if is_load else DEVICE_TO_HOST
         self._results.append(TransferResult(job.job_id, False, 0, 0.0, direction))
+        if sync:
+            self._failed_block_ids.update(job.dst.block_ids.tolist())
+            self._sync_failed = True
+            return
         if rid is not None and is_load:
             if self.collect_failed_block_ids:
                 self._failed_block_ids.update(job.dst.block_ids.tolist())
@@ -197,8 +220,12 @@ class OffloadingConnectorWorker:
         assert self.worker is not None
         self.worker.wait([j for j, job in self._jobs.items() if job.req_id in meta.preempted_req_ids])
 
-    def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
+    def begin_step(self, meta: OffloadingConnectorMetadata) -> None:
+        """The step's plan is bound, its forward pass about to run: time it (until wait_for_save;
+        start_load_kv may come after the forward, as vLLM calls it in steps without sync loads)."""
         self._step_start, self._step_tokens = time.perf_counter(), meta.num_step_tokens
+
+    def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
         for rid in meta.await_finish:
             self._state(rid).awaiting_finish = True
         self._submit_demotions(meta)
@@ -206,14 +233,32 @@ class OffloadingConnectorWorker:
             self._submit_deferred()
             assert self.worker is not None
             self.worker.wait([j for j in meta.flush_jobs if j in self._jobs])
-        for jobs in meta.reqs_to_load.values():
+        for rid, jobs in meta.reqs_to_load.items():
             for job in jobs:
-                self._submit(job)
+                self._submit(job, sync=rid in meta.sync_loads)
         self._submit_deferred()
         self._deferred = dict(meta.reqs_to_store)
 
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Block until this step's synchronous loads have landed ``layer_name``'s KV (all of
+        a job that cannot tell layers apart)."""
+        if not self._sync:
+            return
+        assert self.worker is not None and self.kv is not None
+        layer = self.kv.layer_tensors.get(layer_name)
+        for job_id, progress in self._sync.items():
+            if progress is None or layer is None:
+                self.worker.wait([job_id])
+            else:
+                progress.wait(layer)
+
     def wait_for_save(self) -> None:
-        """The forward pass is done: its time goes back to the scheduler half's cost model."""
+        """The forward pass is done: this step's synchronous loads are over (an engine that
+        skipped a layer's wait still gets them finished here), and the step's time goes back
+        to the scheduler half's cost model."""
+        if self._sync:
+            assert self.worker is not None
+            self.worker.wait(list(self._sync))
         if self._step_start is not None and self._step_tokens > 0:
             self._results.append(StepTiming(self._step_tokens, time.perf_counter() - self._step_start))
         self._step_start = None
@@ -230,6 +275,14 @@ class OffloadingConnectorWorker:
                 continue
             st = self._state(rid)
             st.outstanding -= 1
+            if r.job_id in self._sync:
+                del self._sync[r.job_id]
+                dst = self._load_dst.pop(r.job_id, [])
+                if not r.success:
+                    self._failed_block_ids.update(dst)
+                    self._sync_failed = True
+                self._prune(rid)
+                continue
             if job.kind is JobKind.LOAD:
                 dst = self._load_dst.pop(r.job_id, [])
                 if not r.success:
@@ -242,12 +295,24 @@ class OffloadingConnectorWorker:
                     else:
                         recved.add(rid)
             self._prune(rid)
+        if self._sync_failed:
+            self._drop_deferred_stores()
         sent = {rid for rid, st in self._requests.items()
                 if st.awaiting_finish and st.outstanding <= 0 and rid not in self._deferred}
         for rid in sent:
             self._requests[rid].awaiting_finish = False
             self._prune(rid)
         return sent, recved
+
+    def _drop_deferred_stores(self) -> None:
+        """A synchronous load of this step failed: the stores this step planned may hold KV
+        computed from its blocks (by the request itself, or one sharing them), so none is
+        submitted; each is reported failed (the scheduler half frees its slots)."""
+        self._sync_failed = False
+        dropped, self._deferred = self._deferred, {}
+        for jobs in dropped.values():
+            for job in jobs:
+                self._results.append(TransferResult(job.job_id, False, 0, 0.0, DEVICE_TO_HOST))
 
     def _report_failed(self, rid: str) -> None:
         st = self._requests.get(rid)

@@ -31,6 +31,9 @@ class RequestOffloadState:
     loading: list[BlockHash] | None = None
     #: Its load jobs planned and not yet completed (``loading`` clears when this reaches 0).
     loads_in_flight: int = 0
+    #: The load in flight is synchronous: the engine scheduled the request in the step that
+    #: runs it and expects no finished-receiving report.
+    sync_load: bool = False
     #: Hashes being stored (multiset), so the engine keeps the blocks the stores read.
     storing: Counter[BlockHash] = field(default_factory=Counter)
     #: Swapped out at preemption (None when not, or once restored or given up).

@@ -41,6 +41,8 @@ class SchedulerBook:
         self.fence_of_job: dict[int, list[int]] = {}
         #: This step's plan, sent (and reset) by build_connector_meta.
         self.reqs_to_load: dict[str, list[TransferJob]] = {}
+        #: Of those, the ones loaded synchronously (inside this step's forward pass).
+        self.sync_loads: set[str] = set()
         self.swap_out: dict[str, list[TransferJob]] = {}
         self.delayed: set[str] = set()
 

@@ -69,6 +69,10 @@ class BlockPool:
             block.ref_cnt = 1
         return blocks
 
+    def uncache(self, block: KVCacheBlock) -> None:
+        """``block`` no longer serves prefix hits (its KV is wrong and is being recomputed)."""
+        self._maybe_evict_cached_block(block)
+
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         if block.block_hash is None:
             return False

@@ -68,6 +68,10 @@ class KVCacheCoordinator:
         for m in self.managers:
             m.cache_blocks(request_id, block_hashes, num_tokens)
 
+    def uncache_from(self, request_id: str, num_tokens: int) -> None:
+        for manager in self.managers:
+            manager.uncache_from(request_id, num_tokens)
+
     def free(self, request_id: str) -> None:
         for m in self.managers:
             m.free(request_id)

@@ -174,6 +174,10 @@ class KVCacheManager:
         if self.enable_caching:
             self.coordinator.cache_blocks(request.request_id, request.block_hashes, num_computed_tokens)
 
+    def uncache_from(self, request: Request, num_tokens: int) -> None:
+        """Blocks of ``request`` past ``num_tokens`` tokens leave the prefix cache (recomputed)."""
+        self.coordinator.uncache_from(request.request_id, num_tokens)
+
     def free(self, request: Request) -> None:
         self.coordinator.free(request.request_id)
 

@@ -170,13 +170,20 @@ class ModelRunner:
         sampled: list[list[int]] = []
         logits_out: dict[str, torch.Tensor] = {}
         candidates: dict[str, list[tuple[int, float]]] = {}
+        hidden = None
         if order:
             input_ids, positions, metas = self._prepare_inputs(so, order)
             hidden = self.model(input_ids, positions, self.layer_kv, metas, *self._layer_hooks())
-            last_rows = [metas[0].query_start_loc[r + 1] - 1 for r in range(len(order))]
+        kv_output, rolled_back = self._finish_kv_step(so, order)
+        if hidden is not None:
+            last_rows = [r - 1 for r in self._query_ends(so, order)]
             logits = self.model.compute_logits(hidden[last_rows])
             for r, rid in enumerate(order):
                 state = self.requests[rid]
+                if rid in rolled_back:
+                    state.num_computed_tokens = rolled_back[rid]
+                    sampled.append([])
+                    continue
                 state.num_computed_tokens += so.num_scheduled_tokens[rid]
                 if state.num_computed_tokens < len(state.token_ids):
                     sampled.append([])
@@ -196,16 +203,39 @@ class ModelRunner:
                 sampled.append(tokens)
                 if self.record_logits:
                     logits_out[rid] = logits[r].clone()
-        kv_output = None
-        if connector is not None:
-            connector.wait_for_save()
-            sent, recved = connector.get_finished(so.finished_req_ids)
-            kv_output = KVConnectorOutput(
-                finished_sending=set(sent or ()),
-                finished_recving=set(recved or ()),
-                failed_recving=connector.get_failed_recving(),
-                worker_meta=connector.build_connector_worker_meta(),
-            )
-            connector.clear_connector_metadata()
         return ModelRunnerOutput(req_ids=order, sampled_token_ids=sampled, logits=logits_out,
-                                 kv_connector_output=kv_output, beam_candidates=candidates)
+                                 kv_connector_output=kv_output, beam_candidates=candidates, rolled_back=rolled_back)
+
+    @staticmethod
+    def _query_ends(so: SchedulerOutput, order: list[str]) -> list[int]:
+        """Where each request's tokens end in the step's flat batch."""
+        ends, at = [], 0
+        for rid in order:
+            at += so.num_scheduled_tokens[rid]
+            ends.append(at)
+        return ends
+
+    def _finish_kv_step(self, so: SchedulerOutput, order: list[str]) -> tuple[KVConnectorOutput | None, dict[str, int]]:
+        """The connector's end of the step (saves, finished copies), and the requests that read
+        a block a synchronous load failed to fill: each keeps the KV before its first such
+        block and recomputes the rest (as vLLM does with get_block_ids_with_load_errors)."""
+        connector = self.connector
+        if connector is None:
+            return None, {}
+        connector.wait_for_save()
+        sent, recved = connector.get_finished(so.finished_req_ids)
+        invalid = connector.get_block_ids_with_load_errors()
+        kv_output = KVConnectorOutput(
+            finished_sending=set(sent or ()),
+            finished_recving=set(recved or ()),
+            failed_recving=connector.get_failed_recving(),
+            worker_meta=connector.build_connector_worker_meta(),
+        )
+        connector.clear_connector_metadata()
+        rolled_back: dict[str, int] = {}
+        for rid in order if invalid else ():
+            state = self.requests[rid]
+            bad = [i for group in state.block_ids for i, b in enumerate(group) if b in invalid]
+            if bad:
+                rolled_back[rid] = min(state.num_computed_tokens, min(bad) * self.block_size)
+        return kv_output, rolled_back

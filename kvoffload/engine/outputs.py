@@ -19,6 +19,9 @@ class ModelRunnerOutput:
     kv_connector_output: KVConnectorOutput | None = None
     #: Beam requests: top candidates (token, logprob) at the sampled position.
     beam_candidates: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    #: Requests that read a block a synchronous load failed to fill: the tokens whose KV is
+    #: still good (they recompute from there; nothing was sampled for them).
+    rolled_back: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -330,6 +330,8 @@ class Scheduler:
         Returns the requests that finished in this step.
         """
         finished: list[Request] = []
+        for rid, tokens in runner_output.rolled_back.items():
+            self._roll_back(rid, tokens)
         index = {rid: i for i, rid in enumerate(runner_output.req_ids)}
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
@@ -350,6 +352,16 @@ class Scheduler:
         if self.connector is not None and kv_out is not None:
             self._update_from_kv_connector_output(kv_out)
         return finished
+
+    def _roll_back(self, rid: str, tokens: int) -> None:
+        """A block ``rid`` read this step was not filled (its synchronous load failed): it
+        recomputes from ``tokens`` on, and those blocks serve no prefix hit meanwhile."""
+        request = self.requests.get(rid)
+        if request is None:
+            return
+        request.num_computed_tokens = tokens
+        self.kv_cache_manager.uncache_from(request, tokens)
+        self.stats.failed_loads += 1
 
     def append_token(self, request: Request, token: int, runner_has_it: bool = False) -> list[Request]:
         """Append one generated token; returns [request] if that finished it."""

@@ -77,6 +77,15 @@ class SingleTypeKVCacheManager:
         )
         self.num_cached_block[request_id] = num_full
 
+    def uncache_from(self, request_id: str, num_tokens: int) -> None:
+        """The request's blocks from the one holding token ``num_tokens`` on serve no prefix
+        hit any more (a load into them failed; the request recomputes them)."""
+        first = num_tokens // self.block_size
+        for block in self.req_to_blocks.get(request_id, [])[first:]:
+            self.block_pool.uncache(block)
+        if self.num_cached_block.get(request_id, 0) > first:
+            self.num_cached_block[request_id] = first
+
     def free(self, request_id: str) -> None:
         """Release a request's blocks tail first, so its prefix stays cached the longest."""
         blocks = self.req_to_blocks.pop(request_id, [])

@@ -200,6 +200,11 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
                     len(kv_caches), tuple(first.shape), first.dtype, len(views),
                     sum(v.shape[1] for v in views))
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self.worker is not None and isinstance(connector_metadata, _Meta):
+            self.worker.begin_step(connector_metadata.inner)
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self.worker is not None and isinstance(kv_connector_metadata, _Meta):
             self.worker.handle_preemptions(kv_connector_metadata.inner)
@@ -210,7 +215,8 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker.start_load_kv(meta.inner)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None
+        if self.worker is not None:
+            self.worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         return None

@@ -24,6 +24,7 @@ from kvoffload.offload.abstract import LoadStoreSpec, Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.tiers.tiered_spec import TieredOffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.secondary_handler import copy_direction
 from kvoffload.transfer.streams import DEVICE_TO_HOST
@@ -63,6 +64,8 @@ class FaultyHandler(OffloadingHandler):
         self._lock = threading.Lock()
         self._ready: list[TransferResult] = []
         self._held: list[tuple[int, TransferResult]] = []
+        #: Jobs someone waited for: done, never held back again.
+        self._waited: set[int] = set()
         self.injected = 0
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
@@ -94,7 +97,10 @@ class FaultyHandler(OffloadingHandler):
             self._held = [(polls - 1, r) for polls, r in self._held if polls > 0]
         held = []
         for r in out:
-            if self.rng.random() < self.plan.delay:
+            if r.job_id in self._waited:
+                self._waited.discard(r.job_id)
+                ready.append(r)
+            elif self.rng.random() < self.plan.delay:
                 held.append((self.rng.randint(1, self.plan.max_delay_polls), r))
             else:
                 ready.append(r)
@@ -108,8 +114,12 @@ class FaultyHandler(OffloadingHandler):
         self.inner.wait(job_ids)
         with self._lock:  # a waited-for job is done: release it now
             ids = set(job_ids)
+            self._waited |= ids
             self._ready += [r for _, r in self._held if r.job_id in ids]
             self._held = [(p, r) for p, r in self._held if r.job_id not in ids]
+
+    def layer_progress(self, job_id: int) -> LayerProgress | None:
+        return self.inner.layer_progress(job_id)
 
     def close(self) -> None:
         self.inner.close()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvoffload.offload.mediums import GPULoadStoreSpec
-from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
+from kvoffload.transfer.handler import TrackedJobsHandler, TransferResult, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, StreamPool
@@ -21,21 +22,23 @@ from kvoffload_ext.copies import CopyGroup
 
 
 def host_copy_groups(kv: CanonicalKVCache, host: HostBlockBuffer, direction: str, device_ids: np.ndarray,
-                     host_rows: np.ndarray) -> list[CopyGroup]:
-    """The copy groups of one job: device block ``device_ids[i]`` <-> host row ``host_rows[i]``,
-    one group per (host chunk, layer view). Rows go in the order of their source addresses:
-    reading ascending rows is ~6-9% faster on CPU than a job's arbitrary order (measured with
-    4 KiB rows), and a job's destinations are distinct, so the order changes no result."""
-    groups: list[CopyGroup] = []
+                     host_rows: np.ndarray) -> list[list[CopyGroup]]:
+    """The copy groups of one job by KV tensor (layer): device block ``device_ids[i]`` <-> host
+    row ``host_rows[i]``, one group per (host chunk, view). Rows go in the order of their
+    source addresses: reading ascending rows is ~6-9% faster on CPU than a job's arbitrary
+    order (measured with 4 KiB rows), and a job's destinations are distinct, so the order
+    changes no result."""
+    tensors = kv.view_tensors or (0,) * len(kv.views)
+    groups: list[list[CopyGroup]] = [[] for _ in range(max(tensors) + 1)]
     for chunk, local_rows, dev in host.group(host_rows, device_ids):
         order = np.argsort(dev if direction == DEVICE_TO_HOST else local_rows, kind="stable")
         local_rows, dev = local_rows[order].astype(np.int64, copy=False), dev[order].astype(np.int64, copy=False)
-        for view, offset in zip(kv.views, kv.row_offsets):
+        for view, offset, tensor in zip(kv.views, kv.row_offsets, tensors):
             cols = host.columns(chunk, offset, view.shape[1])
             if direction == DEVICE_TO_HOST:
-                groups.append((view, cols, dev, local_rows))
+                groups[tensor].append((view, cols, dev, local_rows))
             else:
-                groups.append((cols, view, local_rows, dev))
+                groups[tensor].append((cols, view, local_rows, dev))
     return groups
 
 
@@ -49,6 +52,8 @@ class DeviceHostHandler(TrackedJobsHandler):
         self.factor = block_size_factor
         self.pool = pool
         self.fences = fences
+        #: Loads submitted and not yet asked for their progress (layer_progress pops them).
+        self._progress: dict[int, LayerProgress] = {}
         super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
 
     def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:
@@ -87,17 +92,41 @@ class DeviceHostHandler(TrackedJobsHandler):
             raise ValueError(f"{len(host_rows)} host rows for {len(device_ids)} device blocks")
         nbytes = len(device_ids) * self.kv.page_bytes
         fences = self.fences if fenced_slots else None
+        progress = None
+        if direction == HOST_TO_DEVICE and self.kv.layer_tensors:
+            progress = self._progress[job_id] = LayerProgress(self.kv.num_tensors, self.kv.device.type == "cuda")
 
         def run() -> None:
-            if fences is not None and fenced_slots:
-                fences.wait(fenced_slots)  # a demotion may still be reading these slots
-            self._copy(direction, device_ids, host_rows)
+            try:
+                if fences is not None and fenced_slots:
+                    fences.wait(fenced_slots)  # a demotion may still be reading these slots
+                self._copy(direction, device_ids, host_rows, progress)
+            finally:
+                if progress is not None:
+                    progress.release()
 
         self._track(direction, job_id, self.pool.submit(direction, run), nbytes)
 
-    def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray) -> None:
-        """Every layer view and host chunk of the job in one batched copy (one kernel launch on CUDA)."""
-        copy_block_groups(host_copy_groups(self.kv, self.host, direction, device_ids, host_rows))
+    def layer_progress(self, job_id: int) -> LayerProgress | None:
+        return self._progress.pop(job_id, None)
+
+    def get_finished(self) -> list[TransferResult]:
+        results = super().get_finished()
+        for r in results:  # a load nobody asked the progress of
+            self._progress.pop(r.job_id, None)
+        return results
+
+    def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray,
+              progress: LayerProgress | None = None) -> None:
+        """Stores: every view and host chunk in one batched copy (one kernel launch on CUDA).
+        Loads: one batched copy per layer, in layer order, each marked as it lands."""
+        groups = host_copy_groups(self.kv, self.host, direction, device_ids, host_rows)
+        if progress is None:
+            copy_block_groups([g for layer in groups for g in layer])
+            return
+        for layer, layer_groups in enumerate(groups):
+            copy_block_groups(layer_groups)
+            progress.landed(layer)
 
     def close(self) -> None:
         self.pool.close()

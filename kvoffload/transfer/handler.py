@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from kvoffload.offload.abstract import LoadStoreSpec
+from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.streams import JobHandle
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,11 @@ class OffloadingHandler(ABC):
     @abstractmethod
     def wait(self, job_ids: Collection[int]) -> None:
         """Block until the named jobs (those this handler owns) are done."""
+
+    def layer_progress(self, job_id: int) -> LayerProgress | None:
+        """How far a load job submitted just now has got, layer by layer; None where this
+        handler copies all layers at once (the reader waits for the whole job)."""
+        return None
 
     def close(self) -> None:
         """Finish outstanding jobs and release resources."""
@@ -161,6 +167,10 @@ class TransferRouter:
                            "or keys do not match); those blocks are recomputed (logged once)", key[0], key[1],
                            len(src), len(dst))
         return False
+
+    def layer_progress(self, job_id: int) -> LayerProgress | None:
+        handler = self._job_handler.get(job_id)
+        return handler.layer_progress(job_id) if handler is not None else None
 
     def get_finished(self) -> list[TransferResult]:
         results: list[TransferResult] = []

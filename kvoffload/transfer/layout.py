@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,15 @@ class LayoutError(ValueError):
 class CanonicalKVCache:
     views: tuple[torch.Tensor, ...]  # each (num_blocks, row_bytes) uint8, rows contiguous
     num_blocks: int
+    #: The KV tensor each view is a slice of (tensors numbered in layer order), and the tensor
+    #: of each layer an engine names: a layer-wise load copies, and waits for, one tensor at a
+    #: time. Empty when the engine gave no layer names (one cross-layer tensor, a list).
+    view_tensors: tuple[int, ...] = ()
+    layer_tensors: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def num_tensors(self) -> int:
+        return max(self.view_tensors, default=-1) + 1
 
     @property
     def row_bytes(self) -> tuple[int, ...]:
@@ -105,18 +114,24 @@ def canonicalize(kv_caches: KVCaches, num_blocks: int) -> CanonicalKVCache:
         raise LayoutError("no KV-cache tensors were registered")
     # Layers of a hybrid model's KV-cache groups share tensors (vLLM registers each under every
     # layer using it): copy each storage once.
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    unique = []
-    for t in tensors:
+    names = list(kv_caches) if isinstance(kv_caches, Mapping) else []
+    seen: dict[tuple[int, tuple[int, ...]], int] = {}
+    unique: list[torch.Tensor] = []
+    layer_tensors: dict[str, int] = {}
+    for i, t in enumerate(tensors):
         key = (t.data_ptr(), tuple(t.shape))
         if key not in seen:
-            seen.add(key)
+            seen[key] = len(unique)
             unique.append(t)
-    tensors = unique
+        if names:
+            layer_tensors[names[i]] = seen[key]
     views: list[torch.Tensor] = []
-    for t in tensors:
-        views.extend(block_views(t, num_blocks))
+    view_tensors: list[int] = []
+    for i, t in enumerate(unique):
+        block = block_views(t, num_blocks)
+        views.extend(block)
+        view_tensors += [i] * len(block)
     devices = {v.device for v in views}
     if len(devices) != 1:
         raise LayoutError(f"KV-cache tensors span several devices: {sorted(map(str, devices))}")
-    return CanonicalKVCache(tuple(views), num_blocks)
+    return CanonicalKVCache(tuple(views), num_blocks, tuple(view_tensors), layer_tensors)

@@ -20,6 +20,8 @@ class FakeHandler(OffloadingHandler):
         self.pending: dict[int, str] = {}
         self.waited: list[list[int]] = []
         self.auto_complete = False
+        #: Jobs finished by a wait succeed (False: they fail, as a bad read would).
+        self.wait_success = True
 
     def transfer_async(self, job_id, spec):
         src, dst = spec
@@ -46,15 +48,18 @@ class FakeHandler(OffloadingHandler):
     def wait(self, job_ids):
         ids = [j for j in job_ids if j in self.pending]
         self.waited.append(ids)
-        self.complete(ids)
+        self.complete(ids, self.wait_success)
 
 
 class Harness:
     def __init__(self, num_blocks=64, block_size=4, tier_blocks=16, factor=1, threshold=0, budget=64, max_seqs=8,
-                 policy="lru"):
+                 policy="lru", load_mode="async"):
+        """``load_mode``: async by default, the mode these tests were written for (a load lands
+        when the test completes its job); ``layerwise`` loads inside the step (its wait_for_save
+        finishes them)."""
         kv_info = EngineKVInfo(block_size=block_size, block_bytes=100, num_device_blocks=num_blocks)
         cfg = {"tiers": [{"medium": "cpu", "capacity": tier_blocks * 100 * factor, "eviction_policy": policy}],
-               "offloaded_block_size": block_size * factor}
+               "offloaded_block_size": block_size * factor, "load_mode": load_mode}
         self.sched_conn = OffloadingConnector(cfg, KVConnectorRole.SCHEDULER, kv_info=kv_info)
         self.worker_conn = OffloadingConnector(cfg, KVConnectorRole.WORKER, kv_info=kv_info)
         self.handler = FakeHandler()
@@ -80,17 +85,26 @@ class Harness:
         w.bind_connector_metadata(meta)
         w.handle_preemptions(meta)
         w.start_load_kv()
-        ids, sampled = [], []
-        for rid in so.num_scheduled_tokens:
-            req = self.sched.requests[rid]
-            ids.append(rid)
-            sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
+        w.wait_for_save()
         sent, recved = w.get_finished(so.finished_req_ids)
+        invalid = w.get_block_ids_with_load_errors()
         out = KVConnectorOutput(set(sent), set(recved), w.get_failed_recving(), w.build_connector_worker_meta())
         w.clear_connector_metadata()
+        ids, sampled, rolled_back = [], [], {}
+        for rid, n in so.num_scheduled_tokens.items():
+            req = self.sched.requests[rid]
+            ids.append(rid)
+            blocks = self.sched.kv_cache_manager.get_block_ids(rid)[0]
+            bad = [i for i, b in enumerate(blocks) if b in invalid]
+            if bad:  # as the model runner: keep the KV before the first unfilled block
+                rolled_back[rid] = min(req.num_computed_tokens - n, bad[0] * self.sched.block_size)
+                sampled.append([])
+                continue
+            sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
         for rid in abort_before_update:
             self.sched.abort_request(rid)
-        self.sched.update_from_output(so, ModelRunnerOutput(ids, sampled, kv_connector_output=out))
+        self.sched.update_from_output(so, ModelRunnerOutput(ids, sampled, kv_connector_output=out,
+                                                            rolled_back=rolled_back))
         self.outputs.append(so)
         return so
 

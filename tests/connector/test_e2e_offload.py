@@ -73,11 +73,11 @@ def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
     def page(handler, device_block):
         return b"".join(v[device_block].numpy().tobytes() for v in handler.kv.views)
 
-    def recording_copy(self, direction, device_ids, host_rows):
+    def recording_copy(self, direction, device_ids, host_rows, progress=None):
         if direction == dh.DEVICE_TO_HOST:
             for dev, row in zip(device_ids.tolist(), host_rows.tolist()):
                 stored_pages[row] = page(self, dev)
-        original(self, direction, device_ids, host_rows)
+        original(self, direction, device_ids, host_rows, progress)
         if direction == dh.HOST_TO_DEVICE:
             for dev, row in zip(device_ids.tolist(), host_rows.tolist()):
                 assert page(self, dev) == stored_pages[row], f"device block {dev} differs from host row {row}"

@@ -44,11 +44,12 @@ def test_auto_recomputes_a_throttled_tier_and_loads_host_memory(tmp_path, baseli
     tokens, stats = run(offload(tmp_path, "auto"))
     assert tokens == baseline[0]
     decisions = stats["connector"]["load_decisions"]
-    # Disk hits: the first few loaded while the tier is timed, then recomputed (or only their
-    # host-memory head loaded); host-memory-only hits always loaded.
+    # Disk hits: the first few loaded (asynchronously) while the tier is timed, then recomputed
+    # (or only their host-memory head loaded); host-memory-only hits loaded layer by layer.
     disk = decisions["disk"]
     assert disk.get("recompute", 0) + disk.get("partial", 0) >= 3, decisions
-    assert decisions["cpu"]["load"] >= 3 and set(decisions["cpu"]) == {"load"}, decisions
+    assert "layerwise" not in disk, decisions
+    assert decisions["cpu"]["layerwise"] >= 3 and set(decisions["cpu"]) == {"layerwise"}, decisions
     assert stats["prefix_hit_tokens"]["cpu"] > 0
     gauges = stats["connector"]["load_cost"]
     assert gauges["kvoffload_tier_load_latency_seconds"]["disk"] > 0.02  # the 30 ms throttle, measured
@@ -63,11 +64,11 @@ def test_never_recompute_loads_every_disk_hit(tmp_path, baseline, slow_disk):
     tokens, stats = run(offload(tmp_path, "never-recompute"))
     assert tokens == baseline[0]
     decisions = stats["connector"]["load_decisions"]
-    assert set(decisions["disk"]) == {"load"} and decisions["disk"]["load"] >= 3
+    assert set(decisions["disk"]) == {"async"} and decisions["disk"]["async"] >= 3  # 30 ms a job: longer than a step
     assert stats["prefix_hit_tokens"]["disk"] > 0
 
 
-@pytest.mark.parametrize("mode", ["auto", "async", "never-recompute"])
+@pytest.mark.parametrize("mode", ["auto", "layerwise", "async", "never-recompute"])
 @pytest.mark.parametrize("tiers", ["cpu", "cpu+disk"])
 def test_every_mode_serves_identical_tokens(tmp_path, baseline, mode, tiers):
     cfg = offload(tmp_path, mode, throttle=False)
@@ -76,3 +77,31 @@ def test_every_mode_serves_identical_tokens(tmp_path, baseline, mode, tiers):
     tokens, stats = run(cfg)
     assert tokens == baseline[0]
     assert stats["prefix_hit_tokens"]["cpu"] > 0
+
+
+def _flip_every_record(directory) -> int:
+    (path,) = directory.glob("*.kvdata")
+    data = bytearray(path.read_bytes())
+    flipped = 0
+    for off in range(4096, len(data), 64):
+        if data[off : off + 4] == b"KVB1":
+            data[off + 64 + 100] ^= 0xFF
+            flipped += 1
+    path.write_bytes(bytes(data))
+    return flipped
+
+
+def test_a_layerwise_load_of_corrupt_records_recomputes_exactly_the_requests_that_read_them(tmp_path, baseline):
+    # The first engine writes every block through to disk; the second starts with an empty
+    # host tier, so its hits come from disk, layer by layer, and every record fails its checksum.
+    cfg = offload(tmp_path, "layerwise", cpu="8MiB", throttle=False)
+    cfg["tiers"][1]["write_through"] = True
+    run(cfg)
+    assert _flip_every_record(tmp_path / "layerwise") >= 10
+    tokens, stats = run(cfg)
+    assert tokens == baseline[0]
+    c = stats["connector"]
+    assert c["load_decisions"]["disk"]["layerwise"] >= 1
+    assert c["tier_rejected_blocks"]["disk"]["checksum"] >= 1
+    assert stats["failed_loads"] >= 1  # requests rolled back to their first unfilled block
+    assert c["stores_failed"] >= 1  # what those steps computed on the unfilled blocks was not stored

@@ -114,6 +114,6 @@ def test_a_finished_request_leaves_no_lookup_state(tmp_path):
     sched.manager.prepare_store([11])
     sched.manager.complete_store([11])
     req = Request("r", [11, 12])
-    assert sched.get_num_new_matched_tokens(req, 0) == (4, True)
+    assert sched.get_num_new_matched_tokens(req, 0) == (4, False)  # host memory: loaded inside the step
     sched.request_finished(SimpleNamespace(request_id="r"), ([],))  # aborted before allocation
     assert not sched.loads._found and not sched.loads._touched

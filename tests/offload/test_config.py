@@ -50,7 +50,7 @@ def test_sizes(text, expected):
         ({**cpu(), "transfer": []}, r"transfer: \[\] must be a mapping"),
         ({**cpu(), "metrics": "on"}, "metrics: 'on' must be a mapping"),
         ({**cpu(), "auth": "hunter2"}, "auth: 'hunter2' must be a mapping"),
-        ({**cpu(), "load_mode": "layerwize"}, "load_mode: 'layerwize' is not a load mode; use one of auto, async"),
+        ({**cpu(), "load_mode": "layerwize"}, "load_mode: 'layerwize' is not a load mode; use one of auto, layerwise, async"),
         (cpu(load_mode=3), r"tiers\[0\].load_mode: '3' is not a load mode"),
     ],
 )
@@ -117,7 +117,7 @@ def test_load_mode_per_tier_overrides_the_top_level(tmp_path, capsys):
     assert "load mode: async" in out and "load mode auto" in out
     path.write_text(yaml.safe_dump({**raw, "load_mode": "fast"}))
     assert main(["config", "check", str(path)]) == 2
-    assert "load_mode: 'fast' is not a load mode; use one of auto, async, never-recompute" in capsys.readouterr().err
+    assert "load_mode: 'fast' is not a load mode; use one of auto, layerwise, async, never-recompute" in capsys.readouterr().err
 
 
 def test_config_check_cli(capsys):

@@ -240,7 +240,9 @@ def test_a_jobs_rows_are_copied_in_source_order_with_every_pair_kept(direction):
     host = HostBlockBuffer(12, kv.page_bytes, chunk_bytes=4 * kv.page_bytes)  # 3 chunks of 4 rows
     host.chunks[0].random_(0, 255), host.chunks[1].random_(0, 255), host.chunks[2].random_(0, 255)
     dev_ids, host_rows = np.array([9, 2, 14, 5, 0, 11]), np.array([7, 3, 0, 10, 4, 1])
-    groups = host_copy_groups(kv, host, direction, dev_ids, host_rows)
+    by_layer = host_copy_groups(kv, host, direction, dev_ids, host_rows)
+    assert len(by_layer) == 2 and all(len(g) == 2 * 3 for g in by_layer)  # per layer: K and V views x 3 chunks
+    groups = [g for layer in by_layer for g in layer]
     pairs = set()
     for src, dst, s_ids, d_ids in groups:
         assert np.all(np.diff(s_ids) > 0)  # ascending source rows
