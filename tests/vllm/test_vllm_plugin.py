@@ -115,12 +115,15 @@ def test_tensor_parallel_restart_on_a_disk_tier_serves_each_rank_its_own_shard(m
     assert all(c >= 256 for c in second[0]["cached"])
 
 
-def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, tmp_path):
+@pytest.mark.parametrize("mode", ["auto", "layerwise"])
+def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, tmp_path, mode):
     # Every record of the first process is flipped on disk: the second process's loads all fail
-    # their checksum; vLLM is told which blocks (get_block_ids_with_load_errors) and recomputes.
+    # their checksum; vLLM is told which blocks (get_block_ids_with_load_errors) and recomputes:
+    # the requests waiting for an asynchronous load (auto: a disk tier not yet timed), or those
+    # that ran in the step of their layer-wise load (layerwise).
     tiers = [{"medium": "cpu", "capacity": "64MiB"},
              {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
-    cfg = ktc(tiers, kv_load_failure_policy="recompute")
+    cfg = ktc(tiers, kv_load_failure_policy="recompute", extra={"config": {"tiers": tiers, "load_mode": mode}})
     run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1})
     (path,) = tmp_path.glob("*.kvdata")
     data = bytearray(path.read_bytes())
@@ -135,6 +138,17 @@ def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, 
     second = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1}, log)
     assert second[0]["tokens"] == plain[0]["tokens"]
     assert any("disk_to_device copy failed" in line and "checksum" in line for line in log)
+
+
+@pytest.mark.parametrize("mode", ["layerwise", "async"])
+def test_load_modes_serve_identical_tokens_and_count_their_decisions(model, plain, mode):
+    # layerwise: each hit is scheduled in the step that loads it, layer by layer inside vLLM's
+    # forward pass (wait_for_layer_load); async: it waits in WAITING_FOR_REMOTE_KVS, as before.
+    cfg = ktc(CPU, extra={"config": {"tiers": CPU, "load_mode": mode}})
+    rounds = run_job({"model": model, "kv_transfer_config": cfg, "metrics": ["kvoffload_load_decisions"]})
+    assert rounds[1]["tokens"] == plain[1]["tokens"]
+    assert all(c >= 256 for c in rounds[1]["cached"])
+    assert rounds[2]["metrics"] == {f"kvoffload_load_decisions_total{{decision={mode},tier=cpu}}": 3.0}
 
 
 def test_bad_config_key_fails_startup_with_key_named(model):
