@@ -59,6 +59,8 @@ class ChaosCase:
     #: What the third tier is: the in-memory test tier, or an fs directory (shared with the
     #: killed child of a "kill" restart, like the disk path).
     shared: str = "memory"
+    #: How hits are served (``load_mode``): layer-wise loads meet preemption, faults, corruption.
+    load_mode: str = "auto"
 
 
 def draw_case(seed: int) -> ChaosCase:
@@ -96,6 +98,7 @@ def draw_case(seed: int) -> ChaosCase:
         remote_blocks=rng.choice((0, 0, 8, 64)) if disk else 0,
         model=rng.choice(("tiny", "tiny", "tiny-hybrid")),
         shared=rng.choice(("memory", "memory", "fs")),
+        load_mode=rng.choice(("auto", "auto", "layerwise", "async", "never-recompute")),
     )
 
 
@@ -132,7 +135,7 @@ def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
     elif case.remote_blocks:
         tiers.append({"medium": "kvoffload.testing.memory_tier:MemoryTier", "capacity": case.remote_blocks * block,
                       "eviction_policy": case.policy})
-    cfg: dict[str, Any] = {"tiers": tiers, "offloaded_block_size": 16 * case.factor,
+    cfg: dict[str, Any] = {"tiers": tiers, "offloaded_block_size": 16 * case.factor, "load_mode": case.load_mode,
                            "spec_name": "FaultyOffloadingSpec", "spec_module_path": "kvoffload.testing.faults"}
     if case.reuse_filter:
         cfg["store_threshold"] = 2
