@@ -209,8 +209,11 @@ class OffloadingConnectorWorker:
             self._submit(job)
 
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
-        """Preemption is a barrier: copies reading a preempted request's blocks finish first."""
-        if meta is None or not (meta.preempted_req_ids or meta.swap_out):
+        """Before the forward pass, every step (vLLM starts a step without synchronous loads
+        only after its forward): preemption is a barrier (copies reading a preempted request's
+        blocks finish first), and so is a block handed out again (stores still reading it
+        finish before the forward writes it)."""
+        if meta is None or not (meta.preempted_req_ids or meta.swap_out or meta.flush_jobs):
             return
         self._submit_demotions(meta)
         self._submit_deferred()
@@ -218,7 +221,8 @@ class OffloadingConnectorWorker:
             for job in jobs:
                 self._submit(job)
         assert self.worker is not None
-        self.worker.wait([j for j, job in self._jobs.items() if job.req_id in meta.preempted_req_ids])
+        barrier = [j for j, job in self._jobs.items() if job.req_id in meta.preempted_req_ids]
+        self.worker.wait(barrier + [j for j in meta.flush_jobs if j in self._jobs])
 
     def begin_step(self, meta: OffloadingConnectorMetadata) -> None:
         """The step's plan is bound, its forward pass about to run: time it (until wait_for_save;

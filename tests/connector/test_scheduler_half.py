@@ -164,3 +164,23 @@ def test_failed_load_is_recomputed_not_served():
     h.run_until_idle()
     assert h.sched.stats.failed_loads == 1
     assert x.output_token_ids == [7]
+
+
+def test_stores_reading_a_block_handed_out_again_finish_before_the_forward_pass():
+    # vLLM starts a step's copies after its forward pass unless the step loads synchronously,
+    # so the flush of stores still reading a block handed out again happens in
+    # handle_preemptions, which it calls before every forward pass.
+    from kvoffload.connector.jobs import JobKind, TransferJob
+    from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
+    from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+
+    h = Harness()
+    w = h.worker_conn
+    store = TransferJob(41, JobKind.STORE, GPULoadStoreSpec([3]), CPULoadStoreSpec([0]), "r")
+    w.bind_connector_metadata(OffloadingConnectorMetadata(reqs_to_store={"r": [store]}))
+    w.start_load_kv()  # planned in this step: submitted at the next one
+    w.clear_connector_metadata()
+    assert h.handler.submitted == []
+    w.handle_preemptions(OffloadingConnectorMetadata(flush_jobs={41}))
+    assert [s[0] for s in h.handler.submitted] == [41] and h.handler.waited[-1] == [41]
+    assert 41 not in h.handler.pending  # done before anything writes block 3
