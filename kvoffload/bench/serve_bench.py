@@ -113,6 +113,8 @@ def offload_config(name: str, tiers: dict[str, list[dict[str, Any]]], throttled:
     config: dict[str, Any] = {"tiers": tiers[tier_name]}
     if mode:
         config["load_mode"] = mode
+        # Each server owns its disk directory: the same tiers in another mode get their own.
+        config["tiers"] = [{**t, "path": f"{t['path']}-{mode}"} if "path" in t else t for t in tiers[tier_name]]
     if throttled:
         config.update(spec_name="ThrottledOffloadingSpec", spec_module_path="kvoffload.testing.throttle")
     OffloadConfig.from_dict(config)  # a bad load mode fails here, in one line, before any server starts
@@ -248,7 +250,10 @@ FIGURES = [("ttft_p50_ms", "TTFT p50 (ms)", True), ("ttft_p95_ms", "TTFT p95 (ms
            ("req_per_s", "requests/s", False), ("out_tok_per_s", "output tokens/s", False)]
 
 
-def report(runs: dict[str, list[RunResult]], engine: str = "vLLM") -> tuple[str, dict[str, Any]]:
+def report(runs: dict[str, list[RunResult]], engine: str = "vLLM",
+           references: tuple[str, ...] = ("plain",)) -> tuple[str, dict[str, Any]]:
+    """The figures of each configuration, and run-by-run ratios against each reference
+    configuration present (plain vLLM; ``--also-vs`` adds one, e.g. the asynchronous loads)."""
     names = list(runs)
     lines: list[str] = []
     out: dict[str, Any] = {"configs": {}}
@@ -260,17 +265,17 @@ def report(runs: dict[str, list[RunResult]], engine: str = "vLLM") -> tuple[str,
         if not any(s.median for s in samples.values()):
             continue
         lines.append(f"{label:32}" + "".join(f"{samples[n].fmt('.1f'):>22}" for n in names))
-        if plain is not None:
+        for ref in (r for r in references if r in runs):
             ratios = {}
             for n in names:
-                if n == "plain":
+                if n == ref:
                     continue
-                # Run by run; "x better": plain/ours for latencies, ours/plain for rates.
-                ratios[n] = (samples["plain"].ratio(samples[n]) if lower_is_better else samples[n].ratio(samples["plain"]))
-            lines.append(f"{'  vs plain (x better)':32}" + "".join(
+                # Run by run; "x better": reference/ours for latencies, ours/reference for rates.
+                ratios[n] = (samples[ref].ratio(samples[n]) if lower_is_better else samples[n].ratio(samples[ref]))
+            lines.append(f"{f'  vs {ref} (x better)':32}" + "".join(
                 f"{(ratios[n].fmt('.2f') + 'x') if n in ratios else '':>22}" for n in names))
             for n, r in ratios.items():
-                out["configs"].setdefault(n, {})[f"{key}_vs_plain"] = list(r.values)
+                out["configs"].setdefault(n, {})[f"{key}_vs_{ref}"] = list(r.values)
         for n, s in samples.items():
             out["configs"].setdefault(n, {})[key] = list(s.values)
     for n, rs in runs.items():
@@ -355,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default="plain,cpu,cpu+disk",
                    help="comma-separated: plain, cpu, cpu+disk; a kvoffload one may end in :LOAD_MODE "
                         "(cpu+disk:never-recompute)")
+    p.add_argument("--also-vs", action="append", default=[], metavar="CONFIG",
+                   help="ratios against this configuration too (e.g. cpu:async, beside plain)")
     p.add_argument("--throttle-tier", default=None, metavar="MEDIUM:BW:LATENCY",
                    help="slow a secondary tier's I/O down, e.g. disk:20MB/s:50ms (a test wrapper: "
                         "kvoffload.testing.throttle)")
@@ -399,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:
         p.error(f"--device-fraction {args.device_fraction}: must be in (0, 1]")
+    for ref in args.also_vs:
+        if ref not in config_names(args.configs):
+            p.error(f"--also-vs {ref}: not one of --configs ({args.configs})")
     if args.throttle_tier:
         from kvoffload.testing.throttle import parse_throttles
 
@@ -475,7 +485,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
 
 def _finish(args: argparse.Namespace, wl: Workload, runs: dict[str, list[RunResult]], device_blocks: int,
             ws_blocks: int) -> int:
-    text, data = report(runs, "vLLM" if args.engine == "vllm" else "engine")
+    text, data = report(runs, "vLLM" if args.engine == "vllm" else "engine", ("plain", *args.also_vs))
     print(text)
     data.update(engine=args.engine, workload=wl.name, device_blocks=device_blocks, working_set_blocks=ws_blocks,
                 reps=args.reps, command=" ".join(sys.argv))

@@ -89,6 +89,28 @@ def test_the_cli_runs_the_bundled_engine_end_to_end(tmp_path, capsys):
     assert len(data["configs"]["cpu"]["ttft_p50_ms_vs_plain"]) == 2
 
 
+def test_load_modes_and_a_throttled_tier_in_one_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KVOFFLOAD_THROTTLE", raising=False)
+    out = tmp_path / "r.json"
+    rc = serve_bench.main(["--engine", "bundled", "--workload", "chat", "--conversations", "3", "--turns", "2",
+                           "--context", "64", "--user-tokens", "16", "--max-tokens", "3", "--think", "0",
+                           "--configs", "plain,cpu+disk:async,cpu+disk", "--also-vs", "cpu+disk:async",
+                           "--throttle-tier", "disk:1GB/s:1ms", "--cpu", "16MiB", "--reps", "1", "--json", str(out),
+                           *TINY])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "vs cpu+disk:async (x better)" in text and "tokens identical to plain engine cpu+disk: 1/1 runs" in text
+    data = json.loads(out.read_text())
+    assert len(data["configs"]["cpu+disk"]["ttft_p50_ms_vs_cpu+disk:async"]) == 1
+    assert len(data["configs"]["plain"]["ttft_p50_ms_vs_cpu+disk:async"]) == 1  # the reference vs plain too
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--engine", "bundled", "--configs", "plain,cpu", "--also-vs", "cpu:async", *TINY])
+    assert "--also-vs cpu:async: not one of --configs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--engine", "bundled", "--throttle-tier", "disk:fast", *TINY])
+    assert "--throttle-tier: throttle 'disk:fast': use MEDIUM:BANDWIDTH:LATENCY" in capsys.readouterr().err
+
+
 def test_the_cli_refuses_what_the_bundled_engine_cannot_do(capsys):
     with pytest.raises(SystemExit):
         serve_bench.main(["--engine", "bundled", "--url", "http://127.0.0.1:1"])
