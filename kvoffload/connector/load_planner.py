@@ -4,7 +4,9 @@ them into the device blocks the engine allocated.
 A hit is the longest run every KV-cache group can serve: full-attention groups need the whole
 prefix, sliding-window groups only the window ending at the hit (all or nothing). A run split
 over tiers loads as one job per tier segment; blocks loaded from a slower tier are stored into
-the CPU tier again from the device (promotion).
+the CPU tier again from the device (promotion). How much of a hit is loaded, and whether inside
+the step that schedules the request (synchronously, layer by layer) or before it, is the load
+cost model's call (``LoadCostModel``); the rest of the hit is recomputed.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class OffloadingConnectorWorker:
         #: A synchronous load of this step failed: its stores are not submitted.
         self._sync_failed = False
         self._results: list[TransferResult | StepTiming] = []
-        #: When this step's forward pass began (start_load_kv) and the tokens it computes.
+        #: When this step's forward pass began (begin_step) and the tokens it computes.
         self._step_start: float | None = None
         self._step_tokens = 0
         #: The plan whose demotions were submitted (held, so its identity stays unique).
