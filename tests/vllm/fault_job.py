@@ -4,7 +4,9 @@ The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and is st
 so an abort can be delivered exactly where vLLM's EngineCore delivers client aborts: after the
 step's forward pass and before ``update_from_output`` reads the step's connector report.
 
-spec keys: model, kv_transfer_config, rounds (a list of {"abort": "recving" | "none"}),
+spec keys: model, kv_transfer_config, rounds (a list of {"abort": "recving" | "sync" | "none"}:
+abort each request whose asynchronous load finished in the step, or that ran in the step of its
+layer-wise load),
 reset_between (bool). Prints ``RESULT`` with, per round, each prompt's tokens, finish reason
 and cached tokens, and the scheduler's free device blocks before and after.
 """
@@ -24,18 +26,23 @@ def main(spec: dict) -> None:
     from vllm.v1.request import RequestStatus
 
     aborted: list[str] = []
-    abort_mode = {"on": False}
+    abort_mode = {"on": ""}
     original = Scheduler.update_from_output
 
     def update_from_output(self, scheduler_output, model_output):  # type: ignore[no-untyped-def]
         kvo = model_output.kv_connector_output
-        if abort_mode["on"] and kvo is not None and kvo.finished_recving:
-            # Abort every request whose load finished in this step, as a client disconnect
-            # processed by EngineCore between execute_model and update_from_output would.
-            victims = sorted(r for r in kvo.finished_recving if r in self.requests and not r.startswith("keep"))
-            if victims:
-                aborted.extend(victims)
-                self.finish_requests(victims, RequestStatus.FINISHED_ABORTED)
+        loaded: set[str] = set()
+        if abort_mode["on"] == "recving" and kvo is not None:
+            loaded = set(kvo.finished_recving or ())
+        elif abort_mode["on"] == "sync":
+            loaded = set(scheduler_output.kv_connector_metadata.inner.sync_loads)
+        # Abort every request whose load finished (or ran, layer by layer) in this step, as a
+        # client disconnect processed by EngineCore between execute_model and
+        # update_from_output would.
+        victims = sorted(r for r in loaded if r in self.requests and not r.startswith("keep"))
+        if victims:
+            aborted.extend(victims)
+            self.finish_requests(victims, RequestStatus.FINISHED_ABORTED)
         return original(self, scheduler_output, model_output)
 
     Scheduler.update_from_output = update_from_output
@@ -51,7 +58,7 @@ def main(spec: dict) -> None:
         if r and spec.get("reset_between", True):
             llm.reset_prefix_cache()
         free_before = pool.get_num_free_blocks()
-        abort_mode["on"] = round_spec.get("abort") == "recving"
+        abort_mode["on"] = "" if round_spec.get("abort", "none") == "none" else round_spec["abort"]
         aborted.clear()
         ids = [f"{'keep' if i % 2 and abort_mode['on'] else 'r'}{r}-{i}" for i in range(len(PROMPTS))]
         for rid, prompt in zip(ids, PROMPTS, strict=True):

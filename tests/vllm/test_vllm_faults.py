@@ -27,9 +27,9 @@ def run_fault_job(spec: dict) -> list[dict]:
     raise AssertionError(f"vLLM fault job failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def ktc(tiers: list, **extra) -> dict:
+def ktc(tiers: list, load_mode: str = "auto", **extra) -> dict:
     return {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"config": {"tiers": tiers}}, **extra}
+            "kv_connector_extra_config": {"config": {"tiers": tiers, "load_mode": load_mode}}, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +42,13 @@ def tokens_by_prompt(round_: dict) -> dict[str, list[int]]:
     return {rid.split("-", 1)[1]: out["tokens"] for rid, out in round_["done"].items()}
 
 
+@pytest.mark.parametrize("mode, abort", [("async", "recving"), ("layerwise", "sync")], ids=["async", "layerwise"])
 @pytest.mark.parametrize("policy", ["fail", "recompute"])
-def test_abort_in_the_step_that_finishes_a_load_keeps_the_engine_up(model, plain, policy):
-    rounds = run_fault_job({"model": model, "kv_transfer_config": ktc(CPU, kv_load_failure_policy=policy),
-                            "rounds": [{}, {"abort": "recving"}, {}]})
+def test_abort_in_the_step_that_finishes_a_load_keeps_the_engine_up(model, plain, policy, mode, abort):
+    # async: aborted in the step whose report says the load landed; layerwise: in the step
+    # whose forward pass ran the load.
+    rounds = run_fault_job({"model": model, "kv_transfer_config": ktc(CPU, mode, kv_load_failure_policy=policy),
+                            "rounds": [{}, {"abort": abort}, {}]})
     first, aborted, after = rounds
     assert aborted["aborted"] == ["r1-0", "r1-2"]  # their loads finished in the step they were aborted in
     assert set(aborted["done"]) == {"keep1-1", "keep1-3"}
