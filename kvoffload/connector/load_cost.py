@@ -18,11 +18,12 @@ Safeguards, since a wrong "recompute" throws away a real hit:
   (``auto`` only decides for tiers in mode ``auto``).
 
 A load is synchronous (layer-wise, inside the forward pass of the step that schedules the
-request) where the engine allows it and it is estimated to take no longer than a step: then
-it costs at most that step's wait, not a step of waiting in the queue. Longer loads are
-asynchronous, so they do not stall every other request of the batch; before a tier is timed,
-only host memory loads synchronously. Mode ``layerwise`` loads synchronously always, ``async``
-never.
+request) where the engine allows it, it comes from host memory only, and it is estimated to
+take no longer than a step: then it costs at most that step's wait, not a step of waiting in
+the queue. Longer loads are asynchronous, so they do not stall every other request of the
+batch, and so are loads from tiers that read records (they can fail a check, and a failed
+synchronous load costs its step's sampled token; see ``_sync``). Mode ``layerwise`` loads
+synchronously always, ``async`` never.
 """
 
 from __future__ import annotations
@@ -122,10 +123,15 @@ class LoadCostModel:
             return False
         if "layerwise" in modes:
             return True
-        if any(self._tier(m).loads.samples < self.warmup_jobs for m in loaded) or self.step_s <= 0:
-            return set(loaded) == {"CPU"}  # untimed: host memory is fast enough, other tiers may not be
-        load = max(self._tier(m).loads.estimate(n) for m, n in loaded.items())
-        return load <= self.step_s
+        if set(loaded) != {"CPU"}:
+            # A tier that reads records can fail a check; a failed synchronous load costs the
+            # token sampled in its step, which vLLM cannot take back from a seeded request's
+            # CPU generator (its stream would shift). Such tiers load synchronously only when
+            # their mode says layerwise.
+            return False
+        if self._tier("CPU").loads.samples < self.warmup_jobs or self.step_s <= 0:
+            return True  # untimed: host memory is fast enough
+        return self._tier("CPU").loads.estimate(loaded["CPU"]) <= self.step_s
 
     @staticmethod
     def _loaded(segments: Sequence[Segment], cut: int) -> dict[str, int]:

@@ -164,3 +164,24 @@ def test_gauges_report_what_was_measured() -> None:
     assert 4096 * 1 / 0.0502 < g["kvoffload_tier_load_bytes_per_second"]["disk"] < 4096 * 8 / 0.0516
     assert g["kvoffload_prefill_tokens_per_second"] == {"16": pytest.approx(1e4), "64": pytest.approx(1e4),
                                                         "256": pytest.approx(1e4), "1024": pytest.approx(1e4)}
+
+
+def test_only_host_memory_loads_layer_by_layer_unless_a_mode_says_so() -> None:
+    m, _ = model()
+    assert m.choose([Segment("CPU", 4)], sync_possible=True).sync  # untimed host memory
+    assert not m.choose([Segment("DISK", 4)], sync_possible=True).sync  # untimed disk: asynchronous
+    assert not m.choose([Segment("CPU", 4)], sync_possible=False).sync  # the engine cannot
+    teach(m, cpu_s_per_block=1e-5, disk_latency=0.0, disk_per_block=1e-5)
+    for _ in range(20):
+        m.observe_step(256, 0.01)  # 10 ms steps
+    assert m.choose([Segment("CPU", 4)], sync_possible=True).sync
+    disk = m.choose([Segment("DISK", 4)], sync_possible=True)
+    assert disk.decision is LoadDecision.LOAD and not disk.sync  # fast, but its reads can fail a check
+    for _ in range(60):
+        m.observe_load("CPU", 4, 0.2)  # host memory slower than a step: asynchronous
+    assert not m.choose([Segment("CPU", 4)], sync_possible=True).sync
+    forced, _ = model({"CPU": "auto", "DISK": "layerwise"})
+    assert forced.choose([Segment("DISK", 4)], sync_possible=True).sync
+    assert not forced.choose([Segment("DISK", 4)], sync_possible=False).sync
+    never, _ = model({"CPU": "async", "DISK": "auto"})
+    assert not never.choose([Segment("CPU", 4)], sync_possible=True).sync
