@@ -15,6 +15,7 @@ import random
 import threading
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -133,6 +134,22 @@ def corrupt_landed_loads(pending: dict[int, np.ndarray], kv: CanonicalKVCache, r
             index = torch.from_numpy(np.asarray(ids, dtype=np.int64))
             for view in kv.views:
                 view[index.to(view.device)] ^= 0x5A
+
+
+def flip_every_disk_record(directory: Path) -> int:
+    """Flip one data byte of every record in ``directory``'s disk tier file (it must hold one):
+    each read of them fails its checksum. Returns how many records were flipped."""
+    from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER
+
+    (path,) = directory.glob("*.kvdata")
+    data = bytearray(path.read_bytes())
+    flipped = 0
+    for off in range(HEADER_BYTES, len(data), RECORD_HEADER):  # records start on 64-byte boundaries
+        if data[off : off + 4] == b"KVB1":
+            data[off + RECORD_HEADER + 100] ^= 0xFF
+            flipped += 1
+    path.write_bytes(bytes(data))
+    return flipped
 
 
 class FaultyOffloadingSpec(TieredOffloadingSpec):

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from kvoffload.engine import LLM, EngineConfig
+from kvoffload.testing.faults import flip_every_disk_record
 from kvoffload.testing.throttle import ThrottledOffloadingSpec, parse_throttles
 from kvoffload.workload import ChatWorkload, run_chat_workload
 
@@ -79,25 +80,13 @@ def test_every_mode_serves_identical_tokens(tmp_path, baseline, mode, tiers):
     assert stats["prefix_hit_tokens"]["cpu"] > 0
 
 
-def _flip_every_record(directory) -> int:
-    (path,) = directory.glob("*.kvdata")
-    data = bytearray(path.read_bytes())
-    flipped = 0
-    for off in range(4096, len(data), 64):
-        if data[off : off + 4] == b"KVB1":
-            data[off + 64 + 100] ^= 0xFF
-            flipped += 1
-    path.write_bytes(bytes(data))
-    return flipped
-
-
 def test_a_layerwise_load_of_corrupt_records_recomputes_exactly_the_requests_that_read_them(tmp_path, baseline):
     # The first engine writes every block through to disk; the second starts with an empty
     # host tier, so its hits come from disk, layer by layer, and every record fails its checksum.
     cfg = offload(tmp_path, "layerwise", cpu="8MiB", throttle=False)
     cfg["tiers"][1]["write_through"] = True
     run(cfg)
-    assert _flip_every_record(tmp_path / "layerwise") >= 10
+    assert flip_every_disk_record(tmp_path / "layerwise") >= 10
     tokens, stats = run(cfg)
     assert tokens == baseline[0]
     c = stats["connector"]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kvoffload.testing.faults import flip_every_disk_record
+
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
@@ -125,15 +127,7 @@ def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, 
              {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
     cfg = ktc(tiers, kv_load_failure_policy="recompute", extra={"config": {"tiers": tiers, "load_mode": mode}})
     run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1})
-    (path,) = tmp_path.glob("*.kvdata")
-    data = bytearray(path.read_bytes())
-    flipped = 0
-    for off in range(4096, len(data), 64):
-        if data[off : off + 4] == b"KVB1":
-            data[off + 64 + 100] ^= 0xFF
-            flipped += 1
-    path.write_bytes(bytes(data))
-    assert flipped >= 6
+    assert flip_every_disk_record(tmp_path) >= 6
     log: list = []
     second = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1}, log)
     assert second[0]["tokens"] == plain[0]["tokens"]
