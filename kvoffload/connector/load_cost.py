@@ -65,7 +65,6 @@ class LoadChoice:
 @dataclass(slots=True)
 class TierCost:
     loads: LinearFit = field(default_factory=LinearFit)
-    stores: LinearFit = field(default_factory=LinearFit)
     last_load_at: float = 0.0
     #: The last verdict: True load, False recompute, None never judged.
     verdict: bool | None = None
@@ -100,9 +99,6 @@ class LoadCostModel:
         tier = self._tier(medium)
         tier.loads.add(blocks, seconds)
         tier.last_load_at = self.clock()
-
-    def observe_store(self, medium: str, blocks: int, seconds: float) -> None:
-        self._tier(medium).stores.add(blocks, seconds)
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         self.prefill.add(tokens, seconds)
@@ -180,8 +176,7 @@ class LoadCostModel:
         self._record_verdicts(segments, best)
         decision = (LoadDecision.LOAD if best == total else
                     LoadDecision.RECOMPUTE if best == 0 else LoadDecision.PARTIAL)
-        return LoadChoice(best, decision, False, label, why, costs.get(total, self._cost(segments, total, total)),
-                          recompute_all, costs.get(best, 0.0))
+        return LoadChoice(best, decision, False, label, why, costs[total], recompute_all, costs[best])
 
     def _cost(self, segments: Sequence[Segment], cut: int, total: int) -> float:
         """Estimated seconds to load the hit's first ``cut`` blocks and recompute the rest."""
@@ -215,12 +210,7 @@ class LoadCostModel:
         return None
 
     def _record_verdicts(self, segments: Sequence[Segment], cut: int) -> None:
-        at = 0
-        loaded: set[str] = set()
-        for s in segments:
-            if at < cut:
-                loaded.add(s.medium)
-            at += s.blocks
+        loaded = self._loaded(segments, cut)
         for s in segments:
             self._tier(s.medium).verdict = s.medium in loaded
 

@@ -191,8 +191,6 @@ class OffloadingConnectorScheduler:
             self.manager.complete_demotion(hashes, result.success, job.medium)
             self._record_io(job.medium, result, write=True)
             self.stats.blocks_demoted += len(hashes) if result.success else 0
-            if result.success:
-                self.cost.observe_store(job.medium, len(hashes), result.seconds)
             if result.skipped:
                 self.stats.tier_stores_skipped[job.medium.lower()] += len(hashes)
         elif kind is JobKind.LOAD:

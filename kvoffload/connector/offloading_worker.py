@@ -279,19 +279,19 @@ class OffloadingConnectorWorker:
                 continue
             st = self._state(rid)
             st.outstanding -= 1
-            if r.job_id in self._sync:
-                del self._sync[r.job_id]
-                dst = self._load_dst.pop(r.job_id, [])
-                if not r.success:
-                    self._failed_block_ids.update(dst)
-                    self._sync_failed = True
-                self._prune(rid)
-                continue
             if job.kind is JobKind.LOAD:
+                sync = r.job_id in self._sync
+                self._sync.pop(r.job_id, None)
                 dst = self._load_dst.pop(r.job_id, [])
                 if not r.success:
                     self._failed_block_ids.update(dst)
-                    st.load_failed = True
+                    if sync:
+                        self._sync_failed = True
+                    else:
+                        st.load_failed = True
+                if sync:  # never reported as received
+                    self._prune(rid)
+                    continue
                 st.loads_pending -= 1
                 if st.loads_pending <= 0:
                     if st.load_failed:

@@ -171,12 +171,13 @@ class ModelRunner:
         logits_out: dict[str, torch.Tensor] = {}
         candidates: dict[str, list[tuple[int, float]]] = {}
         hidden = None
+        last_rows: list[int] = []
         if order:
             input_ids, positions, metas = self._prepare_inputs(so, order)
             hidden = self.model(input_ids, positions, self.layer_kv, metas, *self._layer_hooks())
+            last_rows = [metas[0].query_start_loc[r + 1] - 1 for r in range(len(order))]
         kv_output, rolled_back = self._finish_kv_step(so, order)
         if hidden is not None:
-            last_rows = [r - 1 for r in self._query_ends(so, order)]
             logits = self.model.compute_logits(hidden[last_rows])
             for r, rid in enumerate(order):
                 state = self.requests[rid]
@@ -205,15 +206,6 @@ class ModelRunner:
                     logits_out[rid] = logits[r].clone()
         return ModelRunnerOutput(req_ids=order, sampled_token_ids=sampled, logits=logits_out,
                                  kv_connector_output=kv_output, beam_candidates=candidates, rolled_back=rolled_back)
-
-    @staticmethod
-    def _query_ends(so: SchedulerOutput, order: list[str]) -> list[int]:
-        """Where each request's tokens end in the step's flat batch."""
-        ends, at = [], 0
-        for rid in order:
-            at += so.num_scheduled_tokens[rid]
-            ends.append(at)
-        return ends
 
     def _finish_kv_step(self, so: SchedulerOutput, order: list[str]) -> tuple[KVConnectorOutput | None, dict[str, int]]:
         """The connector's end of the step (saves, finished copies), and the requests that read
