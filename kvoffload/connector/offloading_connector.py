@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvoffload.config import OffloadConfig
 from kvoffload.connector.base import (
@@ -30,6 +31,9 @@ from kvoffload.offload.abstract import OffloadingEvent
 from kvoffload.offload.spec import OffloadingSpecFactory
 from kvoffload.transfer.handler import TransferResult
 from kvoffload.transfer.layout import KVCaches
+
+if TYPE_CHECKING:
+    import torch
 
 #: What a connector is built from: the engine's config (its ``kv_offload`` section is read) or
 #: the offload config itself, in any form ``OffloadConfig.coerce`` takes.
@@ -79,6 +83,9 @@ class OffloadingConnector(KVConnectorBase):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._worker().wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, **kwargs: object) -> None:
+        self._worker().save_kv_layer(layer_name)
 
     def wait_for_save(self) -> None:
         self._worker().wait_for_save()

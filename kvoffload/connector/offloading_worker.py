@@ -15,6 +15,12 @@ are submitted before the forward pass, ``wait_for_layer_load`` waits for one lay
 a time, and they are over by ``wait_for_save``. They are never reported as received; a failed
 one reports its device blocks (``take_failed_block_ids``) in the same step, and the stores that
 step planned are dropped (reported failed): they may hold KV computed from the bad blocks.
+
+Layer-wise stores (every ``load_mode`` but ``async`` on the first tier): the stores a step
+plans start in that step, each layer copied out once ``save_kv_layer`` says the forward pass
+wrote it; ``wait_for_save`` submits the layers no hook named and commits them, or aborts them
+if a synchronous load of the step failed. A store the handler cannot take layer by layer (a
+tier other than host memory first) still starts after the step.
 """
 
 from __future__ import annotations
@@ -133,6 +139,13 @@ class OffloadingConnectorWorker:
         self._step_tokens = 0
         #: The plan whose demotions were submitted (held, so its identity stays unique).
         self._demoted_meta: OffloadingConnectorMetadata | None = None
+        #: Stores start layer by layer in the step that plans them (not for load_mode async).
+        self.layered_stores = next(iter(spec.config.tier_load_modes().values()), "async") != "async"
+        #: The step's plan (begin_step), its stores not yet submitted, and whether its
+        #: layer-wise stores are open (the first save_kv_layer opens them).
+        self._step_meta: OffloadingConnectorMetadata | None = None
+        self._step_stores: dict[str, list[TransferJob]] = {}
+        self._layered_open = False
         self.stats = TransferStats()
 
     def register_kv_caches(self, kv_caches: KVCaches) -> None:
@@ -228,6 +241,9 @@ class OffloadingConnectorWorker:
         """The step's plan is bound, its forward pass about to run: time it (until wait_for_save;
         start_load_kv may come after the forward, as vLLM calls it in steps without sync loads)."""
         self._step_start, self._step_tokens = time.perf_counter(), meta.num_step_tokens
+        self._step_meta = meta
+        self._step_stores = {rid: list(jobs) for rid, jobs in meta.reqs_to_store.items()}
+        self._layered_open = False
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
         for rid in meta.await_finish:
@@ -241,7 +257,40 @@ class OffloadingConnectorWorker:
             for job in jobs:
                 self._submit(job, sync=rid in meta.sync_loads)
         self._submit_deferred()
-        self._deferred = dict(meta.reqs_to_store)
+        # Those not opened layer by layer (the first save_kv_layer may come later: it takes
+        # its stores out of this same dict).
+        self._deferred = self._step_stores if self._step_meta is meta else dict(meta.reqs_to_store)
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        """The forward pass has written ``layer_name``'s KV: copy it out of the step's stores."""
+        if not self.layered_stores or self._step_meta is None or self.kv is None:
+            return
+        assert self.worker is not None
+        if not self._layered_open:
+            self._layered_open = True
+            # A synchronous load whose outcome only its report tells (no progress record): the
+            # step's stores wait for that report, after the step, as in mode async.
+            if all(p is not None for p in self._sync.values()):
+                self._open_layered_stores(self._step_meta)
+        layer = self.kv.layer_tensors.get(layer_name)
+        if layer is not None:
+            self.worker.layer_written(layer)
+
+    def _open_layered_stores(self, meta: OffloadingConnectorMetadata) -> None:
+        assert self.worker is not None
+        self._submit_demotions(meta)  # they fence the host slots a store may take over
+        for rid in list(self._step_stores):
+            left = []
+            for job in self._step_stores[rid]:
+                if self.worker.open_layered_store(job.job_id, (job.src, job.dst)):
+                    self._jobs[job.job_id] = job
+                    self._state(rid).outstanding += 1
+                else:
+                    left.append(job)
+            if left:
+                self._step_stores[rid] = left
+            else:
+                del self._step_stores[rid]
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Block until this step's synchronous loads have landed ``layer_name``'s KV (all of
@@ -260,12 +309,22 @@ class OffloadingConnectorWorker:
         """The forward pass is done: this step's synchronous loads are over (an engine that
         skipped a layer's wait still gets them finished here), and the step's time goes back
         to the scheduler half's cost model."""
+        sync_ok = True
         if self._sync:
             assert self.worker is not None
             self.worker.wait(list(self._sync))
+            sync_ok = not self._sync_failed and all(p is not None and not p.failed for p in self._sync.values())
+        self._end_layered_stores(commit=sync_ok)
         if self._step_start is not None and self._step_tokens > 0:
             self._results.append(StepTiming(self._step_tokens, time.perf_counter() - self._step_start))
         self._step_start = None
+
+    def _end_layered_stores(self, commit: bool) -> None:
+        if self._layered_open:
+            assert self.worker is not None
+            self._layered_open = False
+            self.worker.end_layered_stores(commit)
+        self._step_meta = None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         recved: set[str] = set()
@@ -343,6 +402,7 @@ class OffloadingConnectorWorker:
         """Submit deferred stores and wait for every outstanding copy."""
         if self.worker is None:
             return
+        self._end_layered_stores(commit=False)  # a step that never ended: its KV may be partial
         self._submit_deferred()
         self.worker.wait(list(self._jobs))
 

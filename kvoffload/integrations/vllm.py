@@ -219,7 +219,8 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        return None
+        if self.worker is not None:
+            self.worker.save_kv_layer(layer_name)
 
     def wait_for_save(self) -> None:
         if self.worker is not None:

@@ -70,6 +70,19 @@ class FaultyHandler(OffloadingHandler):
         self.injected = 0
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        return self._inject(job_id, spec) or self.inner.transfer_async(job_id, spec)
+
+    def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
+        return self._inject(job_id, spec) or self.inner.open_layered_store(job_id, spec)
+
+    def layer_written(self, layer: int) -> None:
+        self.inner.layer_written(layer)
+
+    def end_layered_stores(self, commit: bool) -> None:
+        self.inner.end_layered_stores(commit)
+
+    def _inject(self, job_id: int, spec: TransferSpec) -> bool:
+        """Whether this job fails by the plan (its failure is reported; nothing runs)."""
         src, dst = spec
         p = self.plan
         direction, io = "", True
@@ -83,7 +96,7 @@ class FaultyHandler(OffloadingHandler):
         if not direction:
             if p.corrupt_loads and dst.medium() is Medium.GPU:
                 self._loads[job_id] = dst.block_ids
-            return self.inner.transfer_async(job_id, spec)
+            return False
         self.injected += 1
         with self._lock:
             self._ready.append(TransferResult(job_id, False, 0, 0.0, direction, slots, io))

@@ -8,12 +8,15 @@ copied into the given device blocks; when the first offloaded block is only part
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from kvoffload.offload.mediums import GPULoadStoreSpec
-from kvoffload.transfer.handler import TrackedJobsHandler, TransferResult, TransferSpec
+from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layer_progress import LayerProgress
+from kvoffload.transfer.layered_store import LayeredStore
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, StreamPool
@@ -52,8 +55,8 @@ class DeviceHostHandler(TrackedJobsHandler):
         self.factor = block_size_factor
         self.pool = pool
         self.fences = fences
-        #: Loads submitted and not yet asked for their progress (layer_progress pops them).
-        self._progress: dict[int, LayerProgress] = {}
+        #: This step's layer-wise stores (open until end_layered_stores).
+        self._open: list[LayeredStore] = []
         super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
 
     def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:
@@ -94,27 +97,52 @@ class DeviceHostHandler(TrackedJobsHandler):
         fences = self.fences if fenced_slots else None
         progress = None
         if direction == HOST_TO_DEVICE and self.kv.layer_tensors:
-            progress = self._progress[job_id] = LayerProgress(self.kv.num_tensors, self.kv.device.type == "cuda")
+            progress = self._watch(job_id, self.kv.num_tensors, self.kv.device.type == "cuda")
 
         def run() -> None:
+            ok = False
             try:
                 if fences is not None and fenced_slots:
                     fences.wait(fenced_slots)  # a demotion may still be reading these slots
                 self._copy(direction, device_ids, host_rows, progress)
+                ok = True
             finally:
                 if progress is not None:
-                    progress.release()
+                    progress.release(failed=not ok)
 
         self._track(direction, job_id, self.pool.submit(direction, run), nbytes)
 
-    def layer_progress(self, job_id: int) -> LayerProgress | None:
-        return self._progress.pop(job_id, None)
+    def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
+        src, dst = spec
+        if not isinstance(src, GPULoadStoreSpec) or not self.kv.layer_tensors:
+            return False
+        host_blocks = dst.block_ids
+        host_rows = self._host_rows(host_blocks)
+        if len(host_rows) != len(src.block_ids):
+            return False
+        groups = host_copy_groups(self.kv, self.host, DEVICE_TO_HOST, src.block_ids, host_rows)
+        fences, fenced = self.fences, host_blocks.tolist()
 
-    def get_finished(self) -> list[TransferResult]:
-        results = super().get_finished()
-        for r in results:  # a load nobody asked the progress of
-            self._progress.pop(r.job_id, None)
-        return results
+        def copy_layer(layer_groups: list[CopyGroup]) -> Callable[[], None]:
+            def run() -> None:
+                if fences is not None:
+                    fences.wait(fenced)  # a demotion may still be reading these slots
+                copy_block_groups(layer_groups)
+            return run
+
+        store = LayeredStore([copy_layer(g) for g in groups], self.pool, DEVICE_TO_HOST)
+        self._open.append(store)
+        self._track(DEVICE_TO_HOST, job_id, store, len(src.block_ids) * self.kv.page_bytes)
+        return True
+
+    def layer_written(self, layer: int) -> None:
+        for store in self._open:
+            store.layer_written(layer)
+
+    def end_layered_stores(self, commit: bool) -> None:
+        stores, self._open = self._open, []
+        for store in stores:
+            store.end(commit)
 
     def _copy(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray,
               progress: LayerProgress | None = None) -> None:

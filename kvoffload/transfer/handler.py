@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvoffload.offload.abstract import LoadStoreSpec
 from kvoffload.transfer.layer_progress import LayerProgress
+from kvoffload.transfer.layered_store import StoreAborted
 from kvoffload.transfer.streams import JobHandle
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,18 @@ class OffloadingHandler(ABC):
         handler copies all layers at once (the reader waits for the whole job)."""
         return None
 
+    def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
+        """Take a store of blocks the running forward pass is writing, to be copied layer by
+        layer (``layer_written``) and finished by ``end_layered_stores``; False where this
+        handler copies a store only whole (the caller submits it after the step)."""
+        return False
+
+    def layer_written(self, layer: int) -> None:
+        """The forward pass has written KV tensor ``layer``: copy it out of the open stores."""
+
+    def end_layered_stores(self, commit: bool) -> None:
+        """The step is over: finish the open stores (``commit``) or abort them (nothing published)."""
+
     def close(self) -> None:
         """Finish outstanding jobs and release resources."""
 
@@ -83,6 +96,16 @@ class TrackedJobsHandler(OffloadingHandler):
         self._by_id: dict[int, JobHandle] = {}
         self._lock = threading.Lock()
         self._logged_failures: set[tuple[object, ...]] = set()
+        #: Loads submitted and not yet asked for their progress (layer_progress pops them).
+        self._progress: dict[int, LayerProgress] = {}
+
+    def _watch(self, job_id: int, num_layers: int, cuda: bool) -> LayerProgress:
+        """A progress record for a load job, handed out once by ``layer_progress``."""
+        progress = self._progress[job_id] = LayerProgress(num_layers, cuda)
+        return progress
+
+    def layer_progress(self, job_id: int) -> LayerProgress | None:
+        return self._progress.pop(job_id, None)
 
     def _track(self, direction: str, job_id: int, handle: JobHandle, nbytes: int) -> None:
         with self._lock:
@@ -103,10 +126,11 @@ class TrackedJobsHandler(OffloadingHandler):
                     if isinstance(err, BlockTransferError):
                         bad, io, rejected = tuple(err.slots), err.io, tuple(sorted(err.reasons.items()))
                     skipped = isinstance(err, StoreSkipped)
-                    if err is not None and not skipped:
+                    if err is not None and not skipped and not isinstance(err, StoreAborted):
                         self._log_failure(direction, err)
                     out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
                                               direction, bad, io, rejected, skipped))
+                    self._progress.pop(job_id, None)  # a load nobody asked the progress of
         return out
 
     def _log_failure(self, direction: str, err: BaseException) -> None:
@@ -171,6 +195,22 @@ class TransferRouter:
     def layer_progress(self, job_id: int) -> LayerProgress | None:
         handler = self._job_handler.get(job_id)
         return handler.layer_progress(job_id) if handler is not None else None
+
+    def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
+        """False where no handler takes the pair layer by layer (the caller submits it whole)."""
+        handler = self._handlers.get((spec[0].medium(), spec[1].medium()))
+        if handler is None or not handler.open_layered_store(job_id, spec):
+            return False
+        self._job_handler[job_id] = handler
+        return True
+
+    def layer_written(self, layer: int) -> None:
+        for handler in self._unique_handlers():
+            handler.layer_written(layer)
+
+    def end_layered_stores(self, commit: bool) -> None:
+        for handler in self._unique_handlers():
+            handler.end_layered_stores(commit)
 
     def get_finished(self) -> list[TransferResult]:
         results: list[TransferResult] = []

@@ -20,6 +20,8 @@ class LayerProgress:
         self.num_layers = num_layers
         self.cuda = cuda
         self._landed = 0
+        #: The job is over and did not land every layer (its blocks are recomputed).
+        self.failed = False
         self._cond = threading.Condition()
         self._events: list[torch.cuda.Event | None] = [None] * num_layers
 
@@ -33,9 +35,10 @@ class LayerProgress:
             self._landed = max(self._landed, layer + 1)
             self._cond.notify_all()
 
-    def release(self) -> None:
+    def release(self, failed: bool = False) -> None:
         """The job is over (done or failed): nobody waits any longer."""
         with self._cond:
+            self.failed = self.failed or failed
             self._landed = self.num_layers
             self._cond.notify_all()
 

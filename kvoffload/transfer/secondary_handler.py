@@ -76,7 +76,18 @@ class SecondaryTierHandler(TrackedJobsHandler):
             if not 0 <= skip < self.factor or keys is None or len(keys) != len(slots):
                 return False  # every record read is checked against the key the ledger expects
             expected = list(keys)
-            handle = self.pool.submit(self.to_device, lambda: self._load(slots, expected, device_ids, skip))
+            # Whole-job progress: a reader waits for all of it, and learns whether it failed.
+            progress = self._watch(job_id, self.kv.num_tensors, False)
+
+            def load() -> None:
+                ok = False
+                try:
+                    self._load(slots, expected, device_ids, skip)
+                    ok = True
+                finally:
+                    progress.release(failed=not ok)
+
+            handle = self.pool.submit(self.to_device, load)
             self._track(self.to_device, job_id, handle, len(device_ids) * self.kv.page_bytes)
             return True
         if not isinstance(dst, KeyedLoadStoreSpec):

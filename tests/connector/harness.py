@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from kvoffload.connector.base import KVConnectorOutput, KVConnectorRole
 from kvoffload.connector.offloading_connector import OffloadingConnector
 from kvoffload.engine.outputs import ModelRunnerOutput
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
+from kvoffload.transfer.layer_progress import LayerProgress
 from tests.engine.helpers import make_scheduler
+
+#: The fake model's attention layers.
+LAYERS = ("layer.0", "layer.1")
 
 
 class FakeHandler(OffloadingHandler):
     """Records every job; jobs finish only when the test says so (or on wait)."""
+
+    #: Loads come with a progress record (landed at once, failed unless ``wait_success``), as
+    #: the real handlers give; False: none, so the worker learns a load's outcome from its report.
+    progress = False
 
     def __init__(self) -> None:
         self.submitted: list[tuple[int, str, list[int], list[int]]] = []  # (job, kind, src ids, dst ids)
@@ -22,6 +32,12 @@ class FakeHandler(OffloadingHandler):
         self.auto_complete = False
         #: Jobs finished by a wait succeed (False: they fail, as a bad read would).
         self.wait_success = True
+        #: Stores taken layer by layer (False: refused, as a handler that copies only whole).
+        self.layered = True
+        #: Layer-wise stores of the running step, the layers written, and each step's verdict.
+        self.open: list[int] = []
+        self.layers_written: list[int] = []
+        self.verdicts: list[tuple[list[int], bool]] = []
 
     def transfer_async(self, job_id, spec):
         src, dst = spec
@@ -31,6 +47,40 @@ class FakeHandler(OffloadingHandler):
         if self.auto_complete:
             self.complete([job_id])
         return True
+
+    def open_layered_store(self, job_id, spec):
+        if not self.layered:
+            return False
+        src, dst = spec
+        self.submitted.append((job_id, "store", src.block_ids.tolist(), dst.block_ids.tolist()))
+        self.pending[job_id] = "store"
+        self.open.append(job_id)
+        return True
+
+    def layer_progress(self, job_id):
+        if not self.progress or self.pending.get(job_id) != "load":
+            return None
+        progress = LayerProgress(len(LAYERS))
+        progress.release(failed=not self.wait_success)
+        return progress
+
+    def layer_written(self, layer):
+        if self.open:
+            self.layers_written.append(layer)
+
+    def end_layered_stores(self, commit):
+        stores, self.open = self.open, []
+        self.verdicts.append((stores, commit))
+        if not commit:  # aborted: reported failed, as the real handler does once its copies are over
+            self.complete(stores, success=False)
+        elif self.auto_complete:
+            self.complete(stores)
+
+    def wait(self, job_ids):
+        assert not set(job_ids) & set(self.open), "a layer-wise store waited for before its step ended"
+        ids = [j for j in job_ids if j in self.pending]
+        self.waited.append(ids)
+        self.complete(ids, self.wait_success)
 
     def complete(self, job_ids, success=True):
         for j in job_ids:
@@ -45,15 +95,11 @@ class FakeHandler(OffloadingHandler):
         out, self.done = self.done, []
         return out
 
-    def wait(self, job_ids):
-        ids = [j for j in job_ids if j in self.pending]
-        self.waited.append(ids)
-        self.complete(ids, self.wait_success)
 
 
 class Harness:
     def __init__(self, num_blocks=64, block_size=4, tier_blocks=16, factor=1, threshold=0, budget=64, max_seqs=8,
-                 policy="lru", load_mode="async"):
+                 policy="lru", load_mode="async", vllm_order=False):
         """``load_mode``: async by default, the mode these tests were written for (a load lands
         when the test completes its job); ``layerwise`` loads inside the step (its wait_for_save
         finishes them)."""
@@ -67,6 +113,10 @@ class Harness:
         worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, self.handler)
         worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, self.handler)
         self.worker_conn.connector_worker.worker = worker
+        #: The worker maps a layer's name to its KV tensor through the canonical cache.
+        self.worker_conn.connector_worker.kv = SimpleNamespace(layer_tensors={name: i for i, name in enumerate(LAYERS)})
+        #: vLLM's order: in a step without synchronous loads, start_load_kv comes after the forward.
+        self.vllm_order = vllm_order
         self.sched = make_scheduler(num_blocks=num_blocks, block_size=block_size, budget=budget, max_seqs=max_seqs,
                                     connector=self.sched_conn)
         self.manager = self.sched_conn.connector_scheduler.manager
@@ -84,7 +134,14 @@ class Harness:
         w = self.worker_conn
         w.bind_connector_metadata(meta)
         w.handle_preemptions(meta)
-        w.start_load_kv()
+        after_forward = self.vllm_order and not meta.sync_loads
+        if not after_forward:
+            w.start_load_kv()
+        for name in LAYERS:  # the forward pass: each layer waits for its load, then is saved
+            w.wait_for_layer_load(name)
+            w.save_kv_layer(name, None)
+        if after_forward:
+            w.start_load_kv()
         w.wait_for_save()
         sent, recved = w.get_finished(so.finished_req_ids)
         invalid = w.get_block_ids_with_load_errors()

@@ -64,28 +64,40 @@ def test_offload_serves_evicted_prefixes_with_identical_outputs(offload):
 
 
 def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
+    """Recorded at the copy kernel, so whole-job and layer-by-layer stores are both seen: each
+    (host row, KV view) a load reads holds the bytes its store copied out of the device."""
     from kvoffload.transfer import device_host_handler as dh
 
-    stored_pages: dict[int, bytes] = {}  # host row -> page bytes at store time
+    stored: dict[tuple[int, int], bytes] = {}  # (host column view's address, host row) -> bytes
     checked = []
-    original = dh.DeviceHostHandler._copy
+    original = dh.copy_block_groups
+    device_ptrs: set[int] = set()
+    num_views = []
 
-    def page(handler, device_block):
-        return b"".join(v[device_block].numpy().tobytes() for v in handler.kv.views)
+    def recording_copy(groups):
+        original(groups)
+        for src, dst, src_idx, dst_idx in groups:
+            store = src.data_ptr() in device_ptrs
+            host, rows, dev_view, devs = (dst, dst_idx, src, src_idx) if store else (src, src_idx, dst, dst_idx)
+            for row, dev in zip(rows.tolist(), devs.tolist()):
+                key = (host.data_ptr(), row)
+                if store:
+                    stored[key] = dev_view[dev].numpy().tobytes()
+                else:
+                    assert dev_view[dev].numpy().tobytes() == stored[key], f"device block {dev} differs from host row {row}"
+                    checked.append(key)
 
-    def recording_copy(self, direction, device_ids, host_rows, progress=None):
-        if direction == dh.DEVICE_TO_HOST:
-            for dev, row in zip(device_ids.tolist(), host_rows.tolist()):
-                stored_pages[row] = page(self, dev)
-        original(self, direction, device_ids, host_rows, progress)
-        if direction == dh.HOST_TO_DEVICE:
-            for dev, row in zip(device_ids.tolist(), host_rows.tolist()):
-                assert page(self, dev) == stored_pages[row], f"device block {dev} differs from host row {row}"
-                checked.append(dev)
+    original_init = dh.DeviceHostHandler.__init__
 
-    monkeypatch.setattr(dh.DeviceHostHandler, "_copy", recording_copy)
+    def init(self, kv, *args, **kwargs):
+        original_init(self, kv, *args, **kwargs)
+        device_ptrs.update(v.data_ptr() for v in kv.views)
+        num_views.append(len(kv.views))
+
+    monkeypatch.setattr(dh, "copy_block_groups", recording_copy)
+    monkeypatch.setattr(dh.DeviceHostHandler, "__init__", init)
     _, stats = run(cpu_tier(offloaded_block_size=32))
-    assert len(checked) == stats["connector"]["blocks_loaded"] * 2 > 0
+    assert len(checked) == stats["connector"]["blocks_loaded"] * 2 * num_views[0] > 0
 
 
 def test_negative_control_corrupted_loads_change_outputs(baseline, monkeypatch):

@@ -4,8 +4,10 @@ block with that step's stores dropped, and aborts or preemption at any phase lea
 
 from __future__ import annotations
 
+import pytest
+
 from kvoffload.engine.request import RequestStatus
-from tests.connector.harness import Harness
+from tests.connector.harness import FakeHandler, Harness
 from tests.connector.test_scheduler_half import fill_cpu_tier_with
 from tests.engine.helpers import make_request
 from tests.regressions.test_abort_reports import PROMPT
@@ -14,6 +16,15 @@ from tests.regressions.test_abort_reports import assert_clean as assert_clean_af
 #: x computes its prompt's fourth block in the step that loads the first three and stores it:
 #: the request after it finds the whole prompt (an asynchronous hit of all but its last token).
 WHOLE_PROMPT = len(PROMPT) + 3
+
+
+@pytest.fixture(autouse=True, params=["report-only", "layer-progress"])
+def progress(request, monkeypatch) -> bool:
+    """Both ways a worker learns a synchronous load's outcome: from its report after the step
+    (the step's stores then wait for it, whole), or from its progress record at the step's end
+    (the step's stores ran layer by layer, and are committed or aborted there)."""
+    monkeypatch.setattr(FakeHandler, "progress", request.param == "layer-progress")
+    return bool(FakeHandler.progress)
 
 
 def assert_clean(h: Harness, free: int, cached: int = WHOLE_PROMPT) -> None:
@@ -42,7 +53,7 @@ def test_the_request_runs_in_the_step_that_loads_it():
     (load,) = meta.reqs_to_load["x"]
     assert so.num_scheduled_tokens == {"x": 4}  # the 12 loaded tokens are not computed
     assert req.status == RequestStatus.RUNNING and req.num_cached_tokens == 12
-    assert h.handler.waited[-1] == [load.job_id]  # finished inside the step (wait_for_save)
+    assert [load.job_id] in h.handler.waited  # finished inside the step (its first layer waited for it)
     assert req.output_token_ids == [7]  # its first token in that very step
     cs = h.sched_conn.connector_scheduler
     assert cs.stats.load_decisions == {("cpu", "layerwise"): 1}
@@ -60,18 +71,25 @@ def test_async_mode_waits_a_step_as_before():
     assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and so.num_scheduled_tokens == {}
 
 
-def test_a_failed_load_recomputes_from_the_first_unfilled_block_and_stores_nothing_of_that_step():
+def test_a_failed_load_recomputes_from_the_first_unfilled_block_and_stores_nothing_of_that_step(progress):
     h, free = loaded()
     h.handler.wait_success = False
     stores_before = len(h.handler.jobs("store"))
     req, so = start(h)
     assert req.output_token_ids == [] and req.num_computed_tokens == 0  # block 0 was never filled
     assert h.sched.stats.failed_loads == 1
+    (planned,) = so.kv_connector_metadata.reqs_to_store["x"]
     h.handler.wait_success = True
     cs = h.sched_conn.connector_scheduler
     h.step()
-    # The block the step computed on top of the unfilled ones was planned for storing: dropped.
-    assert cs.stats.stores_failed == 1 and len(h.handler.jobs("store")) == stores_before
+    # The block the step computed on top of the unfilled ones was planned for storing: dropped
+    # (never submitted; or, copied layer by layer during the step, aborted at its end).
+    assert cs.stats.stores_failed == 1
+    if progress:
+        assert h.handler.jobs("store")[stores_before:] == [planned.job_id]
+        assert ([planned.job_id], False) in h.handler.verdicts
+    else:
+        assert len(h.handler.jobs("store")) == stores_before
     assert req.num_cached_tokens == 12 and req.output_token_ids == [7]  # recomputed in full
     assert_clean(h, free, cached=12)  # its fourth block was never stored
     assert req.output_token_ids == [7, 7]
