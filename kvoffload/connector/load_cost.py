@@ -8,12 +8,20 @@ prefix costs its slowest tier's time. The model picks the cut that loads the lea
 recomputes the rest at the least estimated time: the whole hit, its leading part (a slow
 tier's deeper blocks recomputed), or nothing.
 
-Safeguards, since a wrong "recompute" throws away a real hit:
+Safeguards, since a wrong "recompute" throws away a real hit, and a wrong "load" can cost
+more than recomputing:
 - warm-up: until a tier has ``warmup_jobs`` timed loads and the engine one timed step, load;
+  but one warm-up load job per tier at a time (host memory excepted): a slow tier's first hits
+  would otherwise all queue behind each other before the first of them is timed (measured:
+  eight returning chats queued 8 s loads each on a 2 MB/s disk, and ran 2.8x slower than no
+  offload); hits meanwhile recompute that tier's runs;
 - hysteresis: a tier keeps its verdict (load or recompute) unless the other side is estimated
   faster by ``margin`` and by ``min_gain_s`` seconds;
 - probes: a tier judged too slow is loaded again once ``probe_after_s`` passed without a new
-  measurement of it, so a tier that recovered is seen to have recovered;
+  measurement of it, so a tier that recovered is seen to have recovered; a probe loads only
+  the first ``probe_blocks`` of the run (one request pays a small load, not a slow tier's
+  whole run), and each probe that finds the tier still too slow doubles the wait for the
+  next, up to ``max_probe_after_s``;
 - modes: a tier in mode ``layerwise``, ``async`` or ``never-recompute`` is always loaded
   (``auto`` only decides for tiers in mode ``auto``).
 
@@ -68,12 +76,19 @@ class TierCost:
     last_load_at: float = 0.0
     #: The last verdict: True load, False recompute, None never judged.
     verdict: bool | None = None
+    #: Load jobs from this tier in flight, and whether a warm-up load was given this step
+    #: (its job starts when the step's plan is built; ``end_step`` forgets one that did not).
+    loads_in_flight: int = 0
+    warmup_given: bool = False
+    #: Seconds from a measurement to the next probe (doubles while probes find it slow).
+    probe_after_s: float = 0.0
 
 
 class LoadCostModel:
     def __init__(self, modes: Mapping[str, str], tokens_per_block: int, bytes_per_block: int,
                  clock: Callable[[], float] = time.monotonic, warmup_jobs: int = 3, margin: float = 0.25,
-                 min_gain_s: float = 0.002, probe_after_s: float = 30.0) -> None:
+                 min_gain_s: float = 0.002, probe_after_s: float = 30.0, probe_blocks: int = 8,
+                 max_probe_after_s: float = 300.0) -> None:
         #: Load mode by medium, in tier order (fastest first).
         self.modes = dict(modes)
         self.tokens_per_block = tokens_per_block
@@ -83,17 +98,35 @@ class LoadCostModel:
         self.margin = margin
         self.min_gain_s = min_gain_s
         self.probe_after_s = probe_after_s
-        self.tiers: dict[str, TierCost] = {m: TierCost() for m in self.modes}
+        self.probe_blocks = probe_blocks
+        self.max_probe_after_s = max(probe_after_s, max_probe_after_s)
+        self.tiers: dict[str, TierCost] = {m: self._new_tier() for m in self.modes}
         self.prefill = PrefillRate()
         #: A forward pass's time, exponentially averaged (0 before the first).
         self.step_s = 0.0
 
     # ---- measurements --------------------------------------------------------------------
+    def _new_tier(self) -> TierCost:
+        return TierCost(probe_after_s=self.probe_after_s)
+
     def _tier(self, medium: str) -> TierCost:
         tier = self.tiers.get(medium)
         if tier is None:
-            tier = self.tiers[medium] = TierCost()
+            tier = self.tiers[medium] = self._new_tier()
         return tier
+
+    def load_started(self, medium: str) -> None:
+        self._tier(medium).loads_in_flight += 1
+
+    def load_ended(self, medium: str) -> None:
+        """A load job is over, done or failed (``observe_load`` times a successful one)."""
+        tier = self._tier(medium)
+        tier.loads_in_flight = max(0, tier.loads_in_flight - 1)
+
+    def end_step(self) -> None:
+        """The step's loads have started: a warm-up load given and not started was not issued."""
+        for tier in self.tiers.values():
+            tier.warmup_given = False
 
     def observe_load(self, medium: str, blocks: int, seconds: float) -> None:
         tier = self._tier(medium)
@@ -161,7 +194,8 @@ class LoadCostModel:
         recompute_all = self.prefill.seconds(total * self.tokens_per_block)
         unmeasured = [s.medium for s in segments if self._tier(s.medium).loads.samples < self.warmup_jobs]
         if recompute_all is None or unmeasured:
-            return LoadChoice(total, LoadDecision.LOAD, False, label, "warm-up", 0.0, recompute_all or 0.0, 0.0)
+            cut = self._warm_up(segments, forced)
+            return LoadChoice(cut, self._decision(cut, total), False, label, "warm-up", 0.0, recompute_all or 0.0, 0.0)
         cuts = [0, *ends]
         costs = {e: self._cost(segments, e, total) for e in cuts if e >= forced}
         best = min(costs, key=lambda e: (costs[e], -e))
@@ -173,10 +207,28 @@ class LoadCostModel:
         probe = self._probe(segments, best)
         if probe is not None:
             best, why = probe, "probe"
-        self._record_verdicts(segments, best)
-        decision = (LoadDecision.LOAD if best == total else
-                    LoadDecision.RECOMPUTE if best == 0 else LoadDecision.PARTIAL)
-        return LoadChoice(best, decision, False, label, why, costs[total], recompute_all, costs[best])
+        else:
+            self._record_verdicts(segments, best)
+        chosen = costs[best] if best in costs else self._cost(segments, best, total)
+        return LoadChoice(best, self._decision(best, total), False, label, why, costs[total], recompute_all, chosen)
+
+    @staticmethod
+    def _decision(cut: int, total: int) -> LoadDecision:
+        return LoadDecision.LOAD if cut == total else LoadDecision.RECOMPUTE if cut == 0 else LoadDecision.PARTIAL
+
+    def _warm_up(self, segments: Sequence[Segment], forced: int) -> int:
+        """Before the timings exist: load up to the first run of a tier (host memory excepted)
+        with a warm-up load given or in flight, and mark the loaded tiers' warm-up as given."""
+        cut = 0
+        for s in segments:
+            tier = self._tier(s.medium)
+            busy = tier.loads_in_flight > 0 or tier.warmup_given
+            if cut >= forced and s.medium != "CPU" and tier.loads.samples < self.warmup_jobs and busy:
+                break
+            cut += s.blocks
+        for medium in self._loaded(segments, cut):
+            self._tier(medium).warmup_given = True
+        return cut
 
     def _cost(self, segments: Sequence[Segment], cut: int, total: int) -> float:
         """Estimated seconds to load the hit's first ``cut`` blocks and recompute the rest."""
@@ -196,23 +248,27 @@ class LoadCostModel:
         return at
 
     def _probe(self, segments: Sequence[Segment], cut: int) -> int | None:
-        """Load a recomputed tier's run once its last measurement is stale."""
+        """Load the head of a recomputed tier's run once its last measurement is stale."""
         now = self.clock()
         at = 0
         for s in segments:
-            at += s.blocks
-            if at > cut:
+            if at + s.blocks > cut:
                 tier = self._tier(s.medium)
-                if now - tier.last_load_at >= self.probe_after_s:
-                    tier.last_load_at = now  # one probe per period, even if its load never lands
-                    return at
-                return None
+                if now - tier.last_load_at < tier.probe_after_s:
+                    return None
+                tier.last_load_at = now  # one probe per period, even if its load never lands
+                tier.probe_after_s = min(2 * tier.probe_after_s, self.max_probe_after_s)
+                return cut + min(at + s.blocks - cut, self.probe_blocks)
+            at += s.blocks
         return None
 
     def _record_verdicts(self, segments: Sequence[Segment], cut: int) -> None:
         loaded = self._loaded(segments, cut)
         for s in segments:
-            self._tier(s.medium).verdict = s.medium in loaded
+            tier = self._tier(s.medium)
+            tier.verdict = s.medium in loaded
+            if tier.verdict:
+                tier.probe_after_s = self.probe_after_s  # loaded on its measurements: probes start over
 
     # ---- reports ---------------------------------------------------------------------------
     def gauges(self) -> dict[str, dict[str, float]]:

@@ -148,7 +148,7 @@ class LoadPlanner(Planner):
         if choice.decision is LoadDecision.LOAD:
             label = "layerwise" if choice.sync else "async"
         self.stats.load_decisions[(choice.tier, label)] += 1
-        if choice.decision is not LoadDecision.RECOMPUTE and choice.recompute_s > choice.chosen_s:
+        if choice.decision is not LoadDecision.RECOMPUTE and 0 < choice.chosen_s < choice.recompute_s:
             self.stats.estimated_saved_seconds += choice.recompute_s - choice.chosen_s
         logger.debug("kvoffload: request %s: hit of %d blocks reaching %s: %s %d of them (%s; estimated load %.2f ms, "
                      "recompute %.2f ms, chosen %.2f ms)", rid, blocks, choice.tier, label,

@@ -155,6 +155,10 @@ class OffloadingConnectorScheduler:
             await_finish=book.delayed,
             num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
+        for jobs in book.reqs_to_load.values():
+            for job in jobs:
+                self.cost.load_started(job.src.medium())
+        self.cost.end_step()
         book.reqs_to_load = {}
         book.sync_loads = set()
         book.swap_out = {}
@@ -205,6 +209,7 @@ class OffloadingConnectorScheduler:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
                 self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
             self._record_io(job.medium, result)
+            self.cost.load_ended(job.medium)
             tier = job.medium.lower()  # "cpu" / "disk", as stats() reports
             for reason, n in result.rejected:
                 self.stats.tier_rejected[(tier, reason)] += n

@@ -83,6 +83,26 @@ def test_warm_up_loads_until_each_tier_and_the_engine_are_timed() -> None:
     assert m.choose([Segment("CPU", 2), Segment("DISK", 6)]).why == "measured"
 
 
+def test_warm_up_gives_a_tier_one_load_at_a_time_and_host_memory_every_hit() -> None:
+    m, _ = model()
+    first = m.choose([Segment("CPU", 2), Segment("DISK", 6)])
+    assert (first.blocks, first.decision) == (8, LoadDecision.LOAD)
+    # Given in this step, started with its plan, in flight: the next hits load their host run only.
+    second = m.choose([Segment("CPU", 3), Segment("DISK", 5)])
+    assert (second.blocks, second.decision, second.why) == (3, LoadDecision.PARTIAL, "warm-up")
+    m.load_started("CPU")
+    m.load_started("DISK")
+    m.load_started("CPU")
+    m.end_step()
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
+    assert m.choose([Segment("CPU", 4)]).decision is LoadDecision.LOAD  # host memory is never held back
+    m.load_ended("DISK")  # over (timed or failed): the next warm-up load goes, one
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
+    m.end_step()  # the load given was never issued (its request was not scheduled): given again
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+
+
 def test_host_memory_loads_a_slow_tier_is_recomputed() -> None:
     m, _ = model()
     teach(m)  # disk: 50 ms a job; recompute 16 tokens a block at 0.1 ms a token = 1.6 ms a block
@@ -133,6 +153,31 @@ def test_a_recomputed_tier_is_probed_when_its_timing_is_stale() -> None:
     probe = m.choose([Segment("DISK", 4)])
     assert (probe.decision, probe.why) == (LoadDecision.LOAD, "probe")
     assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE  # one probe per period
+
+
+def test_a_probe_loads_the_head_of_the_run_and_backs_off_while_the_tier_stays_slow() -> None:
+    m, clock = model(probe_after_s=30.0, probe_blocks=8, max_probe_after_s=100.0)
+    teach(m, disk_per_block=2e-3)  # 40 disk blocks: 130 ms to load, 64 ms to recompute
+    hit = [Segment("CPU", 2), Segment("DISK", 40)]
+    assert m.choose(hit).blocks == 2  # the disk run recomputed
+    waits = []
+    for _ in range(4):
+        waited = 0
+        while True:
+            clock.now += 1
+            waited += 1
+            choice = m.choose(hit)
+            if choice.why == "probe":
+                break
+        assert (choice.blocks, choice.decision) == (10, LoadDecision.PARTIAL)  # 8 of the 40 disk blocks
+        m.observe_load("DISK", 8, 0.05 + 8 * 2e-3)  # still slow
+        waits.append(waited)
+    assert waits == [30, 60, 100, 100]
+    teach(m, disk_latency=0.0, disk_per_block=1e-6)  # the tier recovered: loaded, probes start over
+    for _ in range(60):
+        m.observe_load("DISK", 40, 40e-6)
+    assert m.choose(hit).decision is LoadDecision.LOAD
+    assert m.tiers["DISK"].probe_after_s == 30.0
 
 
 @settings(max_examples=200, deadline=None)

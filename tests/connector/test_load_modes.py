@@ -53,10 +53,11 @@ def test_auto_recomputes_a_throttled_tier_and_loads_host_memory(tmp_path, baseli
     assert decisions["cpu"]["layerwise"] >= 3 and set(decisions["cpu"]) == {"layerwise"}, decisions
     assert stats["prefix_hit_tokens"]["cpu"] > 0
     gauges = stats["connector"]["load_cost"]
-    assert gauges["kvoffload_tier_load_latency_seconds"]["disk"] > 0.02  # the 30 ms throttle, measured
+    # 20 MB/s and 30 ms a job, measured (the warm-up's jobs were alike in size, so the fit folds
+    # the latency into the rate).
+    assert 0 < gauges["kvoffload_tier_load_bytes_per_second"]["disk"] < 20e6
     assert gauges["kvoffload_tier_load_bytes_per_second"]["cpu"] > gauges["kvoffload_tier_load_bytes_per_second"].get(
         "disk", 0)
-    assert stats["connector"]["estimated_saved_seconds"] > 0
     lines = [r.getMessage() for r in caplog.records if "estimated load" in r.getMessage()]
     assert any("reaching disk: recompute 0 of them (measured" in line for line in lines), lines[:5]
 
@@ -78,6 +79,14 @@ def test_every_mode_serves_identical_tokens(tmp_path, baseline, mode, tiers):
     tokens, stats = run(cfg)
     assert tokens == baseline[0]
     assert stats["prefix_hit_tokens"]["cpu"] > 0
+
+
+def test_hits_loaded_on_measurements_count_the_prefill_they_saved(tmp_path, baseline):
+    tokens, stats = run(offload(tmp_path, "auto", cpu="8MiB", throttle=False))
+    assert tokens == baseline[0]
+    decisions = stats["connector"]["load_decisions"]
+    assert set(decisions) == {"cpu"} and decisions["cpu"]["layerwise"] > 3, decisions  # past the warm-up
+    assert stats["connector"]["estimated_saved_seconds"] > 0
 
 
 def test_a_layerwise_load_of_corrupt_records_recomputes_exactly_the_requests_that_read_them(tmp_path, baseline):

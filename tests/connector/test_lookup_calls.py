@@ -69,8 +69,9 @@ def test_lookup_and_plan_ask_each_tier_about_each_hash_once(tmp_path):
     _counting(disk, disk_calls)
     req = Request("r", [11, 12, 13, 14, 15])
 
-    for _ in range(3):  # a waiting request is looked up every step
+    for _ in range(3):  # a waiting request is looked up every step (and each step's plan is built)
         assert sched.get_num_new_matched_tokens(req, 0) == (16, True)
+        sched.cost.end_step()
     sched.update_state_after_alloc(req, Blocks([1, 2, 3, 4, 5]), 16)
 
     (_, jobs), = sched.book.reqs_to_load.items()
