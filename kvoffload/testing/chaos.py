@@ -4,7 +4,7 @@ Each case draws tiers (CPU, CPU + disk write-back, CPU + disk write-through, eit
 third tier behind the disk: the in-memory test tier or an fs directory), an eviction
 policy, the reuse filter, the offloaded-block factor, recompute or swap preemption, greedy /
 parallel sampling / beam search, a device cache from tiny to roomy, and a fault plan: failed
-reads (EIO), writes (ENOSPC) and stores, slow copies, flipped or relocated disk records
+reads (EIO), writes (ENOSPC) and stores, slow copies, a throttled disk, flipped or relocated disk records
 between rounds, a restart on the same disk path (clean, or after kill -9 of a child process
 that was writing). It runs two rounds of shared-prefix prompts and checks that the tokens
 equal the reference engine's, that nothing raised or stalled, and that no file descriptor or
@@ -27,6 +27,7 @@ from typing import Any
 
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
+from kvoffload.testing.throttle import ThrottledOffloadingSpec, parse_throttles
 
 POLICIES = ("lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value")
 BLOCK_BYTES = 8192  # the tiny model's KV per 16-token block
@@ -61,6 +62,13 @@ class ChaosCase:
     shared: str = "memory"
     #: How hits are served (``load_mode``): layer-wise loads meet preemption, faults, corruption.
     load_mode: str = "auto"
+    #: A throttle on the disk tier's I/O (``disk:20MB/s:5ms``; "" for none): the cost model
+    #: recomputes, probes and warms up a slow tier while faults and preemption go on.
+    slow: str = ""
+
+
+class SlowFaultyOffloadingSpec(ThrottledOffloadingSpec, FaultyOffloadingSpec):
+    """Faulty handlers over throttled tiers (``throttles`` set per case)."""
 
 
 def draw_case(seed: int) -> ChaosCase:
@@ -99,6 +107,7 @@ def draw_case(seed: int) -> ChaosCase:
         model=rng.choice(("tiny", "tiny", "tiny-hybrid")),
         shared=rng.choice(("memory", "memory", "fs")),
         load_mode=rng.choice(("auto", "auto", "layerwise", "async", "never-recompute")),
+        slow=rng.choice(("", "", "disk:20MB/s:5ms", "disk:2MB/s:20ms")) if disk else "",
     )
 
 
@@ -135,8 +144,10 @@ def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
     elif case.remote_blocks:
         tiers.append({"medium": "kvoffload.testing.memory_tier:MemoryTier", "capacity": case.remote_blocks * block,
                       "eviction_policy": case.policy})
+    spec = ("SlowFaultyOffloadingSpec", "kvoffload.testing.chaos") if case.slow else (
+        "FaultyOffloadingSpec", "kvoffload.testing.faults")
     cfg: dict[str, Any] = {"tiers": tiers, "offloaded_block_size": 16 * case.factor, "load_mode": case.load_mode,
-                           "spec_name": "FaultyOffloadingSpec", "spec_module_path": "kvoffload.testing.faults"}
+                           "spec_name": spec[0], "spec_module_path": spec[1]}
     if case.reuse_filter:
         cfg["store_threshold"] = 2
     return cfg
@@ -192,8 +203,10 @@ def _has_record(name: str, off: int) -> bool:
 _KILL_CHILD = """
 import sys, time
 from kvoffload.engine import LLM
-from kvoffload.testing.chaos import _engine, _offload, _prompts, _params, draw_case
+from kvoffload.testing.chaos import SlowFaultyOffloadingSpec, _engine, _offload, _prompts, _params, draw_case
+from kvoffload.testing.throttle import parse_throttles
 case = draw_case(int(sys.argv[1]))
+SlowFaultyOffloadingSpec.throttles = parse_throttles(case.slow)
 llm = LLM(_engine(case, _offload(case, sys.argv[2])))
 print("ready", flush=True)
 while True:
@@ -230,6 +243,7 @@ def run_case(case: ChaosCase, reference: dict[tuple[Any, ...], Any] | None = Non
     path = tempfile.mkdtemp(prefix="kvoffload-chaos-")
     FaultyOffloadingSpec.plan = case.faults
     FaultyOffloadingSpec.handlers = []
+    SlowFaultyOffloadingSpec.throttles = parse_throttles(case.slow)
     saved_idle = llm_module._MAX_IDLE_STEPS
     llm_module._MAX_IDLE_STEPS = 20_000
     stats: dict[str, Any] = {}

@@ -30,6 +30,7 @@ def test_cases_cover_every_axis():
     assert {c.factor for c in cases} == {1, 2, 4}
     assert {c.mutate for c in cases} == {"none", "flip", "relocate"}
     assert {c.load_mode for c in cases} == {"auto", "layerwise", "async", "never-recompute"}
+    assert {c.slow for c in cases} == {"", "disk:20MB/s:5ms", "disk:2MB/s:20ms"}
     assert {c.restart for c in cases} == {"none", "clean", "kill"}
     assert any(c.faults.read_error == 1.0 for c in cases) and any(c.faults.write_error for c in cases)
     assert any(c.reuse_filter for c in cases) and len({c.policy for c in cases}) >= 5
