@@ -309,11 +309,11 @@ class OffloadingConnectorWorker:
         """The forward pass is done: this step's synchronous loads are over (an engine that
         skipped a layer's wait still gets them finished here), and the step's time goes back
         to the scheduler half's cost model."""
-        sync_ok = True
         if self._sync:
             assert self.worker is not None
             self.worker.wait(list(self._sync))
-            sync_ok = not self._sync_failed and all(p is not None and not p.failed for p in self._sync.values())
+        # A synchronous load that failed (or could not even be submitted) aborts the step's stores.
+        sync_ok = not self._sync_failed and all(p is not None and not p.failed for p in self._sync.values())
         self._end_layered_stores(commit=sync_ok)
         if self._step_start is not None and self._step_tokens > 0:
             self._results.append(StepTiming(self._step_tokens, time.perf_counter() - self._step_start))

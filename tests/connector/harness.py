@@ -34,6 +34,8 @@ class FakeHandler(OffloadingHandler):
         self.wait_success = True
         #: Stores taken layer by layer (False: refused, as a handler that copies only whole).
         self.layered = True
+        #: Loads refused at submission (a geometry or key mismatch).
+        self.refuse_loads = False
         #: Layer-wise stores of the running step, the layers written, and each step's verdict.
         self.open: list[int] = []
         self.layers_written: list[int] = []
@@ -42,6 +44,8 @@ class FakeHandler(OffloadingHandler):
     def transfer_async(self, job_id, spec):
         src, dst = spec
         kind = "store" if isinstance(src, GPULoadStoreSpec) else "load"
+        if kind == "load" and self.refuse_loads:
+            return False
         self.submitted.append((job_id, kind, src.block_ids.tolist(), dst.block_ids.tolist()))
         self.pending[job_id] = kind
         if self.auto_complete:

@@ -102,3 +102,22 @@ def test_a_store_that_fails_after_its_layers_were_copied_is_dropped_and_recomput
     h.run_until_idle()
     assert again.num_cached_tokens == 0  # nothing was published from the failed store
     assert_clean(h, free, cached=15)  # again's own store made the prompt available
+
+
+def test_a_sync_load_refused_at_submission_aborts_the_stores_of_its_step():
+    from tests.connector.test_sync_loads import PROMPT, fill_cpu_tier_with
+
+    h = Harness(num_blocks=40, tier_blocks=16, load_mode="layerwise")
+    fill_cpu_tier_with(h, PROMPT)
+    h.sched.kv_cache_manager.reset_prefix_cache()
+    free = h.free_blocks
+    h.handler.refuse_loads = True
+    req = make_request("x", len(PROMPT) + 4, max_tokens=2)
+    h.sched.add_request(req)
+    so = h.step()
+    assert so.kv_connector_metadata.sync_loads == {"x"}
+    (planned,) = so.kv_connector_metadata.reqs_to_store["x"]
+    assert h.handler.verdicts[-1] == ([planned.job_id], False)  # copied out during the step, never published
+    assert req.output_token_ids == [] and req.num_computed_tokens == 0  # rolled back: recomputed from block 0
+    h.handler.refuse_loads = False
+    assert_clean(h, free, cached=12)

@@ -71,14 +71,18 @@ def test_never_recompute_loads_every_disk_hit(tmp_path, baseline, slow_disk):
 
 
 @pytest.mark.parametrize("mode", ["auto", "layerwise", "async", "never-recompute"])
-@pytest.mark.parametrize("tiers", ["cpu", "cpu+disk"])
+@pytest.mark.parametrize("tiers", ["cpu", "cpu+disk", "cpu+fs"])
 def test_every_mode_serves_identical_tokens(tmp_path, baseline, mode, tiers):
     cfg = offload(tmp_path, mode, throttle=False)
     if tiers == "cpu":
         cfg["tiers"] = cfg["tiers"][:1]
+    elif tiers == "cpu+fs":
+        cfg["tiers"][1] = {"medium": "fs", "capacity": "64MiB", "path": str(tmp_path / "fs")}
     tokens, stats = run(cfg)
     assert tokens == baseline[0]
     assert stats["prefix_hit_tokens"]["cpu"] > 0
+    if tiers != "cpu" and mode != "auto":  # auto may recompute the second tier's hits; the others load them
+        assert stats["prefix_hit_tokens"][tiers[4:]] > 0
 
 
 def test_hits_loaded_on_measurements_count_the_prefill_they_saved(tmp_path, baseline):

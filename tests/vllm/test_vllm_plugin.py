@@ -134,15 +134,22 @@ def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, 
     assert any("disk_to_device copy failed" in line and "checksum" in line for line in log)
 
 
-@pytest.mark.parametrize("mode", ["layerwise", "async"])
-def test_load_modes_serve_identical_tokens_and_count_their_decisions(model, plain, mode):
+@pytest.mark.parametrize("mode", ["layerwise", "async", "never-recompute"])
+def test_load_modes_serve_identical_tokens_and_count_their_decisions(model, plain, mode, tmp_path):
     # layerwise: each hit is scheduled in the step that loads it, layer by layer inside vLLM's
-    # forward pass (wait_for_layer_load); async: it waits in WAITING_FOR_REMOTE_KVS, as before.
-    cfg = ktc(CPU, extra={"config": {"tiers": CPU, "load_mode": mode}})
+    # forward pass (wait_for_layer_load), its stores copied out layer by layer (save_kv_layer);
+    # async: it waits in WAITING_FOR_REMOTE_KVS and its stores start after the step, as before;
+    # never-recompute, over an fs tier written through: host memory hits still load layer by layer.
+    tiers = CPU if mode != "never-recompute" else [
+        *CPU, {"medium": "fs", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    cfg = ktc(tiers, extra={"config": {"tiers": tiers, "load_mode": mode}})
     rounds = run_job({"model": model, "kv_transfer_config": cfg, "metrics": ["kvoffload_load_decisions"]})
     assert rounds[1]["tokens"] == plain[1]["tokens"]
     assert all(c >= 256 for c in rounds[1]["cached"])
-    assert rounds[2]["metrics"] == {f"kvoffload_load_decisions_total{{decision={mode},tier=cpu}}": 3.0}
+    label = "layerwise" if mode == "never-recompute" else mode
+    assert rounds[2]["metrics"] == {f"kvoffload_load_decisions_total{{decision={label},tier=cpu}}": 3.0}
+    if mode == "never-recompute":  # every offloaded block written through: two per prompt, 3 prompts
+        assert len(list(tmp_path.rglob("*.kv"))) >= 6
 
 
 def test_bad_config_key_fails_startup_with_key_named(model):
