@@ -97,7 +97,7 @@ class TierConfig:
     #: Disk tiers: copy every block stored in the CPU tier to disk too, not only CPU victims,
     #: so a restarted engine finds the whole cache (costs disk bandwidth on every store).
     write_through: bool = False
-    #: The tier kind's own keys, as its ``parse_options`` validated them (None for cpu and disk).
+    #: The tier kind's own keys, as its ``parse_options`` validated them (None for cpu).
     options: Any = None
     #: ``eviction_policy`` resolved by config (None for a TierConfig built by hand: the tier
     #: resolves the name itself).

@@ -100,7 +100,6 @@ class ChainOfTiers(TierChain):
         cpu_hits = self.primary.lookup(hashes)
         media: list[Medium] = [self.primary.medium] * cpu_hits
         secondaries = [t for t in self.secondaries if t.in_service]
-        tiers: list[Tier] = [self.primary, *secondaries]
         local: list[Tier] = [self.primary]
         local += [t for t in secondaries if not t.batched_lookup]
         remote = [t for t in secondaries if t.batched_lookup]
@@ -120,7 +119,10 @@ class ChainOfTiers(TierChain):
                         break
                 continue  # past the run (or, with none, back to a miss at the same block)
             if tier is None:
-                pending = any(t.is_pending(h) for t in tiers)
+                # Worth a step's wait only while the block is on its way into host memory (a
+                # memory copy); a demotion into a slower tier may take seconds (a throttled or
+                # saturated disk held every waiting request back): the hit ends here.
+                pending = self.primary.is_pending(h)
                 return PrefixLookup(media, LookupResult.HIT_PENDING if pending else LookupResult.MISS)
             media.append(tier.medium)
             i += 1

@@ -1,13 +1,14 @@
 """SecondaryTierHandler: every copy into or out of one secondary tier, over its TierIO.
 
-- host → tier: a victim (or written-through block) of the host tier, read from its host slots;
+- host → tier: a victim (or written-through block) of the host tier, staged out of its host
+  slots (so they are free again at memory speed) and written from there;
 - tier above → tier: a victim of the secondary tier above, staged through a scratch buffer;
 - tier → device: a load, staged and copied into the device blocks (promotion into the host
   tier is the connector's store that follows).
 Copies run on the tier's own threads and report through the same ``get_finished`` accounting
 as device copies. Fences order them: a copy reading a slot (host or tier) marks it, and a
 later copy writing that slot waits for the mark, so a victim's bytes leave before its slot is
-reused.
+reused (a host slot's mark is the staging copy's, not the tier write's).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.backpressure = StoreBackpressure(store_latency_bound_s)
         self._skip_logged = False
         self.from_host = copy_direction(Medium.CPU, medium)
+        self.staging = f"{self.from_host}:staging"  # a lane of its own, not a reported direction
         self.to_device = copy_direction(medium, Medium.GPU)
         directions = [self.from_host, self.to_device, *(copy_direction(m, medium) for m in self.upstream)]
         super().__init__(tuple(directions))
@@ -101,8 +103,14 @@ class SecondaryTierHandler(TrackedJobsHandler):
             host_blocks = src.block_ids.tolist()
             if not self._admit(self.from_host, job_id):
                 return True
-            handle = self._submit_store(self.from_host, nbytes, lambda: self._from_host(host_blocks, dst_slots, keys))
-            self.host_fences.mark(host_blocks, handle)
+            # The victims' bytes are staged out of their host slots first, on a lane of their
+            # own: the slots are free for the stores taking them over as soon as that memcpy is
+            # done, however long this tier takes to write.
+            staging = np.empty((len(host_blocks), self.block_bytes), dtype=np.uint8)
+            staged = self.pool.submit(self.staging, lambda: self._stage(host_blocks, staging))
+            self.host_fences.mark(host_blocks, staged)
+            handle = self._submit_store(self.from_host, nbytes, lambda: self._write_staged(staged, staging, dst_slots,
+                                                                                          keys))
             self._track(self.from_host, job_id, handle, nbytes)
             return True
         up = self.upstream.get(src.medium())
@@ -142,10 +150,17 @@ class SecondaryTierHandler(TrackedJobsHandler):
 
         return self.pool.submit(direction, timed)
 
-    def _from_host(self, host_blocks: list[int], slots: list[int], keys: list[BlockHash]) -> None:
+    def _stage(self, host_blocks: list[int], staging: np.ndarray) -> None:
+        for row, b in zip(staging, host_blocks):
+            row[:] = self.host.rows(b * self.factor, self.factor).numpy().reshape(-1)
+
+    def _write_staged(self, staged: JobHandle, staging: np.ndarray, slots: list[int], keys: list[BlockHash]) -> None:
+        staged.wait()
+        err = staged.error()
+        if err is not None:
+            raise err
         self.tier_fences.wait(slots)  # a victim in these slots is read out first
-        blocks = [memoryview(self.host.rows(b * self.factor, self.factor).numpy().reshape(-1).data) for b in host_blocks]
-        self.io.write(blocks, slots, keys)
+        self.io.write([row.data for row in staging], slots, keys)
 
     def _from_tier(self, src_io: TierIO, src_slots: list[int], slots: list[int], keys: list[BlockHash]) -> None:
         staging = np.empty((len(slots), self.block_bytes), dtype=np.uint8)

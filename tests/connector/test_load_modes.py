@@ -23,15 +23,24 @@ def offload(tmp_path, mode: str, cpu: str = "384KiB", throttle: bool = True) -> 
     return cfg
 
 
-def run(kv_offload: dict | None) -> tuple[list, dict]:
+#: Longer chats: more returning turns reach the throttled disk after its warm-up.
+LONG = ChatWorkload(conversations=10, turns=5, system_tokens=96, user_tokens=64, max_tokens=8)
+
+
+def run(kv_offload: dict | None, workload: ChatWorkload = WORKLOAD) -> tuple[list, dict]:
     cfg = EngineConfig(num_gpu_blocks=40, max_num_seqs=2, max_num_batched_tokens=256, kv_offload=kv_offload)
     with LLM(cfg) as llm:
-        return run_chat_workload(llm, WORKLOAD), llm.stats()
+        return run_chat_workload(llm, workload), llm.stats()
 
 
 @pytest.fixture(scope="module")
 def baseline():
     return run(None)
+
+
+@pytest.fixture(scope="module")
+def long_baseline():
+    return run(None, LONG)
 
 
 @pytest.fixture()
@@ -40,10 +49,10 @@ def slow_disk(monkeypatch):
     monkeypatch.setattr(ThrottledOffloadingSpec, "throttles", parse_throttles("disk:20MB/s:30ms"))
 
 
-def test_auto_recomputes_a_throttled_tier_and_loads_host_memory(tmp_path, baseline, slow_disk, caplog):
+def test_auto_recomputes_a_throttled_tier_and_loads_host_memory(tmp_path, long_baseline, slow_disk, caplog):
     caplog.set_level(logging.DEBUG, logger="kvoffload.connector.load_planner")
-    tokens, stats = run(offload(tmp_path, "auto"))
-    assert tokens == baseline[0]
+    tokens, stats = run(offload(tmp_path, "auto"), LONG)
+    assert tokens == long_baseline[0]
     decisions = stats["connector"]["load_decisions"]
     # Disk hits: the first few loaded (asynchronously) while the tier is timed, then recomputed
     # (or only their host-memory head loaded); host-memory-only hits loaded layer by layer.

@@ -67,13 +67,18 @@ def test_victims_move_down_the_chain_each_read_before_its_slot_is_reused(chain):
     assert not np.any(remote.debug_snapshot().ref_cnt[:2]) and not np.any(disk.debug_snapshot().ref_cnt[:2])
 
 
-def test_a_pending_block_in_a_lower_tier_stops_the_lookup_as_pending(chain):
+def test_a_block_on_its_way_into_a_lower_tier_is_a_miss_and_into_host_memory_a_wait(chain):
     mgr = chain[0]
     _store(mgr, [1, 2])
     _store(mgr, [3, 4])
-    assert mgr.lookup_prefix([3, 1]).stop is LookupResult.HIT_PENDING  # 1's demotion has not landed
+    # 1's demotion has not landed: a slow tier may take seconds, so the hit ends before it.
+    found = mgr.lookup_prefix([3, 1])
+    assert (found.hits, found.stop) == (1, LookupResult.MISS)
     _land(mgr, mgr.take_demotions())
     assert mgr.lookup_prefix([3, 1]).stop is LookupResult.HIT
+    mgr.prepare_store([5])  # into host memory, not landed yet: worth a step's wait
+    found = mgr.lookup_prefix([5])
+    assert (found.hits, found.stop) == (0, LookupResult.HIT_PENDING)
 
 
 def test_write_through_copies_each_landing_block_down(tmp_path):

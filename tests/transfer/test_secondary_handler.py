@@ -99,3 +99,31 @@ def test_refused_and_failed_copies_are_logged_once_per_cause(caplog):
     failed = [m for m in lines if "remote_to_device copy failed" in m]
     assert len(failed) == 2 and all("boom" in m for m in failed)  # I/O and bad data: two causes, once each
     tier.close()
+
+
+class SlowWrites(MemoryIO):
+    def __init__(self, delay_s):
+        super().__init__()
+        self.delay_s = delay_s
+
+    def write(self, blocks, slots, keys):
+        time.sleep(self.delay_s)
+        super().write(blocks, slots, keys)
+
+
+def test_a_slow_tier_write_frees_the_host_slot_at_memory_speed_and_writes_the_victims_bytes():
+    num_blocks = 4
+    kv = canonicalize([torch.randn(2, num_blocks, 4, 2, 8) for _ in range(2)], num_blocks)
+    host = HostBlockBuffer(2, kv.page_bytes)
+    host.rows(1, 1).copy_(torch.full((1, kv.page_bytes), 5, dtype=torch.uint8))  # the victim, in host slot 1
+    host_fences, disk_fences = SlotFences(), SlotFences()
+    disk_io = SlowWrites(1.0)
+    disk = SecondaryTierHandler(DISK, disk_io, kv, host, 1, kv.page_bytes, host_fences, disk_fences)
+    t0 = time.perf_counter()
+    assert disk.transfer_async(1, (CPULoadStoreSpec([1]), DiskLoadStoreSpec([0], ["victim"])))
+    host_fences.wait([1])  # what a store taking the slot over waits for: the staging copy only
+    assert time.perf_counter() - t0 < 0.5, "the host slot was held for the tier's write"
+    host.rows(1, 1).fill_(9)  # the new block lands in the slot while the victim is still being written
+    (r,) = _drain([disk], 1)
+    assert r.success and disk_io.records[0] == ("victim", b"\x05" * kv.page_bytes)
+    disk.close()

@@ -408,3 +408,19 @@ def test_the_worker_opens_its_file_once_across_threads_and_never_after_close(tmp
         worker.write([block], [0], [b"k" * 16])
     assert len(os.listdir("/proc/self/fd")) == before
     mgr.close()
+
+
+def test_disk_backpressure_bound_defaults_to_10_mb_per_s_and_is_validated(tmp_path):
+    from kvoffload.config import ConfigError, OffloadConfig
+    from kvoffload.tiers.disk.kind import DEFAULT_MAX_STORE_MS_PER_MIB
+
+    def disk(**extra):
+        return OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB"},
+                                                  {"medium": "disk", "path": str(tmp_path), "capacity": "1MiB",
+                                                   **extra}]}).tiers[1]
+
+    assert disk().options == DEFAULT_MAX_STORE_MS_PER_MIB == 100.0
+    assert disk(max_store_ms_per_mib=5).options == 5.0
+    for bad in (0, -1, "fast", True, 70_000):
+        with pytest.raises(ConfigError, match=rf"tiers\[1\]\.max_store_ms_per_mib: {bad!r}; give a number above 0"):
+            disk(max_store_ms_per_mib=bad)

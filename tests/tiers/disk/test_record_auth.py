@@ -18,8 +18,11 @@ BLOCK_BYTES = 8192  # the tiny model at block size 16
 
 
 def kv(path, secret_env=None):
+    # never-recompute: every hit reads its records (auto would time the disk with one load at a
+    # time and recompute the hits arriving meanwhile)
     cfg = {"tiers": [{"medium": "cpu", "capacity": "4MiB"},
-                     {"medium": "disk", "path": str(path), "capacity": "16MiB", "write_through": True}]}
+                     {"medium": "disk", "path": str(path), "capacity": "16MiB", "write_through": True}],
+           "load_mode": "never-recompute"}
     if secret_env:
         cfg["auth"] = {"secret_env": secret_env}
     return cfg
