@@ -31,7 +31,9 @@ def _flip_every_record(root) -> int:
 
 def test_failed_loads_of_seeded_n2_requests_recompute_identical_samples(model, tmp_path):
     tiers = [{"medium": "cpu", "capacity": "64MiB"}, {"medium": "fs", "path": str(tmp_path / "fs"), "capacity": "64MiB"}]
-    kv = ktc(tiers, kv_load_failure_policy="recompute")
+    # never-recompute: every hit tries its load (auto times the fs tier one load at a time first)
+    kv = ktc(tiers, kv_load_failure_policy="recompute",
+             extra={"config": {"tiers": tiers, "load_mode": "never-recompute"}})
     expected = run_job({"model": model, **SEEDED, **NO_SPLIT})[0]["samples"]
     assert all(len(s) == 2 and s[0] != s[1] for s in expected)  # two different samples per prompt
 
