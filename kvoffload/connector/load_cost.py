@@ -11,10 +11,10 @@ tier's deeper blocks recomputed), or nothing.
 Safeguards, since a wrong "recompute" throws away a real hit, and a wrong "load" can cost
 more than recomputing:
 - warm-up: until a tier has ``warmup_jobs`` timed loads and the engine one timed step, load;
-  but one warm-up load job per tier at a time (host memory excepted): a slow tier's first hits
-  would otherwise all queue behind each other before the first of them is timed (measured:
-  eight returning chats queued 8 s loads each on a 2 MB/s disk, and ran 2.8x slower than no
-  offload); hits meanwhile recompute that tier's runs;
+  but no more untimed load jobs in flight per tier than the timings it still needs (host
+  memory excepted): a slow tier's first hits would otherwise all queue behind each other
+  before the first of them is timed (eight returning chats each queued an 8 s load on a
+  2 MB/s disk); hits beyond that recompute that tier's runs;
 - hysteresis: a tier keeps its verdict (load or recompute) unless the other side is estimated
   faster by ``margin`` and by ``min_gain_s`` seconds;
 - probes: a tier judged too slow is loaded again once ``probe_after_s`` passed without a new
@@ -76,10 +76,10 @@ class TierCost:
     last_load_at: float = 0.0
     #: The last verdict: True load, False recompute, None never judged.
     verdict: bool | None = None
-    #: Load jobs from this tier in flight, and whether a warm-up load was given this step
-    #: (its job starts when the step's plan is built; ``end_step`` forgets one that did not).
+    #: Load jobs from this tier in flight, and warm-up loads given this step (their jobs start
+    #: when the step's plan is built; ``end_step`` forgets those that did not).
     loads_in_flight: int = 0
-    warmup_given: bool = False
+    warmup_given: int = 0
     #: Seconds from a measurement to the next probe (doubles while probes find it slow).
     probe_after_s: float = 0.0
 
@@ -126,7 +126,7 @@ class LoadCostModel:
     def end_step(self) -> None:
         """The step's loads have started: a warm-up load given and not started was not issued."""
         for tier in self.tiers.values():
-            tier.warmup_given = False
+            tier.warmup_given = 0
 
     def observe_load(self, medium: str, blocks: int, seconds: float) -> None:
         tier = self._tier(medium)
@@ -218,16 +218,17 @@ class LoadCostModel:
 
     def _warm_up(self, segments: Sequence[Segment], forced: int) -> int:
         """Before the timings exist: load up to the first run of a tier (host memory excepted)
-        with a warm-up load given or in flight, and mark the loaded tiers' warm-up as given."""
+        with as many loads given or in flight as it still needs timings, and count the loaded
+        tiers' warm-up loads as given."""
         cut = 0
         for s in segments:
             tier = self._tier(s.medium)
-            busy = tier.loads_in_flight > 0 or tier.warmup_given
-            if cut >= forced and s.medium != "CPU" and tier.loads.samples < self.warmup_jobs and busy:
+            needed = self.warmup_jobs - tier.loads.samples
+            if cut >= forced and s.medium != "CPU" and 0 < needed <= tier.loads_in_flight + tier.warmup_given:
                 break
             cut += s.blocks
         for medium in self._loaded(segments, cut):
-            self._tier(medium).warmup_given = True
+            self._tier(medium).warmup_given += 1
         return cut
 
     def _cost(self, segments: Sequence[Segment], cut: int, total: int) -> float:

@@ -83,20 +83,23 @@ def test_warm_up_loads_until_each_tier_and_the_engine_are_timed() -> None:
     assert m.choose([Segment("CPU", 2), Segment("DISK", 6)]).why == "measured"
 
 
-def test_warm_up_gives_a_tier_one_load_at_a_time_and_host_memory_every_hit() -> None:
-    m, _ = model()
+def test_warm_up_keeps_no_more_untimed_loads_in_flight_than_timings_needed() -> None:
+    m, _ = model(warmup_jobs=2)
     first = m.choose([Segment("CPU", 2), Segment("DISK", 6)])
     assert (first.blocks, first.decision) == (8, LoadDecision.LOAD)
-    # Given in this step, started with its plan, in flight: the next hits load their host run only.
-    second = m.choose([Segment("CPU", 3), Segment("DISK", 5)])
-    assert (second.blocks, second.decision, second.why) == (3, LoadDecision.PARTIAL, "warm-up")
-    m.load_started("CPU")
-    m.load_started("DISK")
-    m.load_started("CPU")
+    assert m.choose([Segment("DISK", 6)]).decision is LoadDecision.LOAD  # two timings needed: two loads
+    # Both given in this step: the next hits load their host run only.
+    third = m.choose([Segment("CPU", 3), Segment("DISK", 5)])
+    assert (third.blocks, third.decision, third.why) == (3, LoadDecision.PARTIAL, "warm-up")
+    for medium in ("CPU", "DISK", "DISK", "CPU"):  # the step's plan starts its loads
+        m.load_started(medium)
     m.end_step()
     assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
     assert m.choose([Segment("CPU", 4)]).decision is LoadDecision.LOAD  # host memory is never held back
-    m.load_ended("DISK")  # over (timed or failed): the next warm-up load goes, one
+    m.load_ended("DISK")
+    m.observe_load("DISK", 6, 0.5)  # one timed: one more timing needed, one load in flight
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
+    m.load_ended("DISK")  # failed (not timed): one timing needed, nothing in flight
     assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
     assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE
     m.end_step()  # the load given was never issued (its request was not scheduled): given again
