@@ -114,7 +114,11 @@ class DeviceHostHandler(TrackedJobsHandler):
 
     def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
         src, dst = spec
-        if not isinstance(src, GPULoadStoreSpec) or not self.kv.layer_tensors:
+        tensors = self.kv.layer_tensors
+        # A KV tensor shared by several layers (vLLM's hybrid allocator gives one layer of each
+        # group the same tensor) is written at several points of the forward pass: copying it
+        # when its first layer is saved would store KV not yet computed. Such caches store whole.
+        if not isinstance(src, GPULoadStoreSpec) or not tensors or len(set(tensors.values())) != len(tensors):
             return False
         host_blocks = dst.block_ids
         host_rows = self._host_rows(host_blocks)

@@ -127,3 +127,13 @@ def test_loads_and_unnamed_caches_are_not_taken_layer_by_layer():
     plain = DeviceHostHandler(kv, HostBlockBuffer(12, kv.page_bytes), 2, CPUStreamPool(2))
     assert not plain.open_layered_store(1, (GPULoadStoreSpec([1, 2]), CPULoadStoreSpec([0])))
     plain.close()
+
+
+def test_a_cache_whose_tensors_several_layers_share_stores_whole():
+    """vLLM's hybrid allocator: one tensor per layer slot, shared by a layer of each group."""
+    shared = torch.randn(2, 12, 4, 2, 8)
+    kv = canonicalize({"model.layers.0.attn": shared, "model.layers.1.attn": shared}, 12)
+    assert len(set(kv.layer_tensors.values())) == 1
+    handler = DeviceHostHandler(kv, HostBlockBuffer(12, kv.page_bytes), 2, CPUStreamPool(2))
+    assert not handler.open_layered_store(1, (GPULoadStoreSpec([1, 2]), CPULoadStoreSpec([0])))
+    handler.close()
