@@ -57,6 +57,12 @@ class DeviceHostHandler(TrackedJobsHandler):
         self.fences = fences
         #: This step's layer-wise stores (open until end_layered_stores).
         self._open: list[LayeredStore] = []
+        # Stores go layer by layer only where each KV tensor is one named layer's: a tensor
+        # shared by several layers (vLLM's hybrid allocator gives one layer of each group the
+        # same tensor) is written at several points of the forward pass, and copying it when
+        # its first layer is saved would store KV not yet computed. Such caches store whole.
+        tensors = kv.layer_tensors
+        self._layered = bool(tensors) and len(set(tensors.values())) == len(tensors)
         super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
 
     def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:
@@ -114,11 +120,7 @@ class DeviceHostHandler(TrackedJobsHandler):
 
     def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
         src, dst = spec
-        tensors = self.kv.layer_tensors
-        # A KV tensor shared by several layers (vLLM's hybrid allocator gives one layer of each
-        # group the same tensor) is written at several points of the forward pass: copying it
-        # when its first layer is saved would store KV not yet computed. Such caches store whole.
-        if not isinstance(src, GPULoadStoreSpec) or not tensors or len(set(tensors.values())) != len(tensors):
+        if not isinstance(src, GPULoadStoreSpec) or not self._layered:
             return False
         host_blocks = dst.block_ids
         host_rows = self._host_rows(host_blocks)
