@@ -43,6 +43,9 @@ class EngineRequest(Protocol):
     @property
     def block_hashes(self) -> Sequence[BlockHash]:
         """The chained hash of each full engine block of its tokens, in order."""
+    @property
+    def all_token_ids(self) -> Sequence[int]:
+        """Its prompt and output tokens so far (KV events carry a block's tokens)."""
 
 
 #: Bytes that enter a request's offload keys beside its tokens (None: nothing), e.g. a digest of

@@ -211,6 +211,7 @@ class LoadPlanner(Planner):
             block_ids = state.block_ids[g]
             media = [found.get(k) for k in keys]
             known = None if None in media else cast("list[Medium]", media)
+            book.events.describe(request, g, enumerate(keys, offset))
             for spec, seg_keys in self.manager.prepare_load_segments(keys, known):
                 lo = max(offset * f, first_engine)
                 hi = (offset + len(seg_keys)) * f

@@ -26,8 +26,8 @@ from kvoffload.connector.base import (
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+from kvoffload.kv_events import KVEvent
 from kvoffload.kv_info import EngineKVInfo
-from kvoffload.offload.abstract import OffloadingEvent
 from kvoffload.offload.spec import OffloadingSpecFactory
 from kvoffload.transfer.handler import TransferResult
 from kvoffload.transfer.layout import KVCaches
@@ -127,7 +127,7 @@ class OffloadingConnector(KVConnectorBase):
     def has_pending_work(self) -> bool:
         return self._scheduler().has_pending_work()
 
-    def take_events(self) -> list[OffloadingEvent]:
+    def take_events(self) -> list[KVEvent]:
         return self._scheduler().take_events()
 
     def reset_cache(self) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, StepPlan
 from kvoffload.connector.group_keys import GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
+from kvoffload.connector.kv_event_book import ExternalHash, KVEventBook, RequestTags
 from kvoffload.connector.load_cost import LoadCostModel
 from kvoffload.connector.load_planner import LoadPlanner
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
@@ -26,7 +27,7 @@ from kvoffload.connector.scheduler_book import SchedulerBook
 from kvoffload.connector.scheduler_stats import ConnectorStatsDict, SchedulerSideStats, connector_stats
 from kvoffload.connector.store_planner import StorePlanner
 from kvoffload.connector.swap_planner import SwapPlanner
-from kvoffload.offload.abstract import OffloadingEvent
+from kvoffload.kv_events import KVEvent
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.chain_of_tiers import as_chain
 from kvoffload.offload.spec import OffloadingSpec
@@ -51,7 +52,8 @@ def _merge(parts: list[TransferResult]) -> TransferResult:
 
 
 class OffloadingConnectorScheduler:
-    def __init__(self, spec: OffloadingSpec, request_salt: RequestSalt | None = None) -> None:
+    def __init__(self, spec: OffloadingSpec, request_salt: RequestSalt | None = None,
+                 request_tags: RequestTags | None = None, external_hash: ExternalHash | None = None) -> None:
         self.spec = spec
         self.manager: TierChain = as_chain(spec.get_manager())
         self.block_size = spec.kv_info.block_size
@@ -60,7 +62,8 @@ class OffloadingConnectorScheduler:
         self.world_size = spec.kv_info.world_size
         self.groups = GroupGeometry(spec.kv_info.group_windows, self.block_size, self.factor)
         self.stats = SchedulerSideStats()
-        self.book = SchedulerBook(self.block_size, self.factor, request_salt)
+        events = KVEventBook(spec.config.metrics.events, self.block_size, self.factor, request_tags, external_hash)
+        self.book = SchedulerBook(self.block_size, self.factor, request_salt, events)
         #: After a reset: which requests read device KV older than it (they store nothing).
         self.reset_guard = ResetGuard()
         shared = (self.book, self.manager, self.groups, self.stats, self.reset_guard)
@@ -90,6 +93,8 @@ class OffloadingConnectorScheduler:
             state.next_stored = 1 << 62
             state.swapped = None
         self.reset_guard.reset(self.book.requests)
+        self._absorb_events()  # what happened before the reset, under the old keys
+        self.book.events.reset()
         self.stats.resets += 1
         logger.info("kvoffload: offload cache reset (reset %d): blocks stored before it are never served again",
                     self.stats.resets)
@@ -184,6 +189,7 @@ class OffloadingConnectorScheduler:
                 del self._partial[job_id]
                 result = _merge(parts)
             self._complete(self.book.jobs.pop(job_id), result)
+        self._absorb_events()
 
     def _complete(self, job: JobRecord, result: TransferResult) -> None:
         kind, hashes = job.kind, job.block_hashes
@@ -266,8 +272,16 @@ class OffloadingConnectorScheduler:
             del self.book.requests[rid]
         return delay, None
 
-    def take_events(self) -> list[OffloadingEvent]:
-        return list(self.manager.take_events())
+    def _absorb_events(self) -> None:
+        """Every step: the tiers' events become KV events while the blocks' descriptions are
+        at hand (and the tiers' own queues stay short)."""
+        if self.book.events.enabled:
+            self.book.events.absorb(self.manager.take_events(), self.book.keys_in_flight)
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events in vLLM's schema since the last call (``kvoffload.kv_events``)."""
+        self._absorb_events()
+        return self.book.events.take()
 
     def stats_dict(self) -> ConnectorStatsDict:
         return connector_stats(self.stats, self.manager.report(), len(self.book.jobs),

@@ -2,7 +2,8 @@
 
 Per request its offload state; per job its record; the blocks loads are filling (no second load
 or lookup may count on them); the sliding-window blocks stores still read (fences); this step's
-plan until ``build_connector_meta`` sends it; and the offload keys of a request's blocks.
+plan until ``build_connector_meta`` sends it; the offload keys of a request's blocks; and what
+KV events say of the blocks planned.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import xxhash
 from kvoffload.connector.base import EngineRequest, RequestSalt
 from kvoffload.connector.group_keys import GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
+from kvoffload.connector.kv_event_book import KVEventBook
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_stats import SchedulerSideStats
@@ -22,7 +24,8 @@ from kvoffload.offload.chain import TierChain
 
 
 class SchedulerBook:
-    def __init__(self, block_size: int, factor: int, request_salt: RequestSalt | None = None) -> None:
+    def __init__(self, block_size: int, factor: int, request_salt: RequestSalt | None = None,
+                 events: KVEventBook | None = None) -> None:
         self.block_size = block_size
         self.factor = factor
         self.offloaded_block_size = block_size * factor
@@ -45,6 +48,8 @@ class SchedulerBook:
         self.sync_loads: set[str] = set()
         self.swap_out: dict[str, list[TransferJob]] = {}
         self.delayed: set[str] = set()
+        #: The blocks' descriptions for KV events (a store or load plan describes its blocks).
+        self.events = events or KVEventBook(False, block_size, factor)
 
     def state(self, rid: str) -> RequestOffloadState:
         state = self.requests.get(rid)
@@ -73,6 +78,9 @@ class SchedulerBook:
         if salt is None:
             return hashes
         return [xxhash.xxh3_128(salt + (h if isinstance(h, bytes) else repr(h).encode())).digest() for h in hashes]
+
+    def keys_in_flight(self) -> set[BlockHash]:
+        return {h for record in self.jobs.values() for h in record.block_hashes}
 
     def fence(self, job_id: int, block_ids: list[int]) -> None:
         self.fence_of_job[job_id] = block_ids

@@ -116,6 +116,7 @@ class StorePlanner(Planner):
                 self.stats.evicted_blocks += len(out.block_hashes_evicted)
                 if not out.block_hashes_to_store:
                     continue
+                book.events.describe(request, g, ((index_of[h], h) for h in out.block_hashes_to_store))
                 device_ids: list[int] = []
                 for h in out.block_hashes_to_store:
                     i = index_of[h]

@@ -389,7 +389,9 @@ class LLM:
 
     def take_kv_events(self) -> list[Any]:
         """KV events (blocks stored into / removed from an offload tier) since the last call,
-        oldest first; needs ``metrics.events: true``. The queue is bounded: drain it regularly."""
+        oldest first, in vLLM's schema (``kvoffload.kv_events``: ``BlockStored`` with the
+        engine's block hashes as 64-bit integers, parent and tokens; ``BlockRemoved``); needs
+        ``metrics.events: true``. The queue is bounded: drain it regularly."""
         if self.scheduler_connector is None:
             return []
         return list(self.scheduler_connector.take_events())

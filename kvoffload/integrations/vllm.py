@@ -34,6 +34,7 @@ from kvoffload.config import ConfigError, OffloadConfig, weight_digest_dir
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.examples import resolve_config
+from kvoffload.integrations.vllm_events import vllm_block_hash, vllm_events, vllm_request_tags
 from kvoffload.integrations.vllm_lora import AdapterSalt
 from kvoffload.integrations.vllm_namespace import vllm_namespace
 from kvoffload.integrations.vllm_stats import (
@@ -41,7 +42,6 @@ from kvoffload.integrations.vllm_stats import (
     KVOffloadConnectorStats,
     KVOffloadPromMetrics,
     scheduler_totals,
-    vllm_events,
     worker_totals,
 )
 from kvoffload.kv_info import EngineKVInfo
@@ -185,7 +185,8 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self.sched: OffloadingConnectorScheduler | None = None
         self.worker: OffloadingConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.sched = OffloadingConnectorScheduler(spec, AdapterSalt(weight_digest_dir()))
+            self.sched = OffloadingConnectorScheduler(spec, AdapterSalt(weight_digest_dir()), vllm_request_tags,
+                                                      vllm_block_hash)
         else:
             self.worker = OffloadingConnectorWorker(spec)
             self.worker.collect_failed_block_ids = True

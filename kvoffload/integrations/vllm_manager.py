@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
+    Locality,
     LookupResult,
     Medium,
     OffloadingEvent,
@@ -31,6 +32,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
+from kvoffload.offload.abstract import Medium as KVMedium
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
 from kvoffload.offload.chain_of_tiers import as_chain
@@ -185,9 +187,14 @@ class KVOffloadManager(OffloadingManager):
         return stats
 
     def take_events(self) -> Iterable[OffloadingEvent]:
+        """Host memory as vLLM's CPU medium, every other tier as STORAGE, local unless every
+        replica reaches it; each store expects its removal (a tier evicts what it stored), so
+        vLLM's event tracker keeps a block's description while any tier holds it."""
         for ev in self.inner.take_events():
-            medium = Medium.CPU if ev.medium == "CPU" else Medium.STORAGE
-            yield OffloadingEvent(keys=list(ev.block_hashes), medium=medium, removed=ev.removed)
+            medium = KVMedium.of(ev.medium)
+            yield OffloadingEvent(keys=list(ev.block_hashes), medium=Medium.CPU if medium == "CPU" else Medium.STORAGE,
+                                  removed=ev.removed, locality=None if medium.shared else Locality.LOCAL,
+                                  removal_expected=not ev.removed)
 
     def reset_cache(self) -> None:
         """Forget every block: vLLM never completes jobs issued before a reset."""

@@ -1,4 +1,4 @@
-"""kvoffload's metrics and KV events through vLLM's connector interfaces.
+"""kvoffload's metrics through vLLM's connector interfaces.
 
 vLLM asks each connector half for its stats every step (``get_kv_connector_stats``), sums the
 workers' and the scheduler's, and hands the sum to the connector's Prometheus metrics in the
@@ -9,11 +9,10 @@ counters in ``vllm serve``'s ``/metrics`` equal the engine's own running totals.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 from kvoffload.metrics import (
@@ -161,17 +160,4 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
                 sizes.observe(n)
 
 
-def vllm_events(events: Iterable[Any]) -> Iterator[KVCacheEvent]:
-    """kvoffload's OffloadingEvents as vLLM's BlockStored / BlockRemoved, with the medium, so
-    ``--kv-events-config`` publishers carry them."""
-    for ev in events:
-        medium = str(ev.medium)
-        if ev.removed:
-            yield BlockRemoved(block_hashes=list(ev.block_hashes), medium=medium)
-        else:
-            yield BlockStored(block_hashes=list(ev.block_hashes), parent_block_hash=None, token_ids=[],
-                              block_size=ev.block_size, lora_id=None, medium=medium, lora_name=None)
-
-
-__all__ = ["DeltaTracker", "KVOffloadConnectorStats", "KVOffloadPromMetrics", "scheduler_totals", "vllm_events",
-           "worker_totals"]
+__all__ = ["DeltaTracker", "KVOffloadConnectorStats", "KVOffloadPromMetrics", "scheduler_totals", "worker_totals"]

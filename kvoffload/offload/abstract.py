@@ -41,14 +41,37 @@ class Medium(str):
     GPU: ClassVar[Medium]
     CPU: ClassVar[Medium]
     _registered: ClassVar[dict[str, Medium]] = {}
+    #: Per medium: the name KV events give it, and whether every replica reaches it.
+    _routing: ClassVar[dict[str, tuple[str, bool]]] = {}
 
     @classmethod
-    def register(cls, name: str) -> Medium:
-        """The medium called ``name`` (upper case, as events carry it); the same object for the
-        same name, so a kind registered twice (a re-import) is one medium."""
-        if not name or not name.isupper() or not name.replace("_", "").isalnum():
-            raise ValueError(f"medium name {name!r}: use upper-case letters, digits and _ (e.g. 'NVME')")
+    def register(cls, name: str, event_name: str | None = None, shared: bool = False) -> Medium:
+        """The medium called ``name`` (upper case); the same object for the same name, so a kind
+        registered twice (a re-import) is one medium. ``event_name``: the medium KV events name
+        it by, one KV-aware routers place (``CPU``: host memory; ``DISK``: this machine's
+        storage; ``SHARED``: storage every replica reads); default ``name``. ``shared``: every
+        replica pointed at the same store reaches its blocks."""
+        for n in (name, event_name or name):
+            if not n or not n.isupper() or not n.replace("_", "").isalnum():
+                raise ValueError(f"medium name {n!r}: use upper-case letters, digits and _ (e.g. 'NVME')")
+        cls._routing.setdefault(name, (event_name or name, shared))
         return cls._registered.setdefault(name, cls(name))
+
+    @classmethod
+    def of(cls, name: str) -> Medium:
+        """The registered medium called ``name`` (an unregistered name: a medium of that name
+        that events call by it, local to this replica)."""
+        return cls._registered.get(name) or cls(name)
+
+    @property
+    def event_name(self) -> str:
+        """The medium KV events carry for this one (see ``register``)."""
+        return self._routing.get(str.__str__(self), (str.__str__(self), False))[0]
+
+    @property
+    def shared(self) -> bool:
+        """Every replica pointed at the same store reaches this medium's blocks."""
+        return self._routing.get(str.__str__(self), ("", False))[1]
 
     def __repr__(self) -> str:
         return f"Medium({str.__str__(self)!r})"

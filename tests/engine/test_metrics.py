@@ -67,15 +67,29 @@ def test_a_port_in_use_is_refused_in_one_line_and_nothing_stays_open():
 
 
 def test_kv_events_through_the_public_accessor():
-    offload = {"tiers": [{"medium": "cpu", "capacity": 16 * BLOCK_BYTES}], "metrics": {"events": True}}
+    """vLLM's schema: one BlockStored per offloaded block, chained by the engine's own block
+    hashes (as 64-bit integers), with its tokens; evictions name the same hashes."""
+    from kvoffload.engine.hashing import hash_request_blocks
+    from kvoffload.kv_events import BlockRemoved, BlockStored, external_block_hash
+
+    offload = {"tiers": [{"medium": "cpu", "capacity": 6 * BLOCK_BYTES}], "metrics": {"events": True}}
     with LLM(EngineConfig(num_gpu_blocks=40, kv_offload=offload)) as llm:
         params = SamplingParams(max_tokens=5, ignore_eos=True)  # 99 + 5 tokens: 6 full blocks
+        out = llm.generate([list(range(1, 100))], params)
         llm.generate([list(range(1, 100))], params)
-        llm.generate([list(range(1, 100))], params)
+        tokens = list(range(1, 100)) + out[0].token_ids
+        hashes = [external_block_hash(h) for h in hash_request_blocks(tokens, 16)]
         events = llm.take_kv_events()
-        assert events and events[0].medium == "CPU" and not events[0].removed and events[0].block_size == 16
-        assert sum(len(e.block_hashes) for e in events) == 6  # the request's full blocks, stored once
+        assert events == [BlockStored(block_hashes=[hashes[i]], parent_block_hash=hashes[i - 1] if i else None,
+                                      token_ids=tokens[16 * i : 16 * i + 16], block_size=16, lora_id=None,
+                                      medium="CPU", lora_name=None, group_idx=0, locality="LOCAL")
+                          for i in range(6)]  # the request's full blocks, stored once
         assert llm.take_kv_events() == []
+        llm.generate([list(range(120, 220))], params)  # 6 more blocks: the tier evicts the first six
+        events = llm.take_kv_events()
+        removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+        assert sorted(removed) == sorted(hashes)
+        assert sum(isinstance(e, BlockStored) for e in events) == 6
 
 
 def test_the_grafana_dashboard_plots_only_metrics_a_scrape_has(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 
-FS = Medium.register("FS")
+FS = Medium.register("FS", event_name="SHARED", shared=True)
 
 
 class FsLoadStoreSpec(KeyedLoadStoreSpec):

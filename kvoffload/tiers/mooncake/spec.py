@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvoffload.offload.abstract import Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 
-MOONCAKE = Medium.register("MOONCAKE")
+MOONCAKE = Medium.register("MOONCAKE", event_name="SHARED", shared=True)
 
 
 class MooncakeLoadStoreSpec(KeyedLoadStoreSpec):
