@@ -219,46 +219,6 @@ def test_spec_route_feeds_vllms_own_offload_metrics(model):
     assert all(c >= 256 for c in rounds[2]["cached"])
 
 
-def test_kv_events_reach_a_zmq_subscriber(model):
-    import socket
-    import threading
-
-    import msgspec
-    import zmq
-    from vllm.distributed.kv_events import BlockStored, KVEventBatch
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(f"tcp://127.0.0.1:{port}")
-    frames: list[list[bytes]] = []
-    stop = threading.Event()
-
-    def listen():
-        while not stop.is_set():
-            if sub.poll(100):
-                frames.append(sub.recv_multipart())
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    try:
-        run_job({"model": model, "kv_transfer_config": ktc(CPU), "rounds": 1,
-                 "kv_events_config": {"enable_kv_cache_events": True, "publisher": "zmq",
-                                      "endpoint": f"tcp://*:{port}", "topic": ""}})
-    finally:
-        stop.set()
-        listener.join(timeout=5)
-        sub.close(linger=0)
-        ctx.term()
-    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-    events = [e for f in frames for e in decoder.decode(f[-1]).events]
-    offloaded = [e for e in events if isinstance(e, BlockStored) and e.medium == "CPU"]
-    assert sum(len(e.block_hashes) for e in offloaded) == 6  # 3 prompts x 2 full blocks, stored once
-
-
 @pytest.mark.parametrize("tiers", [CPU, "cpu+disk"])
 def test_weights_updated_in_place_then_reset_serve_no_old_kv(model, tmp_path, tiers):
     """collective_rpc weight update + reset_prefix_cache(reset_connector=True): before the

@@ -128,7 +128,7 @@ class FsTier(TierKind):
                     format_bytes(self.ctx.tier.capacity_bytes), len(store.directories[0].buckets),
                     f", records authenticated (secret id {self._tagger.key_id})" if self._tagger.authenticated else "")
         return FsTierManager(store, self.keys(), HEADER_BYTES + self.ctx.block_bytes, self.ctx.num_slots,
-                             self.options.retry_after_s)
+                             self.options.retry_after_s, self.ctx.events, self.ctx.block_tokens)
 
     def build_io(self) -> StoreIO:
         record = HEADER_BYTES + self.ctx.block_bytes

@@ -36,8 +36,9 @@ REFRESH_S = 1.0
 
 class FsTierManager(SharedStoreTier):
     def __init__(self, store: FsStore, keys: StoreKeys, record_bytes: int, capacity_blocks: int,
-                 retry_after_s: float) -> None:
-        super().__init__(FsLoadStoreSpec, StoreLookups(store, keys), capacity_blocks, retry_after_s, name=store.name)
+                 retry_after_s: float, enable_events: bool = False, block_size: int = 0) -> None:
+        super().__init__(FsLoadStoreSpec, StoreLookups(store, keys), capacity_blocks, retry_after_s, name=store.name,
+                         enable_events=enable_events, block_size=block_size)
         self.store = store
         self.keys = keys
         self._record = allocated(record_bytes)

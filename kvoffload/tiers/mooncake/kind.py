@@ -76,7 +76,8 @@ class MooncakeTier(TierKind):
         store = MooncakeStore.connect(self.options, self.ctx.key, lend_segment=False)
         lookups = StoreLookups(store, self.keys())
         return SharedStoreTier(self.spec_type, lookups, self.ctx.num_slots, self.options.retry_after_s,
-                                 name=f"mooncake tier ({store.name})")
+                               name=f"mooncake tier ({store.name})", enable_events=self.ctx.events,
+                               block_size=self.ctx.block_tokens)
 
     def build_io(self) -> StoreIO:
         opts = self.options

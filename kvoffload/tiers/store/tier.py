@@ -9,15 +9,21 @@ because the worker checks every value's key and checksum.
 
 Slot ids exist only to pair blocks with their hashes in specs (the worker addresses the store by
 key), so there is no eviction here and no fence to wait on.
+
+Its KV events say what this replica can read from the store: a block is stored once our write
+lands or a lookup finds it, and removed once a lookup or read finds it gone, or once this tier
+stops tracking it (the store evicts silently; a router must not count forever on a block nobody
+here vouches for any more).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
-from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, PrepareStoreOutput
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, OffloadingEvent, PrepareStoreOutput
+from kvoffload.offload.ledger_tier import MAX_QUEUED_EVENTS
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
@@ -32,8 +38,11 @@ class SharedStoreTier(Tier):
     batched_lookup = True
 
     def __init__(self, spec_type: type[KeyedLoadStoreSpec], lookups: StoreLookups, capacity_blocks: int,
-                 retry_after_s: float = 10.0, name: str = "") -> None:
+                 retry_after_s: float = 10.0, name: str = "", enable_events: bool = False,
+                 block_size: int = 0) -> None:
         self.spec_type = spec_type
+        self.block_size = block_size
+        self._events: deque[OffloadingEvent] | None = deque(maxlen=MAX_QUEUED_EVENTS) if enable_events else None
         self.medium: Medium = spec_type.medium()
         self.lookups = lookups
         self.capacity_blocks = max(1, capacity_blocks)
@@ -124,6 +133,8 @@ class SharedStoreTier(Tier):
             if slot is None:
                 continue
             if success:
+                if h not in self._ready:
+                    self._emit([h], removed=False)
                 self._ready[h] = slot
                 self._bad.pop(h, None)  # our own fresh copy
                 self._trim()
@@ -176,6 +187,7 @@ class SharedStoreTier(Tier):
             self._ready.move_to_end(block_hash)
             return
         self._ready[block_hash] = self._slot(block_hash)
+        self._emit([block_hash], removed=False)
         self._trim()
 
     def _release(self, block_hash: BlockHash, slot: int | None) -> None:
@@ -184,11 +196,27 @@ class SharedStoreTier(Tier):
             self._hash_at.pop(slot, None)
 
     def _forget(self, block_hash: BlockHash) -> None:
-        self._release(block_hash, self._ready.pop(block_hash, None))
+        slot = self._ready.pop(block_hash, None)
+        if slot is not None:
+            self._emit([block_hash], removed=True)
+        self._release(block_hash, slot)
 
     def _trim(self) -> None:
         while len(self._ready) > self.capacity_blocks:
-            self._release(*self._ready.popitem(last=False))
+            h, slot = self._ready.popitem(last=False)
+            self._emit([h], removed=True)
+            self._release(h, slot)
+
+    def _emit(self, hashes: list[BlockHash], removed: bool) -> None:
+        if self._events is not None:
+            self._events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
+
+    def take_events(self) -> list[OffloadingEvent]:
+        if not self._events:
+            return []
+        events = list(self._events)
+        self._events.clear()
+        return events
 
     # ---- reports -------------------------------------------------------------------------
     def report(self) -> TierReport:

@@ -220,3 +220,28 @@ def test_an_unreachable_store_is_an_io_error():
     with pytest.raises(BlockTransferError) as err:
         io.read([5], [b"h" * 16], [np.zeros(256, np.uint8).data])
     assert err.value.io and str(UNREACHABLE) in str(err.value)
+
+
+# ---- KV events -----------------------------------------------------------------------------
+def test_events_say_what_this_replica_can_read_from_the_store():
+    """Stored when our write lands or a lookup finds a block; removed when a lookup finds it gone
+    or the tier stops tracking it (the store's own evictions are silent)."""
+    store = DictStore()
+    tier = SharedStoreTier(MooncakeLoadStoreSpec, StoreLookups(store, KEYS, wait_s=1.0), 3, enable_events=True,
+                           block_size=16)
+    h = [bytes([i]) * 16 for i in range(6)]
+    out = tier.prepare_store(h[:2])
+    assert tier.take_events() == []  # nothing readable before the write lands
+    _put(store, KEYS, h[:2])
+    tier.complete_store(out.block_hashes_to_store)
+    tier.complete_store(tier.prepare_store([h[2]]).block_hashes_to_store, success=False)
+    _put(store, KEYS, h[3:5])  # another replica's writes
+    assert tier.lookup_run([h[3], h[4], h[5]]) == 2
+    events = [(e.block_hashes, e.removed, e.medium, e.block_size) for e in tier.take_events()]
+    assert events == [([h[0]], False, MOONCAKE, 16), ([h[1]], False, MOONCAKE, 16), ([h[3]], False, MOONCAKE, 16),
+                      ([h[4]], False, MOONCAKE, 16),
+                      ([h[0]], True, MOONCAKE, 16)]  # a fourth block: tracking three, the oldest goes
+    del store.values[KEYS.key(h[3], 0)]  # the store evicted it
+    assert tier.lookup_run([h[3]]) == 0
+    assert [(e.block_hashes, e.removed) for e in tier.take_events()] == [([h[3]], True)]
+    assert _manager(store).take_events() == []  # events off: none kept
