@@ -400,8 +400,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--plot", default=None, help="write the TTFT plots here (PNG)")
+    p.add_argument("--replicas", type=positive_int, default=1,
+                   help="several vllm serve replicas of one kvoffload config (--configs names it; default cpu) "
+                        "behind a gateway: --router against round robin")
+    p.add_argument("--router", choices=["dynamo"], default="dynamo",
+                   help="--replicas: the KV-aware router (Dynamo's standalone selection service)")
+    p.add_argument("--dynamo-python", default=None,
+                   help="--router dynamo: a python with ai-dynamo-runtime==1.6.1 (default: $KVOFFLOAD_DYNAMO_PYTHON)")
     add_reps(p, default=3)
     args = p.parse_args(argv)
+    routed_config = None
+    if args.replicas > 1:
+        names = ["cpu"] if args.configs == p.get_default("configs") else config_names(args.configs)
+        if len(names) != 1 or names[0] == "plain":
+            p.error(f"--replicas {args.replicas} --configs {args.configs}: name one kvoffload configuration, e.g. cpu")
+        if args.engine != "vllm" or args.url:
+            p.error("--replicas runs vllm serve replicas: drop --engine bundled and --url")
+        routed_config = names[0]
     if args.reserved_cpus < 0:
         p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:
@@ -432,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     wl = build_workload(args)
     print(preamble(args.reps))
     with tempfile.TemporaryDirectory(prefix="kvoffload-serve-") as tmp:
+        if routed_config is not None:
+            from kvoffload.bench.serve_routing import run_routed
+
+            return run_routed(args, wl, Path(tmp), routed_config)
         return _run(args, wl, Path(tmp))
 
 
@@ -484,8 +503,8 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
 
 
 def _finish(args: argparse.Namespace, wl: Workload, runs: dict[str, list[RunResult]], device_blocks: int,
-            ws_blocks: int) -> int:
-    text, data = report(runs, "vLLM" if args.engine == "vllm" else "engine", ("plain", *args.also_vs))
+            ws_blocks: int, references: tuple[str, ...] = ("plain",)) -> int:
+    text, data = report(runs, "vLLM" if args.engine == "vllm" else "engine", (*references, *args.also_vs))
     print(text)
     data.update(engine=args.engine, workload=wl.name, device_blocks=device_blocks, working_set_blocks=ws_blocks,
                 reps=args.reps, command=" ".join(sys.argv))

@@ -1,7 +1,7 @@
 """KV-aware routing on the real router: two `vllm serve` replicas (CPU build, tiny Llama, a
 16-block device cache) publish their KV events over ZMQ; Dynamo's standalone selection service
 (ai-dynamo-runtime 1.6.1, in a venv of its own: KVOFFLOAD_DYNAMO_PYTHON) indexes them; the
-example gateway (examples/routing/gateway.py) asks it and forwards.
+example gateway (kvoffload.integrations.dynamo_gateway, examples/routing/gateway.py) asks it and forwards.
 
 Conversation A runs on replica 1; filler traffic pushes A out of replica 1's device cache into
 kvoffload's host tier (or, with a small host tier, on to disk); replica 2 holds A's first two
@@ -33,7 +33,6 @@ if not DYNAMO or not Path(DYNAMO).exists():
     pytest.skip("KVOFFLOAD_DYNAMO_PYTHON: set it to a python with ai-dynamo-runtime==1.6.1 (.ci/run makes one)",
                 allow_module_level=True)
 
-GATEWAY = Path(__file__).parents[2] / "examples" / "routing" / "gateway.py"
 BLOCK = 128
 A = [(7 * j) % 500 + 1 for j in range(5 * BLOCK)]  # conversation A: five full blocks
 TURN = A + [(11 * j) % 500 + 1 for j in range(BLOCK)]  # A's next turn
@@ -165,11 +164,8 @@ def test_a_returning_conversation_is_routed_to_the_replica_whose_kvoffload_tier_
     for base, proc in ((r1, p1), (r2, p2)):
         wait_for(f"{base} to serve", lambda b=base, p=proc: _up(f"{b}/health") or (p.poll() is not None and
                  pytest.fail(f"a replica exited:\n{fleet.tail()}")), 400)
-    sys.path.insert(0, str(GATEWAY.parent))
-    try:
-        import gateway as gw
-    finally:
-        sys.path.pop(0)
+    from kvoffload.integrations import dynamo_gateway as gw
+
     workers = {1: r1, 2: r2}
     for selector in selectors.values():
         gw.register(selector, workers, {1: (pub1, replay1), 2: (pub2, replay2)}, BLOCK)

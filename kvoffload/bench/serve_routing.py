@@ -1,0 +1,145 @@
+"""kvoffload bench serve --replicas 2 --router dynamo: does KV-aware routing over kvoffload's
+tiers beat round robin on the same replicas?
+
+Starts the replicas (``vllm serve`` with the same kvoffload configuration, each on a core of its
+own, publishing KV events over ZMQ), Dynamo's standalone selection service
+(``python -m dynamo.select_service`` from ``--dynamo-python``: ai-dynamo-runtime 1.6.1 in a venv
+of its own) with every replica registered, and two gateways in this process
+(``kvoffload.integrations.dynamo_gateway``): one asks the selection service, one alternates
+replicas. Every repetition runs both, in rotating order, after resetting every replica's caches
+(the router sees the resets as events); ratios are taken run by run against round robin, and
+every response's tokens are compared between the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from kvoffload.bench.serve_bench import (
+    VLLM_BLOCK,
+    RunResult,
+    _finish,
+    _hit_tokens,
+    _reset,
+    cache_geometry,
+    configurations,
+    run_workload,
+    tokens_by_turn,
+    write_model,
+)
+from kvoffload.bench.serve_workloads import Workload
+from kvoffload.integrations import dynamo_gateway
+from kvoffload.testing.vllm_server import VllmServer, free_port
+
+ROUTERS = ("round-robin", "dynamo")
+
+
+def start_selector(python: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    out = open(log, "wb")  # noqa: SIM115 - the service writes it until it stops
+    proc = subprocess.Popen([python, "-m", "dynamo.select_service", "--port", str(port), "--threads", "1"],
+                            stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dynamo.select_service exited ({python}): {log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=5)
+            return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"dynamo.select_service did not answer on {url} within 60 s; see {log}")
+
+
+def run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: str) -> int:
+    from tqdm import tqdm
+
+    python = args.dynamo_python or os.environ.get("KVOFFLOAD_DYNAMO_PYTHON")
+    if not python:
+        print("error: --router dynamo needs --dynamo-python PATH (a python with ai-dynamo-runtime==1.6.1) or "
+              "KVOFFLOAD_DYNAMO_PYTHON")
+        return 2
+    model = args.model
+    engine: dict[str, Any] = {"dtype": args.dtype, "max_num_seqs": max(8, wl.concurrency)}
+    if model is None:
+        model = str(work / "model")
+        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
+        engine["load_format"] = "dummy"
+    max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
+    engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
+    extra = [a for k, v in engine.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    kv = configurations([config_name], args.cpu, args.disk, work, bool(args.throttle_tier))[config_name]
+    total = sum(len(s.turns) for s in wl.sessions)
+    print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total} requests, concurrency {wl.concurrency}, "
+          f"working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; {args.replicas} replicas ({config_name}), "
+          f"each a device cache of {device_blocks} blocks and one core; model {model}")
+    servers: list[VllmServer] = []
+    events: dict[int, tuple[str, str]] = {}
+    selector: subprocess.Popen[bytes] | None = None
+    gateways = []
+    try:
+        for i in range(args.replicas):
+            pub, replay = free_port(), free_port()
+            events[i + 1] = (f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+            cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
+                   "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
+            print(f"starting vllm serve: replica {i + 1} ...", flush=True)
+            server = VllmServer(model, work / f"replica{i + 1}.log", kv,
+                                extra_args=[*extra, "--kv-events-config", json.dumps(cfg)],
+                                gpu_memory_utilization=args.memory_utilization,
+                                env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1)),
+                                     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
+            servers.append(server)
+            server.start()
+        workers = {i + 1: s.url for i, s in enumerate(servers)}
+        selector, selector_url = start_selector(python, work / "select_service.log")
+        dynamo_gateway.register(selector_url, workers, events, VLLM_BLOCK, model="default")
+        urls = {}
+        for name in ROUTERS:
+            port = free_port()
+            gw = dynamo_gateway.Gateway(selector_url if name == "dynamo" else None, workers)
+            gateways.append(dynamo_gateway.serve(gw, "127.0.0.1", port))
+            urls[name] = f"http://127.0.0.1:{port}"
+        runs: dict[str, list[RunResult]] = {n: [] for n in ROUTERS}
+        with tqdm(total=total * args.reps * len(ROUTERS), desc="requests", unit="req") as bar:
+            for rep in range(args.reps):
+                for name in ROUTERS if rep % 2 == 0 else ROUTERS[::-1]:
+                    runs[name].append(_run_once(name, urls[name], model, servers, wl, bar))
+    finally:
+        for g in gateways:
+            g.shutdown()
+        if selector is not None:
+            selector.terminate()
+            selector.wait(timeout=30)
+        for s in servers:
+            s.stop()
+    same = sum(tokens_by_turn(a) == tokens_by_turn(b) for a, b in zip(runs["round-robin"], runs["dynamo"]))
+    code = _finish(args, wl, runs, device_blocks, ws_blocks, references=("round-robin",))
+    print(f"tokens identical, dynamo vs round-robin: {same}/{len(runs['dynamo'])} runs")
+    return code
+
+
+def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Workload, bar: Any) -> RunResult:
+    for s in servers:
+        _reset(s, external=True)  # every run starts cold; the router sees the resets as events
+    before = [_hit_tokens(s) for s in servers]
+    turns, wall = asyncio.run(run_workload(url, model, wl, bar))
+    time.sleep(1.5)  # counters reach /metrics with the engines' next stats reports
+    hits: dict[str, float] = {}
+    for s, b in zip(servers, before):
+        for k, v in _hit_tokens(s).items():
+            hits[k] = hits.get(k, 0) + v - b.get(k, 0)
+    return RunResult(name, turns, wall, hits)
+
+
+__all__ = ["ROUTERS", "run_routed"]
