@@ -6,7 +6,8 @@ example gateway (kvoffload.integrations.dynamo_gateway, examples/routing/gateway
 Conversation A runs on replica 1; filler traffic pushes A out of replica 1's device cache into
 kvoffload's host tier (or, with a small host tier, on to disk); replica 2 holds A's first two
 blocks on its device. The service must see both, and A's next turn must go to replica 1, which
-serves it from kvoffload; with the host (disk) tier's credit lowered to 0.2, replica 2 wins.
+serves it from kvoffload; with the host (disk) tier's credit lowered, replica 2 wins. The same
+placement through vllm-router's kv_aware policy (KVOFFLOAD_VLLM_ROUTER) sends A to replica 1 too.
 Every wait polls the service's state; nothing sleeps and hopes. The disk variant runs with
 KVOFFLOAD_ROUTING_TESTS=all (one routing test in CI)."""
 
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
 DYNAMO = os.environ.get("KVOFFLOAD_DYNAMO_PYTHON", "")
+#: vllm-router's binary, for the test of its kv_aware policy (.ci/run installs it beside Dynamo).
+VLLM_ROUTER = os.environ.get("KVOFFLOAD_VLLM_ROUTER", "")
 if not DYNAMO or not Path(DYNAMO).exists():
     pytest.skip("KVOFFLOAD_DYNAMO_PYTHON: set it to a python with ai-dynamo-runtime==1.6.1 (.ci/run makes one)",
                 allow_module_level=True)
@@ -102,6 +105,19 @@ class Fleet:
         wait_for(f"{name} to start", lambda: proc.poll() is None and _up(f"{base}/health"), 60)
         return base
 
+    def vllm_router(self, model: str, events: dict[str, tuple[str, str]]) -> str:
+        """vllm-router's kv_aware policy over the replicas (KVOFFLOAD_VLLM_ROUTER: its binary)."""
+        port = free_port()
+        argv = [VLLM_ROUTER, "--port", str(port), "--host", "127.0.0.1", "--policy", "kv_aware",
+                "--kv-event-block-size", str(BLOCK), "--kv-event-model", model, "--worker-urls", *events]
+        for url, (pub, replay) in events.items():
+            argv += ["--kv-event-source", f"{url}={pub}", "--kv-event-replay-source", f"{url}={replay}"]
+        proc = self.spawn("vllm-router", argv)
+        base = f"http://127.0.0.1:{port}"
+        wait_for("vllm-router to start", lambda: _up(f"{base}/health") or (proc.poll() is not None and pytest.fail(
+            f"vllm-router exited:\n{self.tail()}")), 120)
+        return base
+
     def close(self) -> None:
         for proc in self.procs:
             proc.terminate()
@@ -146,11 +162,15 @@ def complete(base: str, model: str, prompt: list[int]) -> tuple[dict, Any]:
 # Dynamo credits a host block 0.75 and a disk block 0.25 of a device block by default. Host: 5
 # host blocks (3.75) beat 2 device blocks, and lose at 0.2 (1.0). Disk: 5 disk blocks (1.25) beat
 # 1 device block, and lose at 0.1 (0.5).
-@pytest.mark.parametrize(("tier", "r2_blocks", "low_credit"), [("host", 2, "0.2"), ("disk", 1, "0.1")])
+# vllm-router's kv_aware policy reads the same events (its own credits: host 0.8, disk 0.3).
+@pytest.mark.parametrize(("router", "tier", "r2_blocks", "low_credit"),
+                         [("dynamo", "host", 2, "0.2"), ("dynamo", "disk", 1, "0.1"), ("vllm-router", "host", 2, "0.2")])
 def test_a_returning_conversation_is_routed_to_the_replica_whose_kvoffload_tier_holds_it(
-        model, fleet, tmp_path, tier, r2_blocks, low_credit):
+        model, fleet, tmp_path, router, tier, r2_blocks, low_credit):
     if tier == "disk" and os.environ.get("KVOFFLOAD_ROUTING_TESTS") != "all":
         pytest.skip("the disk variant runs with KVOFFLOAD_ROUTING_TESTS=all")
+    if router == "vllm-router" and not VLLM_ROUTER:
+        pytest.skip("KVOFFLOAD_VLLM_ROUTER: set it to vllm-router's binary (pip install vllm-router==0.1.17)")
     # Host tier: 64 MiB. Disk: a host tier of 8 blocks (65536 bytes each) demotes A to disk.
     tiers = ([{"medium": "cpu", "capacity": "64MiB"}] if tier == "host" else
              [{"medium": "cpu", "capacity": 8 * 65536},
@@ -164,6 +184,7 @@ def test_a_returning_conversation_is_routed_to_the_replica_whose_kvoffload_tier_
     for base, proc in ((r1, p1), (r2, p2)):
         wait_for(f"{base} to serve", lambda b=base, p=proc: _up(f"{b}/health") or (p.poll() is not None and
                  pytest.fail(f"a replica exited:\n{fleet.tail()}")), 400)
+    vllm_router = fleet.vllm_router(model, {r1: (pub1, replay1), r2: (pub2, replay2)}) if router != "dynamo" else None
     from kvoffload.integrations import dynamo_gateway as gw
 
     workers = {1: r1, 2: r2}
@@ -191,6 +212,14 @@ def test_a_returning_conversation_is_routed_to_the_replica_whose_kvoffload_tier_
     # Asked first: A's next turn, once served, puts A back on replica 1's device.
     low, _ = post(f"{selectors['low']}/select", {"model_name": "default", "token_ids": TURN})
     assert low["worker_id"] == 2, low
+
+    if vllm_router is not None:
+        # The same ZMQ streams reached it as reached the service above (state polled there). The
+        # replica it picks tells itself: replica 1 serves A's 5 blocks from kvoffload's tier,
+        # replica 2 would serve 2 from its device (without the tier's events, replica 2 wins).
+        out, _ = complete(vllm_router, model, TURN)
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 5 * BLOCK
+        return
 
     port = free_port()
     server = gw.serve(gw.Gateway(selectors["default"], workers), "127.0.0.1", port)
