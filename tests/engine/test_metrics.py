@@ -115,3 +115,25 @@ def test_the_grafana_dashboard_plots_only_metrics_a_scrape_has(tmp_path):
         names |= {s.name for s in family.samples}         # (rejected reads) has samples only once used
         names.add(family.name + ("_total" if family.type == "counter" else ""))
     assert wanted <= names, sorted(wanted - names)
+
+
+def test_kv_events_after_a_reset_remove_the_old_blocks_and_chain_to_the_engines_hashes_again():
+    """A reset re-keys the tiers (a salt): what it announced before is removed, and blocks
+    stored after it carry the engine's own hashes again, not the salted keys."""
+    from kvoffload.engine.hashing import hash_request_blocks
+    from kvoffload.kv_events import BlockRemoved, BlockStored, external_block_hash
+
+    offload = {"tiers": [{"medium": "cpu", "capacity": 16 * BLOCK_BYTES}], "metrics": {"events": True}}
+    with LLM(EngineConfig(num_gpu_blocks=40, kv_offload=offload)) as llm:
+        params = SamplingParams(max_tokens=5, ignore_eos=True)
+        out = llm.generate([list(range(1, 100))], params)
+        hashes = [external_block_hash(h) for h in hash_request_blocks(list(range(1, 100)) + out[0].token_ids, 16)]
+        assert [e.block_hashes[0] for e in llm.take_kv_events()] == hashes
+        assert llm.reset_prefix_cache(reset_connector=True)
+        (removed,) = llm.take_kv_events()
+        assert isinstance(removed, BlockRemoved) and sorted(removed.block_hashes) == sorted(hashes)
+        again = llm.generate([list(range(1, 100))], params)
+        assert again[0].num_cached_tokens == 0 and again[0].token_ids == out[0].token_ids
+        stored = llm.take_kv_events()
+        assert all(isinstance(e, BlockStored) for e in stored)
+        assert [e.block_hashes[0] for e in stored] == hashes
