@@ -23,18 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.serve_bench import (
-    VLLM_BLOCK,
-    RunResult,
-    _finish,
-    _hit_tokens,
-    _reset,
-    cache_geometry,
-    configurations,
-    run_workload,
-    tokens_by_turn,
-    write_model,
-)
+from kvoffload.bench.serve_runs import RunResult, hit_tokens, reset_caches, run_workload, tokens_by_turn
 from kvoffload.bench.serve_workloads import Workload
 from kvoffload.integrations import dynamo_gateway
 from kvoffload.testing.vllm_server import VllmServer, free_port
@@ -61,28 +50,18 @@ def start_selector(python: str, log: Path) -> tuple[subprocess.Popen[bytes], str
     raise RuntimeError(f"dynamo.select_service did not answer on {url} within 60 s; see {log}")
 
 
-def run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: str) -> int:
+def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, engine_args: list[str],
+               kv: dict[str, Any], block_size: int) -> dict[str, list[RunResult]] | None:
+    """Every repetition of both routers over ``args.replicas`` replicas of kvoffload config
+    ``kv``; None (and a message) when no Dynamo is to be had."""
     from tqdm import tqdm
 
     python = args.dynamo_python or os.environ.get("KVOFFLOAD_DYNAMO_PYTHON")
     if not python:
         print("error: --router dynamo needs --dynamo-python PATH (a python with ai-dynamo-runtime==1.6.1) or "
               "KVOFFLOAD_DYNAMO_PYTHON")
-        return 2
-    model = args.model
-    engine: dict[str, Any] = {"dtype": args.dtype, "max_num_seqs": max(8, wl.concurrency)}
-    if model is None:
-        model = str(work / "model")
-        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
-        engine["load_format"] = "dummy"
-    max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
-    engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
-    extra = [a for k, v in engine.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    kv = configurations([config_name], args.cpu, args.disk, work, bool(args.throttle_tier))[config_name]
+        return None
     total = sum(len(s.turns) for s in wl.sessions)
-    print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total} requests, concurrency {wl.concurrency}, "
-          f"working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; {args.replicas} replicas ({config_name}), "
-          f"each a device cache of {device_blocks} blocks and one core; model {model}")
     servers: list[VllmServer] = []
     events: dict[int, tuple[str, str]] = {}
     selector: subprocess.Popen[bytes] | None = None
@@ -95,7 +74,7 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: 
                    "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
             print(f"starting vllm serve: replica {i + 1} ...", flush=True)
             server = VllmServer(model, work / f"replica{i + 1}.log", kv,
-                                extra_args=[*extra, "--kv-events-config", json.dumps(cfg)],
+                                extra_args=[*engine_args, "--kv-events-config", json.dumps(cfg)],
                                 gpu_memory_utilization=args.memory_utilization,
                                 env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1)),
                                      "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
@@ -103,7 +82,7 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: 
             server.start()
         workers = {i + 1: s.url for i, s in enumerate(servers)}
         selector, selector_url = start_selector(python, work / "select_service.log")
-        dynamo_gateway.register(selector_url, workers, events, VLLM_BLOCK, model="default")
+        dynamo_gateway.register(selector_url, workers, events, block_size, model="default")
         urls = {}
         for name in ROUTERS:
             port = free_port()
@@ -124,20 +103,19 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: 
         for s in servers:
             s.stop()
     same = sum(tokens_by_turn(a) == tokens_by_turn(b) for a, b in zip(runs["round-robin"], runs["dynamo"]))
-    code = _finish(args, wl, runs, device_blocks, ws_blocks, references=("round-robin",))
     print(f"tokens identical, dynamo vs round-robin: {same}/{len(runs['dynamo'])} runs")
-    return code
+    return runs
 
 
 def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Workload, bar: Any) -> RunResult:
     for s in servers:
-        _reset(s, external=True)  # every run starts cold; the router sees the resets as events
-    before = [_hit_tokens(s) for s in servers]
+        reset_caches(s, external=True)  # every run starts cold; the router sees the resets as events
+    before = [hit_tokens(s) for s in servers]
     turns, wall = asyncio.run(run_workload(url, model, wl, bar))
     time.sleep(1.5)  # counters reach /metrics with the engines' next stats reports
     hits: dict[str, float] = {}
     for s, b in zip(servers, before):
-        for k, v in _hit_tokens(s).items():
+        for k, v in hit_tokens(s).items():
             hits[k] = hits.get(k, 0) + v - b.get(k, 0)
     return RunResult(name, turns, wall, hits)
 

@@ -119,6 +119,20 @@ def test_the_cli_refuses_what_the_bundled_engine_cannot_do(capsys):
         serve_bench.main(["--engine", "bundled", "--configs", "plain,mooncake", "--reps", "1", *TINY])
 
 
+def test_the_cli_refuses_replicas_it_cannot_route(capsys):
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--replicas", "2", "--configs", "plain"])
+    assert "--replicas 2 --configs plain: name one kvoffload configuration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--replicas", "2", "--configs", "cpu,cpu+disk"])
+    assert "name one kvoffload configuration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--replicas", "2", "--engine", "bundled"])
+    assert "--replicas runs vllm serve replicas" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--replicas", "0"])
+
+
 def test_a_stuck_engine_fails_the_run_instead_of_hanging(monkeypatch):
     from kvoffload.bench import serve_bundled
 

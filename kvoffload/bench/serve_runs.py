@@ -1,0 +1,116 @@
+"""One run of a serving workload over HTTP, and its record: what ``bench serve`` measures on
+one server (or one gateway in front of several) per repetition."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.bench.serve_workloads import Workload
+from kvoffload.testing.http_client import Completion, stream_completion
+from kvoffload.testing.vllm_server import VllmServer
+
+
+@dataclass(slots=True)
+class TurnResult:
+    sid: str
+    turn: int
+    completion: Completion
+
+
+@dataclass(slots=True)
+class RunResult:
+    config: str
+    turns: list[TurnResult]
+    wall_s: float
+    hits: dict[str, float] = field(default_factory=dict)
+
+    def ttfts(self, returning: bool = False) -> list[float]:
+        return [t.completion.ttft for t in self.turns if t.completion.ttft is not None and (t.turn > 0 or not returning)]
+
+    def figures(self) -> dict[str, float]:
+        all_t, ret = self.ttfts(), self.ttfts(returning=True)
+        itl = [x for t in self.turns for x in t.completion.inter_token]
+        out_tokens = sum(len(v) for t in self.turns for v in t.completion.tokens.values())
+        figs = {"ttft_p50_ms": _pct(all_t, 50) * 1e3, "ttft_p95_ms": _pct(all_t, 95) * 1e3,
+                "ttft_p99_ms": _pct(all_t, 99) * 1e3, "itl_mean_ms": (statistics.fmean(itl) * 1e3 if itl else 0.0),
+                "req_per_s": len(self.turns) / self.wall_s, "out_tok_per_s": out_tokens / self.wall_s}
+        if ret:
+            figs.update(ret_ttft_p50_ms=_pct(ret, 50) * 1e3, ret_ttft_p95_ms=_pct(ret, 95) * 1e3)
+        return figs
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))
+    return s[k]
+
+
+async def run_workload(url: str, model: str, wl: Workload, progress: Any = None) -> tuple[list[TurnResult], float]:
+    import aiohttp
+
+    results: list[TurnResult] = []
+    gate = asyncio.Semaphore(wl.concurrency)
+    t0 = time.perf_counter()
+
+    async def session(s: Any, http: Any) -> None:
+        delay = s.start_s - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            history = list(s.prefix)
+            for i, turn in enumerate(s.turns):
+                if i and s.think_s:
+                    await asyncio.sleep(s.think_s)
+                prompt = history + list(turn)
+                c = await stream_completion(http, url, model, prompt, wl.max_tokens)
+                results.append(TurnResult(s.sid, i, c))
+                if progress is not None:
+                    progress.update(1)
+                if not c.ok:
+                    return
+                history = prompt + c.tokens.get(0, [])
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=wl.concurrency + 4)) as http:
+        await asyncio.gather(*(session(s, http) for s in wl.sessions))
+    return results, time.perf_counter() - t0
+
+
+def hit_tokens(server: VllmServer) -> dict[str, float]:
+    m = server.metrics()
+    hits = {dict(labels).get("tier", "?"): v for (name, labels), v in m.items() if name == "kvoffload_hit_tokens_total"}
+    hits["device"] = m.get(("vllm:prefix_cache_hits_total", ()), 0.0)
+    return hits
+
+
+def reset_caches(server: VllmServer, external: bool) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.post(f"/reset_prefix_cache?reset_external={'true' if external else 'false'}").get("success"):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{server.url}: the prefix cache could not be reset (requests still running?)")
+
+
+def run_once(name: str, server: VllmServer, wl: Workload, progress: Any) -> RunResult:
+    reset_caches(server, external=True)  # every run starts cold: no tier holds the workload's blocks
+    before = hit_tokens(server)
+    turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress))
+    time.sleep(1.5)  # counters reach /metrics with the engine's next stats report
+    after = hit_tokens(server)
+    return RunResult(name, turns, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after})
+
+
+def tokens_by_turn(run: RunResult) -> dict[tuple[str, int], list[int]]:
+    return {(t.sid, t.turn): t.completion.tokens.get(0, []) for t in run.turns if t.completion.ok}
+
+
+__all__ = ["RunResult", "TurnResult", "hit_tokens", "reset_caches", "run_once", "run_workload",
+           "tokens_by_turn"]

@@ -1,0 +1,119 @@
+"""The example gateway against stand-ins for a selection service and two replicas (plain HTTP
+servers on loopback): what it asks the service, where it forwards, the reservation's lifecycle,
+streaming relayed line by line, and bad input answered with one line naming it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from kvoffload.integrations import dynamo_gateway as gw
+
+
+class Stub:
+    """One HTTP server recording (method, path, body) and answering from ``reply``."""
+
+    def __init__(self, reply: Any) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n)) if n else None
+                stub.calls.append((self.command, self.path, body))
+                status, out, ctype = reply(self.command, self.path, body)
+                data = out if isinstance(out, bytes) else json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _any
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def replica(name: str) -> Stub:
+    def reply(method: str, path: str, body: Any) -> tuple[int, Any, str]:
+        if body and body.get("stream"):
+            return 200, f"data: {name}-1\n\ndata: [DONE]\n\n".encode(), "text/event-stream"
+        return 200, {"served_by": name}, "application/json"
+
+    return Stub(reply)
+
+
+@pytest.fixture
+def fleet():
+    selector = Stub(lambda m, p, b: (200, {"worker_id": 2} if p == "/select_and_reserve" else {}, "application/json"))
+    r1, r2 = replica("r1"), replica("r2")
+    yield selector, r1, r2
+    for s in (selector, r1, r2):
+        s.close()
+
+
+def post(url: str, body: Any) -> tuple[int, bytes, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers
+
+
+def test_the_gateway_forwards_where_the_service_says_and_frees_the_reservation(fleet):
+    selector, r1, r2 = fleet
+    server = gw.serve(gw.Gateway(selector.url, {1: r1.url, 2: r2.url}), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+    try:
+        status, body, headers = post(url, {"model": "m", "prompt": [5, 6, 7]})
+        assert status == 200 and json.loads(body) == {"served_by": "r2"} and headers["x-kvoffload-worker"] == "2"
+        (select, prefill, free) = selector.calls
+        assert select[:2] == ("POST", "/select_and_reserve")
+        assert select[2]["token_ids"] == [5, 6, 7] and select[2]["model_name"] == "default"
+        sid = select[2]["selection_id"]
+        assert prefill[:2] == ("POST", f"/reservations/{sid}/prefill_complete") and free[:2] == (
+            "DELETE", f"/reservations/{sid}")
+        assert r1.calls == [] and r2.calls[0][2] == {"model": "m", "prompt": [5, 6, 7]}
+        selector.calls.clear()
+        status, body, headers = post(url, {"model": "m", "prompt": [5], "stream": True})
+        assert status == 200 and body == b"data: r2-1\n\ndata: [DONE]\n\n"
+        assert [c[0] for c in selector.calls] == ["POST", "POST", "DELETE"]
+        status, body, _ = post(url, {"model": "m", "prompt": [[1], [2]]})
+        assert status == 400 and b"give one prompt" in body
+        status, body, _ = post(url.replace("/v1/completions", "/v1/chat/completions"), {})
+        assert status == 404 and b"only /v1/completions is routed" in body
+    finally:
+        server.shutdown()
+
+
+def test_round_robin_alternates_and_asks_no_service(fleet):
+    selector, r1, r2 = fleet
+    g = gw.Gateway(None, {1: r1.url, 2: r2.url})
+    assert [g.route({"prompt": [1]})[0] for _ in range(4)] == [1, 2, 1, 2]
+    assert selector.calls == []
+
+
+def test_bad_worker_specs_fail_with_one_line_naming_them():
+    with pytest.raises(ValueError, match="no --worker given"):
+        gw.Gateway(None, {})
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="--worker '1:http://x'"):
+        gw._worker("1:http://x")
+    assert gw._worker("3=http://127.0.0.1:9") == (3, "http://127.0.0.1:9")
