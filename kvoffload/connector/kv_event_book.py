@@ -14,17 +14,14 @@ announced block (its keys are never served again) and leaves the device's blocks
 
 from __future__ import annotations
 
-import logging
 from array import array
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvoffload.connector.base import EngineRequest
 from kvoffload.kv_events import LOCAL, BlockRemoved, BlockStored, ExternalBlockHash, KVEvent, external_block_hash
 from kvoffload.offload.abstract import BlockHash, Medium, OffloadingEvent
-
-logger = logging.getLogger(__name__)
+from kvoffload.offload.event_queue import EventQueue
 
 #: Translated events kept for ``take_events``; older ones are dropped (nobody is draining).
 MAX_QUEUED_KV_EVENTS = 100_000
@@ -76,8 +73,8 @@ class KVEventBook:
         self._described: dict[BlockHash, _Described] = {}
         #: Keys that may hold no tier any more: dropped once no job is moving them.
         self._unheld: set[BlockHash] = set()
-        self._out: deque[KVEvent] = deque()
-        self.num_events_dropped = 0
+        self._out: EventQueue[KVEvent] = EventQueue(
+            MAX_QUEUED_KV_EVENTS, "kvoffload", "the engine's event publisher must call take_events() every step")
         #: Tier events about blocks never described (stored before this process, or by a copy
         #: planned before a reset): not published.
         self.num_undescribed = 0
@@ -128,23 +125,16 @@ class KVEventBook:
             for name, locality in {_where(m) for m in d.residency}:
                 by_where.setdefault((name, locality, d.group), []).extend(d.hashes)
         for (name, locality, group), hashes in by_where.items():
-            self._emit(BlockRemoved(block_hashes=hashes, medium=name, group_idx=group, locality=locality))
+            self._out.put(BlockRemoved(block_hashes=hashes, medium=name, group_idx=group, locality=locality))
         self._described.clear()
         self._unheld.clear()
 
-    def take(self) -> list[KVEvent]:
-        out = list(self._out)
-        self._out.clear()
-        return out
+    @property
+    def num_events_dropped(self) -> int:
+        return self._out.num_dropped
 
-    def _emit(self, event: KVEvent) -> None:
-        if len(self._out) >= MAX_QUEUED_KV_EVENTS:
-            self._out.popleft()
-            if not self.num_events_dropped:
-                logger.warning("kvoffload: %d KV events queued and not taken; dropping the oldest (the engine's "
-                               "event publisher must call take_events() every step)", MAX_QUEUED_KV_EVENTS)
-            self.num_events_dropped += 1
-        self._out.append(event)
+    def take(self) -> list[KVEvent]:
+        return self._out.take()
 
     def _stored(self, keys: list[BlockHash], medium: str) -> None:
         name, locality = _where(medium)
@@ -157,7 +147,7 @@ class KVEventBook:
             d.residency.add(medium)
             self._unheld.discard(key)
             if not announced:
-                self._emit(BlockStored(
+                self._out.put(BlockStored(
                     block_hashes=list(d.hashes), parent_block_hash=d.parent, token_ids=d.tokens.tolist(),
                     block_size=self.block_size, lora_id=d.tags.lora_id, medium=name, lora_name=d.tags.lora_name,
                     group_idx=d.group, locality=locality, session_id=d.tags.session_id))
@@ -176,7 +166,7 @@ class KVEventBook:
                 continue  # another tier of the same event medium still holds it
             by_group.setdefault(d.group, []).extend(d.hashes)
         for group, hashes in by_group.items():
-            self._emit(BlockRemoved(block_hashes=hashes, medium=name, group_idx=group, locality=locality))
+            self._out.put(BlockRemoved(block_hashes=hashes, medium=name, group_idx=group, locality=locality))
 
 
 __all__ = ["MAX_QUEUED_KV_EVENTS", "NO_TAGS", "EventTags", "ExternalHash", "KVEventBook", "RequestTags"]

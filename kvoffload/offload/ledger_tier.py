@@ -12,8 +12,6 @@ last-freed-first. Tensor-free, like everything scheduler-side.
 
 from __future__ import annotations
 
-import logging
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +28,7 @@ from kvoffload.offload.abstract import (
     as_list,
 )
 from kvoffload.offload.block_status import BlockLedger
+from kvoffload.offload.event_queue import EventQueue
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.policy_registry import create_policy
 from kvoffload.offload.tier import Tier
@@ -37,10 +36,9 @@ from kvoffload.offload.tier_health import TierHealth
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.registry import PolicyRef
 
-logger = logging.getLogger(__name__)
-
 #: Undrained events kept per tier before the oldest are dropped.
 MAX_QUEUED_EVENTS = 10_000
+
 
 @dataclass(frozen=True, slots=True)
 class StoreSlots:
@@ -80,24 +78,21 @@ class LedgerTier(Tier):
         self.block_size = block_size
         self.health = TierHealth(retry_after_s, self.describe) if retry_after_s is not None else None
         self.num_corrupt = 0
-        self._events: deque[OffloadingEvent] | None = deque() if enable_events else None
-        self.num_events_dropped = 0
+        self._events: EventQueue[OffloadingEvent] | None = EventQueue(
+            MAX_QUEUED_EVENTS, f"{self.medium} tier", "call take_events() regularly") if enable_events else None
         self._init_slots(capacity, cache_policy)
 
     def describe(self) -> str:
         """How log lines name this tier."""
         return f"{self.medium.lower()} tier"
 
+    @property
+    def num_events_dropped(self) -> int:
+        return self._events.num_dropped if self._events is not None else 0
+
     def _emit(self, hashes: list[BlockHash], removed: bool) -> None:
-        events = self._events
-        if events is not None and hashes:
-            if len(events) >= MAX_QUEUED_EVENTS:  # nobody drains them: keep memory bounded
-                events.popleft()
-                if not self.num_events_dropped:
-                    logger.warning("%s tier: %d KV events queued and not taken; dropping the oldest "
-                                   "(call take_events() regularly)", self.medium, MAX_QUEUED_EVENTS)
-                self.num_events_dropped += 1
-            events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
+        if self._events is not None and hashes:
+            self._events.put(OffloadingEvent(hashes, self.block_size, self.medium, removed))
 
     # ---- the manager contract, over the slot primitives below -----------------------------
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
@@ -121,11 +116,7 @@ class LedgerTier(Tier):
             self._emit(done, removed=False)
 
     def take_events(self) -> list[OffloadingEvent]:
-        if not self._events:
-            return []
-        events = list(self._events)
-        self._events.clear()
-        return events
+        return self._events.take() if self._events is not None else []
 
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         return self.store_miss(block_hashes)

@@ -19,10 +19,11 @@ here vouches for any more).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, OffloadingEvent, PrepareStoreOutput
+from kvoffload.offload.event_queue import EventQueue
 from kvoffload.offload.ledger_tier import MAX_QUEUED_EVENTS
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.offload.tier import Tier
@@ -42,11 +43,12 @@ class SharedStoreTier(Tier):
                  block_size: int = 0) -> None:
         self.spec_type = spec_type
         self.block_size = block_size
-        self._events: deque[OffloadingEvent] | None = deque(maxlen=MAX_QUEUED_EVENTS) if enable_events else None
         self.medium: Medium = spec_type.medium()
         self.lookups = lookups
         self.capacity_blocks = max(1, capacity_blocks)
         self.name = name
+        self._events: EventQueue[OffloadingEvent] | None = EventQueue(
+            MAX_QUEUED_EVENTS, self.describe(), "call take_events() regularly") if enable_events else None
         self.health = TierHealth(retry_after_s, self.describe)
         #: Blocks the store held when last asked (or when our write landed), oldest first.
         self._ready: OrderedDict[BlockHash, int] = OrderedDict()
@@ -209,14 +211,10 @@ class SharedStoreTier(Tier):
 
     def _emit(self, hashes: list[BlockHash], removed: bool) -> None:
         if self._events is not None:
-            self._events.append(OffloadingEvent(hashes, self.block_size, self.medium, removed))
+            self._events.put(OffloadingEvent(hashes, self.block_size, self.medium, removed))
 
     def take_events(self) -> list[OffloadingEvent]:
-        if not self._events:
-            return []
-        events = list(self._events)
-        self._events.clear()
-        return events
+        return self._events.take() if self._events is not None else []
 
     # ---- reports -------------------------------------------------------------------------
     def report(self) -> TierReport:
