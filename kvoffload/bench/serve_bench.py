@@ -352,23 +352,37 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, wl, Path(tmp))
 
 
-def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: str) -> int:
-    from kvoffload.bench.serve_routing import run_routed
-
+def _engine(args: argparse.Namespace, wl: Workload, work: Path) -> tuple[str, dict[str, Any], int, int]:
+    """(model, vLLM engine settings, working-set blocks, device blocks) every server shares: a
+    checkpoint of the given shape with dummy weights unless ``--model``, and a device cache sized
+    to ``--device-fraction`` of the workload."""
     model = args.model
-    engine: dict[str, Any] = {"dtype": args.dtype, "max_num_seqs": max(8, wl.concurrency)}
+    engine: dict[str, Any] = {"dtype": args.dtype, "max_num_seqs": max(8, wl.concurrency),
+                              "gpu_memory_utilization": args.memory_utilization}
     if model is None:
         model = str(work / "model")
         write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
         engine["load_format"] = "dummy"
     max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
     engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
-    engine_args = [a for k, v in engine.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    return model, engine, ws_blocks, device_blocks
+
+
+def _cli_args(engine: dict[str, Any]) -> list[str]:
+    """``vllm serve`` flags for the settings (the memory share is VllmServer's own argument)."""
+    return [a for k, v in engine.items() if k != "gpu_memory_utilization" for a in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: str) -> int:
+    from kvoffload.bench.serve_routing import run_routed
+
+    model, engine, ws_blocks, device_blocks = _engine(args, wl, work)
     kv = configurations([config_name], args.cpu, args.disk, work, bool(args.throttle_tier))[config_name]
+    assert kv is not None, "main() refuses plain vLLM as the replicas' configuration"
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {sum(len(s.turns) for s in wl.sessions)} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; {args.replicas} "
           f"replicas ({config_name}), each a device cache of {device_blocks} blocks and one core; model {model}")
-    runs = run_routed(args, wl, work, model, engine_args, kv or {}, VLLM_BLOCK)
+    runs = run_routed(args, wl, work, model, _cli_args(engine), kv, VLLM_BLOCK)
     if runs is None:
         return 2
     return _finish(args, wl, runs, device_blocks, ws_blocks, references=("round-robin",))
@@ -384,17 +398,8 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
             attached = {"url": [run_once("url", server, wl, bar) for _ in range(args.reps)]}
         print(report(attached)[0])
         return 0
-    model = args.model
-    engine: dict[str, Any] = {"dtype": args.dtype, "max_num_seqs": max(8, wl.concurrency),
-                              "gpu_memory_utilization": args.memory_utilization}
-    if model is None:
-        model = str(work / "model")
-        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
-        engine["load_format"] = "dummy"
-    max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
-    engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
-    extra = [a for k, v in engine.items() if k != "gpu_memory_utilization"
-             for a in (f"--{k.replace('_', '-')}", str(v))]
+    model, engine, ws_blocks, device_blocks = _engine(args, wl, work)
+    extra = _cli_args(engine)
     configs = configurations(config_names(args.configs), args.cpu, args.disk, work, bool(args.throttle_tier))
     for line in effective_differences(model, engine, configs):
         print(f"warning: engine settings differ: {line}")
