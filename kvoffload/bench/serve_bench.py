@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=["vllm", "bundled"], default="vllm",
                    help="vllm: vllm serve over HTTP; bundled: kvoffload's own engine, in process")
     p.add_argument("--threads", type=positive_int, default=1, help="--engine bundled: torch CPU threads")
+    p.add_argument("--device", default="cpu",
+                   help="--engine bundled: where its model and KV cache live (cpu, cuda, cuda:N)")
     p.add_argument("--url", default=None, help="benchmark this running server instead (one configuration, no ratios)")
     p.add_argument("--model", default=None, help="a checkpoint directory; default: a Llama-shaped config with dummy weights")
     p.add_argument("--layers", type=int, default=8)
@@ -332,6 +334,15 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             p.error(f"--throttle-tier: {exc}")
         os.environ["KVOFFLOAD_THROTTLE"] = args.throttle_tier  # the servers (child processes) read it too
+    if args.device != "cpu":
+        if args.engine != "bundled":
+            p.error(f"--device {args.device}: only the bundled engine takes a device (vLLM picks its own); "
+                    "add --engine bundled")
+        import torch
+
+        if not args.device.startswith("cuda") or not torch.cuda.is_available():
+            p.error(f"--device {args.device}: no such device here (torch sees CUDA: {torch.cuda.is_available()}); "
+                    "use cpu, or cuda on a machine with an NVIDIA GPU")
     if args.engine == "bundled":
         if args.url:
             p.error("--url measures a running vLLM server; drop it for --engine bundled")
@@ -463,14 +474,14 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     total_turns = sum(len(s.turns) for s in wl.sessions)
     print(f"workload {wl.name} on the bundled engine: {len(wl.sessions)} sessions, {total_turns} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {BUNDLED_BLOCK} tokens; device cache "
-          f"{device_blocks} blocks ({device_blocks / ws_blocks:.0%}); {args.threads} thread(s)")
+          f"{device_blocks} blocks ({device_blocks / ws_blocks:.0%}) on {args.device}; {args.threads} thread(s)")
     engines: dict[str, LLM] = {}
     try:
         for name in names:
             engines[name] = LLM(EngineConfig(
                 model=model, load_format=load_format, dtype=args.dtype, block_size=BUNDLED_BLOCK,
                 num_gpu_blocks=device_blocks + 1, max_model_len=max_len, max_num_seqs=max(8, wl.concurrency),
-                max_num_batched_tokens=BUNDLED_BATCH_TOKENS,
+                max_num_batched_tokens=BUNDLED_BATCH_TOKENS, device=args.device,
                 kv_offload=offload[name]))
         runs: dict[str, list[RunResult]] = {n: [] for n in names}
         with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from kvoffload.bench import serve_bench
 from kvoffload.bench.serve_bundled import run_bundled
@@ -117,6 +118,16 @@ def test_the_cli_refuses_what_the_bundled_engine_cannot_do(capsys):
     assert "--url measures a running vLLM server" in capsys.readouterr().err
     with pytest.raises(ValueError, match="'mooncake'"):
         serve_bench.main(["--engine", "bundled", "--configs", "plain,mooncake", "--reps", "1", *TINY])
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--device", "cuda"])
+    assert "--device cuda: only the bundled engine takes a device" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            serve_bench.main(["--engine", "bundled", "--device", "cuda:0"])
+        assert "--device cuda:0: no such device here" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--engine", "bundled", "--device", "tpu"])
+    assert "--device tpu: no such device here" in capsys.readouterr().err
 
 
 def test_the_cli_refuses_replicas_it_cannot_route(capsys):
