@@ -116,3 +116,22 @@ def test_a_layerwise_load_of_corrupt_records_recomputes_exactly_the_requests_tha
     assert c["tier_rejected_blocks"]["disk"]["checksum"] >= 1
     assert stats["failed_loads"] >= 1  # requests rolled back to their first unfilled block
     assert c["stores_failed"] >= 1  # what those steps computed on the unfilled blocks was not stored
+
+
+def test_a_failed_layerwise_load_drops_the_steps_whole_stores_too(tmp_path, baseline, monkeypatch):
+    """Where stores go whole after the step (CUDA, hybrid caches), a step whose layer-wise load
+    failed submits none of them: they may hold KV computed on the unfilled blocks."""
+    from kvoffload.transfer.device_host_handler import DeviceHostHandler
+
+    cfg = offload(tmp_path, "layerwise", cpu="8MiB", throttle=False)
+    cfg["tiers"][1]["write_through"] = True
+    run(cfg)
+    assert flip_every_disk_record(tmp_path / "layerwise") >= 10
+    opened = []
+    monkeypatch.setattr(DeviceHostHandler, "open_layered_store", lambda self, job_id, spec: opened.append(job_id) or False)
+    tokens, stats = run(cfg)
+    assert tokens == baseline[0]
+    assert opened  # every store was offered layer by layer, and went whole
+    c = stats["connector"]
+    assert c["load_decisions"]["disk"]["layerwise"] >= 1 and stats["failed_loads"] >= 1
+    assert c["stores_failed"] >= 1
