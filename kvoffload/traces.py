@@ -12,6 +12,7 @@ import json
 import os
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,17 +91,35 @@ def progress_bar(path: str | Path) -> Any:
                 disable=None, leave=False)
 
 
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace with sessions: when (seconds, on the replay's interleaved
+    clock), whose, how it ended (its own stop reason: ``tool_use``, ``end_turn``, or ``""``
+    where the trace gives none) and its blocks."""
+
+    t: float
+    session: str
+    stop: str
+    blocks: list[int]
+
+
 def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -> list[list[int]]:
-    """WEKA kv-cache-tester traces (tar.gz of per-conversation JSON, 64-token blocks).
+    """WEKA kv-cache-tester traces (tar.gz of per-conversation JSON, 64-token blocks): the
+    blocks of each request, in replay order (see ``load_weka_requests``)."""
+    return [r.blocks for r in load_weka_requests(path, limit, gap_s)]
+
+
+def load_weka_requests(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -> list[TraceRequest]:
+    """WEKA's requests with their conversation (the session) and stop reason.
 
     Hash ids are local to a conversation, so each block is keyed by (trace id, hash id),
-    interned to a dense int.
-    Conversations are interleaved by their request times, each starting ``gap_s`` after the
-    previous one (the traces carry no absolute timestamps).
+    interned to a dense int. Conversations are interleaved by their request times, each
+    starting ``gap_s`` after the previous one (the traces carry no absolute timestamps); a
+    sub-agent's requests belong to its conversation.
     """
     import tarfile
 
-    timed: list[tuple[float, int, list[int]]] = []
+    timed: list[tuple[float, int, TraceRequest]] = []
     ids: dict[tuple[str, int], int] = {}  # (trace id, local hash) -> dense global id
     with open(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r:gz") as tar, progress_bar(path) as bar:
         for k, member in enumerate(m for m in tar if m.isfile() and m.name.endswith(".json")):
@@ -113,10 +132,11 @@ def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -
             offset = k * gap_s
             for req in _flatten_weka(trace.get("requests", [])):
                 blocks = [ids.setdefault((tid, h), len(ids)) for h in req.get("hash_ids", [])]
-                timed.append((offset + float(req.get("t", 0.0)), len(timed), blocks))
+                t = offset + float(req.get("t", 0.0))
+                timed.append((t, len(timed), TraceRequest(t, tid, str(req.get("stop") or ""), blocks)))
             if limit is not None and len(timed) >= limit:
                 break
-    timed.sort()
+    timed.sort(key=lambda x: (x[0], x[1]))
     reqs = [r for _, _, r in timed]
     return reqs[:limit] if limit is not None else reqs
 

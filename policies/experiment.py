@@ -49,7 +49,9 @@ def load_trace(path: str, fmt: str, limit: int | None) -> tuple[list[list], list
                         break
         return reqs, lengths, 512, "prefix"
     if fmt == "weka":
-        return traces.load_weka(path, limit), None, 64, "prefix"
+        requests = traces.load_weka_requests(path, limit)
+        _TRACE["sessions"] = requests
+        return [r.blocks for r in requests], None, 64, "prefix"
     if fmt == "arc":
         return traces.load_arc_lis(path, limit), None, 1, "page"
     if fmt == "synthetic":
@@ -93,8 +95,17 @@ BASELINE = ("lru", 0, False)
 
 
 def _run(job: tuple[str, int, int, bool | None]) -> dict:
-    policy, capacity, threshold, native = job
-    r = replay(_TRACE["reqs"], capacity, policy, threshold, _TRACE["tpb"], _TRACE["lengths"], _TRACE["mode"], native)
+    name, capacity, threshold, native = job
+    policy, _, mode = name.partition("@")
+    hints = None
+    if mode:
+        from .session_hints import derive
+
+        if "sessions" not in _TRACE:
+            raise ValueError(f"{name}: this trace has no sessions to derive hints from (WEKA has)")
+        hints = derive(_TRACE["sessions"], mode)
+    r = replay(_TRACE["reqs"], capacity, policy, threshold, _TRACE["tpb"], _TRACE["lengths"], _TRACE["mode"], native,
+               hints, label=name)
     return r.as_dict()
 
 
@@ -256,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="trace file; 'mooncake-sample' (1,500 requests of the Mooncake conversation trace, "
                              "shipped with the package); or 'synthetic'")
     parser.add_argument("--format", default="auto", choices=["auto", "mooncake", "weka", "arc", "synthetic"])
-    parser.add_argument("--policies", default="lru,arc,s3fifo,sieve,belady")
+    parser.add_argument("--policies", default="lru,arc,s3fifo,sieve,belady",
+                        help="comma list; POLICY@honest / POLICY@oracle replays it with hints derived from the "
+                             "trace's sessions (WEKA): what each caller knew, or each session's true next return")
     parser.add_argument("--capacities", default="1%,5%,10%,20%",
                         help="comma list: shares of the trace's unique blocks (5%%), block counts, or sizes (1GiB, "
                              "with --block-bytes)")
@@ -278,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     from kvoffload.offload import get_policy_class
 
     for p in policies:
-        get_policy_class(p)  # unknown names fail before any replay
+        name, _, mode = p.partition("@")
+        get_policy_class(name)  # unknown names fail before any replay
+        if mode not in ("", "none", "honest", "oracle"):
+            parser.error(f"--policies {p}: hints after @ are none, honest or oracle (e.g. hinted@honest)")
     thresholds = [int(t) for t in args.store_threshold.split(",")]
     try:
         parse_capacities(args.capacities, 1, args.block_bytes)  # its errors before the trace is read

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.abstract import LookupResult, PrefixLookup
 from kvoffload.offload.chain_of_tiers import ChainOfTiers, as_chain
-from kvoffload.offload.policy import OfflinePolicy
+from kvoffload.offload.hints import BlockHint
+from kvoffload.offload.policy import CachePolicy, OfflinePolicy
 
 
 @dataclass(slots=True)
@@ -62,8 +63,9 @@ def group_blocks(requests: Sequence[Sequence[Hashable]], factor: int) -> list[li
     return [list(r[factor - 1 :: factor]) for r in requests]
 
 
-def build_manager(policy: str, capacity: int, store_threshold: int = 0,
-                  native: bool | None = None) -> tuple[OffloadingManager, CPUOffloadingManager]:
+def build_manager(policy: str | CachePolicy, capacity: int, store_threshold: int = 0,
+                  native: bool | None = None) -> tuple[CPUOffloadingManager | FilterReusedOffloadingManager,
+                                                       CPUOffloadingManager]:
     """The manager a replay drives (the reuse filter in front when ``store_threshold`` >= 2), and
     the tier behind it. By name, "lru", "arc" and "arc_classic" run on the native ledger where
     it is built."""
@@ -76,13 +78,18 @@ def build_manager(policy: str, capacity: int, store_threshold: int = 0,
 def replay(
     requests: Sequence[Sequence[Hashable]],
     capacity: int,
-    policy: str = "lru",
+    policy: str | CachePolicy = "lru",
     store_threshold: int = 0,
     tokens_per_block: int = 1,
     input_lengths: Sequence[int] | None = None,
     mode: str = "prefix",
     native: bool | None = None,
+    hints: Sequence[BlockHint | None] | None = None,
+    label: str | None = None,
 ) -> SimResult:
+    """``hints``: one per request (or None), given to the manager after the request's first
+    touch, as the connector does when the request arrives; ``label`` names the row (default:
+    the policy)."""
     if mode not in ("prefix", "page"):
         raise ValueError(f"mode={mode!r}: use 'prefix' (connector order) or 'page' (page cache)")
     mgr, tier = build_manager(policy, capacity, store_threshold, native)
@@ -101,6 +108,10 @@ def replay(
         hashes = list(hashes)
         refs += len(hashes)
         mgr.touch(hashes)
+        if hints is not None:
+            hint = hints[r]
+            if hint is not None:
+                mgr.hint(hashes, hint)
         hits = mgr.lookup(hashes) or 0
         if hits:
             head = hashes[:hits]
@@ -126,7 +137,8 @@ def replay(
         win_refs[w] += len(hashes)
     seconds = time.perf_counter() - t0
     windows = [h / c if c else 0.0 for h, c in zip(win_hits, win_refs)]
-    return SimResult(policy, capacity, store_threshold, len(requests), refs, hit_blocks, hit_tokens, total_tokens,
+    name = label or (policy if isinstance(policy, str) else type(policy).__name__)
+    return SimResult(name, capacity, store_threshold, len(requests), refs, hit_blocks, hit_tokens, total_tokens,
                      written, evicted, seconds, windows)
 
 

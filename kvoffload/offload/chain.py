@@ -22,6 +22,7 @@ from kvoffload.offload.abstract import (
     PrefixLookup,
     as_list,
 )
+from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.tier_report import ChainReport, TierReport
 
 
@@ -50,6 +51,11 @@ class TierChain(OffloadingManager):
 
     def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
         """Recency without reuse, e.g. a request's newly stored blocks."""
+
+    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
+        """What the caller knows of the future of the request using these blocks (session,
+        expected return, priority, lease): every tier's policy sees it (default: nothing)."""
+
 
     def prepare_load_segments(self, block_hashes: list[BlockHash], media: Sequence[Medium] | None = None,
                               ) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:

@@ -34,6 +34,7 @@ from kvoffload.offload.abstract import (
     as_list,
 )
 from kvoffload.offload.chain import TierChain
+from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_report import ChainReport
@@ -291,6 +292,11 @@ class ChainOfTiers(TierChain):
 
     def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
         self.primary.refresh(block_hashes)
+
+    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
+        self.primary.hint(block_hashes, hint)
+        for t in self.secondaries:
+            t.hint(block_hashes, hint)
 
     def take_events(self) -> list[OffloadingEvent]:
         events = list(self.primary.take_events())

@@ -29,6 +29,7 @@ from kvoffload.offload.abstract import (
 )
 from kvoffload.offload.block_status import BlockLedger
 from kvoffload.offload.event_queue import EventQueue
+from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.policy_registry import create_policy
 from kvoffload.offload.tier import Tier
@@ -248,6 +249,9 @@ class LedgerTier(Tier):
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         """Recency without reuse (see CachePolicy.refresh)."""
         self._policy.refresh_hashes(list(block_hashes))
+
+    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
+        self._policy.hint(block_hashes, hint)
 
     def store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Show the policy the absent hashes about to be stored (ghost hits); returns them."""

@@ -19,6 +19,7 @@ from typing import TypeVar, cast
 
 from kvoffload.errors import ConfigError, require_positive
 from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, as_list
+from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.ledger_tier import LedgerTier, StoreSlots
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 from kvoffload.offload.policy import CachePolicy
@@ -139,6 +140,9 @@ class NativeSlots(LedgerTier):
 
     def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
         self._core.refresh(block_hashes)
+
+    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
+        """The native policies order by sightings alone: hints are for Python policies."""
 
     def allocate(self, block_hashes: Iterable[BlockHash]) -> StoreSlots | None:
         out = self._core.prepare_store(block_hashes)

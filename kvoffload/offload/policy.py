@@ -24,6 +24,7 @@ from typing import ClassVar
 from kvoffload.errors import require_positive
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.block_status import BlockLedger, BlockStatus
+from kvoffload.offload.hints import BlockHint
 
 
 class CachePolicy(ABC):
@@ -66,6 +67,11 @@ class CachePolicy(ABC):
         """Recency without reuse (``hashes[0]`` most recent): a request's newly stored blocks,
         re-ranked in prefix order when it finishes (vLLM's request-scoped access). Frequency
         policies must not count it as a use; the default ignores it."""
+
+    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
+        """What the caller of the request using these blocks (prefix order) knows of its future:
+        its session, when it expects the session back, its priority and lease. Policies that
+        learn from sightings alone ignore it (the default)."""
 
     def admitted(self, block_hashes: list[BlockHash]) -> list[BlockHash]:
         """Of these absent blocks offered for store, the ones worth a slot, in order; the rest

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, Medium, OffloadingManager
+from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.tier_report import TierReport
 
 
@@ -71,6 +72,9 @@ class Tier(OffloadingManager):
 
     def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
         """Recency without reuse, e.g. a request's newly stored blocks (default: nothing)."""
+
+    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
+        """A request's hint for its blocks (see CachePolicy.hint; default: nothing)."""
 
     def note_io(self, ok: bool, write: bool = False) -> None:
         """One copy's outcome against this tier (default: nothing)."""

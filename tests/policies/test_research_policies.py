@@ -14,7 +14,7 @@ from kvoffload_policies.simulator import replay
 from kvoffload.offload import CPUOffloadingManager, known_policies
 from kvoffload.traces import load_arc_lis, synthetic_scan_workload
 
-ALL_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value", "belady"]
+ALL_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value", "hinted", "belady"]
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
@@ -88,7 +88,8 @@ def test_policy_contract_state_machine(policy):
 
 # A B A C B A at capacity 2, page-cache replay; hits worked out by hand in the module docs below.
 HAND_TRACE = [["A"], ["B"], ["A"], ["C"], ["B"], ["A"]]
-HAND_HITS = {"lru": 1, "belady": 3, "s3fifo": 2, "sieve": 1, "lfu": 2, "arc": 2, "arc_classic": 1, "prefix_value": 2}
+HAND_HITS = {"lru": 1, "belady": 3, "s3fifo": 2, "sieve": 1, "lfu": 2, "arc": 2, "arc_classic": 1, "prefix_value": 2,
+             "hinted": 2}
 
 
 @pytest.mark.parametrize("policy", ALL_POLICIES)
