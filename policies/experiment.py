@@ -11,6 +11,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .session_hints import MODES as HINT_MODES
+from .session_hints import derive
 from .simulator import SimResult, group_blocks, replay
 
 _TRACE: dict[str, Any] = {}
@@ -99,8 +101,6 @@ def _run(job: tuple[str, int, int, bool | None]) -> dict:
     policy, _, mode = name.partition("@")
     hints = None
     if mode:
-        from .session_hints import derive
-
         if "sessions" not in _TRACE:
             raise ValueError(f"{name}: this trace has no sessions to derive hints from (WEKA has)")
         hints = derive(_TRACE["sessions"], mode)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in policies:
         name, _, mode = p.partition("@")
         get_policy_class(name)  # unknown names fail before any replay
-        if mode not in ("", "none", "honest", "oracle"):
+        if mode and mode not in HINT_MODES:
             parser.error(f"--policies {p}: hints after @ are none, honest or oracle (e.g. hinted@honest)")
     thresholds = [int(t) for t in args.store_threshold.split(",")]
     try:

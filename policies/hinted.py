@@ -93,15 +93,12 @@ class HintedCachePolicy(CachePolicy):
         self.pending: OrderedDict[Hashable, _Session] = OrderedDict()
         self.orders: dict[int, _Order] = {}
         self.leased: set[str] = set()
-        #: Hints received and blocks evicted by session order (a debug counter for tests).
-        self.hints_seen = 0
         #: Blocks the inner policy holds (it is told every insert and removal).
         self._inner_n = 0
 
     # ---- hints ----------------------------------------------------------------------------
     def hint(self, block_hashes: Sequence[Hashable], hint: BlockHint) -> None:
         self.now = max(self.now, hint.now)
-        self.hints_seen += 1
         name = hint.session if hint.session is not None else f"\0request:{block_hashes[-1] if block_hashes else ''}"
         s = self.sessions.get(name)
         if s is None:
@@ -195,10 +192,12 @@ class HintedCachePolicy(CachePolicy):
         if free >= len(block_hashes):
             return block_hashes
         out: list[Hashable] = []
-        plain = [h for h in block_hashes if self.pending.get(h) is None]
+        plain: list[Hashable] = []
+        hinted: list[Hashable] = []
+        for h in block_hashes:
+            (plain if self.pending.get(h) is None else hinted).append(h)
         if plain:
             out = self.inner.admitted(plain) if free <= 0 else plain
-        hinted = [h for h in block_hashes if self.pending.get(h) is not None]
         if hinted:
             s = self.pending[hinted[0]]
             room = max(free, 0) + self._worse_blocks(s)
@@ -209,9 +208,10 @@ class HintedCachePolicy(CachePolicy):
     def _worse_blocks(self, s: _Session) -> int:
         """Blocks of sessions (and unhinted blocks) that would leave before ``s``'s."""
         mine = self.predicted(s)
+        honoured = self._leases_honoured()
         n = 0
         for other in self.sessions.values():
-            if other is s or other.blocks <= 0 or self._leased(other):
+            if other is s or other.blocks <= 0 or (honoured and self._holds_lease(other)):
                 continue
             if other.priority < s.priority or (other.priority == s.priority and self.predicted(other) > mine):
                 n += other.blocks
@@ -219,21 +219,20 @@ class HintedCachePolicy(CachePolicy):
             n += self._inner_n
         return n
 
-    def _leased(self, s: _Session) -> bool:
-        if s.lease_until is None or s.lease_until <= self.now:
-            self.leased.discard(s.name)
-            return False
-        return self._leased_blocks() <= self.lease_budget
+    def _holds_lease(self, s: _Session) -> bool:
+        return s.lease_until is not None and s.lease_until > self.now
 
-    def _leased_blocks(self) -> int:
+    def _leases_honoured(self) -> bool:
+        """Leases keep their blocks only while all leased blocks fit ``lease_share`` (expired
+        leases are forgotten on the way); asked once per admission or eviction."""
         total = 0
         for name in list(self.leased):
             s = self.sessions[name]
-            if s.lease_until is None or s.lease_until <= self.now:
-                self.leased.discard(name)
-            else:
+            if self._holds_lease(s):
                 total += s.blocks
-        return total
+            else:
+                self.leased.discard(name)
+        return total <= self.lease_budget
 
     def _victim_sessions(self) -> Generator[_Session | None, None, None]:
         """Sessions from the first to leave on; None where the unhinted blocks' turn comes."""
@@ -294,6 +293,7 @@ class HintedCachePolicy(CachePolicy):
         out: list[tuple[Hashable, BlockStatus]] = []
         chosen: set[Hashable] = set()
         inner_out: list[tuple[Hashable, BlockStatus]] | None = None
+        honoured = self._leases_honoured()
         sessions = self._victim_sessions()
         for s in sessions:
             if len(out) >= n:
@@ -302,7 +302,7 @@ class HintedCachePolicy(CachePolicy):
                 inner_out = self._evict_inner(n - len(out), protected)
                 out += inner_out
                 continue
-            if self._leased(s):
+            if honoured and self._holds_lease(s):
                 continue
             for h in self._candidates(s):
                 if len(out) >= n:

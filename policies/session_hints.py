@@ -41,8 +41,12 @@ def oracle_hints(requests: Sequence[TraceRequest]) -> list[BlockHint]:
     return out
 
 
+#: What ``derive`` takes: no hints, what each caller knew, each session's true next return.
+MODES = ("none", "honest", "oracle")
+
+
 def derive(requests: Sequence[TraceRequest], mode: str) -> list[BlockHint] | None:
-    """``none`` (no hints), ``honest`` or ``oracle``."""
+    """One of ``MODES``."""
     if mode == "none":
         return None
     if mode == "honest":
