@@ -148,6 +148,28 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HintsConfig:
+    """What a request's finish says of its return (``kvoffload.offload.hints``): a request whose
+    output holds one of ``tool_call_token_ids`` (the model's tool-call token, e.g. Qwen's
+    ``<tool_call>``) ended in a tool call, and its caller is expected back within
+    ``tool_return_s`` unless its hint said when."""
+
+    tool_call_token_ids: tuple[int, ...] = ()
+    tool_return_s: float = 10.0
+
+
+def _parse_hints(raw: Mapping[str, Any]) -> HintsConfig:
+    _check_keys(raw, {"tool_call_token_ids", "tool_return_s"}, "hints")
+    ids = raw.get("tool_call_token_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ConfigError(f"hints.tool_call_token_ids: {str(ids)[:80]!r} must be a list of token ids (integers >= 0)")
+    ret = raw.get("tool_return_s", 10.0)
+    if isinstance(ret, bool) or not isinstance(ret, (int, float)) or not 0 < ret <= 86400:
+        raise ConfigError(f"hints.tool_return_s: {str(ret)[:40]!r} must be seconds in (0, 86400], e.g. 10")
+    return HintsConfig(tuple(ids), float(ret))
+
+
+@dataclass(frozen=True, slots=True)
 class OffloadConfig:
     tiers: tuple[TierConfig, ...]
     offloaded_block_size: int | None = None
@@ -161,6 +183,8 @@ class OffloadConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     #: How hits are served, unless a tier says otherwise (``LOAD_MODES``).
     load_mode: str = "auto"
+    #: What a request's finish says of its return (tool-call tokens), for hinted policies.
+    hints: HintsConfig = field(default_factory=HintsConfig)
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
@@ -185,7 +209,7 @@ class OffloadConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadConfig:
         _check_keys(raw, {"offloaded_block_size", "store_threshold", "max_tracker_size", "tiers", "transfer",
-                          "metrics", "spec_name", "spec_module_path", "auth", "load_mode"}, "")
+                          "metrics", "spec_name", "spec_module_path", "auth", "load_mode", "hints"}, "")
         if "tiers" not in raw:
             raise ConfigError("tiers: required; list at least one tier, e.g. [{name: cpu, medium: cpu, capacity: 8GiB}]")
         tiers = _parse_tiers(raw["tiers"])
@@ -220,6 +244,7 @@ class OffloadConfig:
             spec_module_path=spec_module_path,
             auth=parse_auth(raw.get("auth")),
             load_mode=_load_mode(raw, "load_mode", "auto") or "auto",
+            hints=_parse_hints(_section(raw, "hints")),
         )
 
     @classmethod

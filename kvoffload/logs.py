@@ -26,10 +26,17 @@ def apply_env_level() -> None:
     value = os.environ.get(ENV_VAR)
     if not value:
         return
+    logger = logging.getLogger("kvoffload")
     try:
-        logging.getLogger("kvoffload").setLevel(parse_level(value, ENV_VAR))
+        level = parse_level(value, ENV_VAR)
     except ValueError as exc:
-        logging.getLogger("kvoffload").warning("%s; keeping the default level", exc)
+        logger.warning("%s; keeping the default level", exc)
+        return
+    logger.setLevel(level)
+    if level < logging.WARNING and not logger.handlers and not logging.getLogger().handlers:
+        # Asked for info or debug lines where nobody configured logging (vLLM configures only
+        # its own loggers): Python's last resort would print warnings only.
+        _add_stderr_handler(logger)
 
 
 def configure_cli(level: str | None) -> None:
@@ -40,9 +47,13 @@ def configure_cli(level: str | None) -> None:
     elif not os.environ.get(ENV_VAR):
         logger.setLevel(logging.WARNING)
     if not logger.handlers:
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
+        _add_stderr_handler(logger)
+
+
+def _add_stderr_handler(logger: logging.Logger) -> None:
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -64,6 +64,10 @@ CONNECTOR_COUNTERS = {
     "blocks_swapped_in": ("kvoffload_swapped_in_blocks", "Blocks restored at swap-mode resume"),
     "store_flushes": ("kvoffload_store_flushes", "Stores awaited before a step: they read a sliding-window block "
                       "the engine had released and handed out again"),
+    "hinted_requests": ("kvoffload_hinted_requests", "Requests that carried a usable kvoffload hint"),
+    "hints_given": ("kvoffload_hints", "Hints given to the tiers' policies (a hinted request's lookup and finish)"),
+    "tool_call_finishes": ("kvoffload_tool_call_finishes", "Requests whose output held a tool-call token "
+                           "(hints.tool_call_token_ids): expected back within hints.tool_return_s"),
     "estimated_saved_seconds": ("kvoffload_estimated_saved_seconds", "Seconds of prefill the loads saved, as the cost "
                                 "model estimated them against recomputing the same tokens"),
 }

@@ -31,6 +31,8 @@ expected back in ``unknown_return_s``: without any hint the policy *is* its inne
 from __future__ import annotations
 
 import heapq
+import itertools
+import logging
 from collections import OrderedDict
 from collections.abc import Collection, Generator, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,8 @@ from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
 from kvoffload.offload.policy_registry import create_policy
+
+logger = logging.getLogger("kvoffload.policies.hinted")
 
 
 @dataclass(slots=True)
@@ -93,6 +97,12 @@ class HintedCachePolicy(CachePolicy):
         self.pending: OrderedDict[Hashable, _Session] = OrderedDict()
         self.orders: dict[int, _Order] = {}
         self.leased: set[str] = set()
+        #: Heap entries carry a version unique over all sessions (a session forgotten and hinted
+        #: again must not match its old entries).
+        self._versions = itertools.count(1)
+        #: Sessions are swept when more than twice those holding blocks, plus this many.
+        self.sweep_slack = 64
+        self._sweep_at = self.sweep_slack
         #: Blocks the inner policy holds (it is told every insert and removal).
         self._inner_n = 0
 
@@ -102,6 +112,8 @@ class HintedCachePolicy(CachePolicy):
         name = hint.session if hint.session is not None else f"\0request:{block_hashes[-1] if block_hashes else ''}"
         s = self.sessions.get(name)
         if s is None:
+            if len(self.sessions) >= self._sweep_at:
+                self._sweep()
             s = self.sessions[name] = _Session(name)
         s.last = hint.now
         s.expect = hint.return_at - hint.now if hint.return_at is not None else self.unknown_return_s
@@ -133,6 +145,11 @@ class HintedCachePolicy(CachePolicy):
         while len(self.pending) > 4 * self.cache_capacity:
             self.pending.popitem(last=False)
         self._push(s)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("kvoffload: hinted policy: session %s back in %.1f s, priority %d, lease %s; %d of its "
+                         "blocks held, %d sessions", name.replace("\0", ""), s.expect, s.priority,
+                         "none" if s.lease_until is None else f"{s.lease_until - hint.now:.0f} s", s.blocks,
+                         len(self.sessions))
 
     def _own(self, h: Hashable, s: _Session) -> _Session:
         self.owner[h] = s
@@ -141,8 +158,24 @@ class HintedCachePolicy(CachePolicy):
             self._push(s)
         return s
 
+    def _sweep(self) -> None:
+        """Forget the sessions that hold no block, await no store and hold no live lease, and
+        the heap entries gone stale: a server meets sessions without end, and each new one
+        would otherwise stay (``_worse_blocks`` walks them all)."""
+        awaited = {id(s) for s in self.pending.values()}
+        for name, s in list(self.sessions.items()):
+            if s.blocks > 0 or id(s) in awaited or (name in self.leased and self._holds_lease(s)):
+                continue
+            del self.sessions[name]
+            self.leased.discard(name)
+        for order in self.orders.values():
+            for heap in (order.sched, order.trans, order.overdue):
+                heap[:] = [e for e in heap if (t := self.sessions.get(e[2])) is not None and t.version == e[1]]
+                heapq.heapify(heap)
+        self._sweep_at = 2 * len(self.sessions) + self.sweep_slack
+
     def _push(self, s: _Session) -> None:
-        s.version += 1
+        s.version = next(self._versions)
         s.queued = True
         order = self.orders.setdefault(s.priority, _Order())
         heapq.heappush(order.sched, (-(s.last + s.expect), s.version, s.name))
@@ -284,7 +317,7 @@ class HintedCachePolicy(CachePolicy):
             _, version, name = heapq.heappop(order.trans)
             s = self.sessions.get(name)
             if s is not None and s.version == version:
-                s.version += 1
+                s.version = next(self._versions)
                 heapq.heappush(order.overdue, (s.last + s.expect, s.version, name))
 
     def evict(self, n: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]] | None:

@@ -46,6 +46,13 @@ class EngineRequest(Protocol):
     @property
     def all_token_ids(self) -> Sequence[int]:
         """Its prompt and output tokens so far (KV events carry a block's tokens)."""
+    @property
+    def output_token_ids(self) -> Sequence[int]:
+        """The tokens it generated so far (its finish tells whether it ended in a tool call)."""
+    @property
+    def kv_transfer_params(self) -> Mapping[str, object] | None:
+        """The caller's parameters for KV connectors; kvoffload reads its hint from the
+        ``"kvoffload"`` entry (``kvoffload.offload.hints``)."""
 
 
 #: Bytes that enter a request's offload keys beside its tokens (None: nothing), e.g. a digest of

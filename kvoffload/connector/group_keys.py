@@ -63,3 +63,9 @@ class GroupGeometry:
 
     def keys(self, hashes: list[BlockHash], group: int) -> list[BlockHash]:
         return hashes if group == 0 else [group_key(h, group) for h in hashes]
+
+    def useful_keys(self, hashes: list[BlockHash]) -> list[list[BlockHash]]:
+        """Per group (full-attention groups first), the keys of a request's blocks that a hit at
+        its end would need: every block of a full-attention group, the last window of a sliding one."""
+        n = len(hashes)
+        return [self.keys(hashes[self.first_needed(g, n):], g) for g in (*self.full_groups, *self.sliding_groups)]

@@ -63,10 +63,8 @@ class LoadPlanner(Planner):
         rid = request.request_id
         if rid not in self._touched:
             self._touched.add(rid)
-            for g in groups.full_groups:
-                self.manager.touch(groups.keys(hashes, g))
-            for g in groups.sliding_groups:  # only the window a hit at the prompt's end needs
-                self.manager.touch(groups.keys(hashes[groups.first_needed(g, num_blocks):], g))
+            for keys in groups.useful_keys(hashes):  # a sliding group: the window a hit at the end needs
+                self.manager.touch(keys)
         start = num_computed_tokens // size
         self._found.pop(rid, None)
         self._sync.discard(rid)

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, StepPlan
 from kvoffload.connector.group_keys import GroupGeometry
+from kvoffload.connector.hint_book import HintBook
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.kv_event_book import ExternalHash, KVEventBook, RequestTags
 from kvoffload.connector.load_cost import LoadCostModel
@@ -28,6 +29,7 @@ from kvoffload.connector.scheduler_stats import ConnectorStatsDict, SchedulerSid
 from kvoffload.connector.store_planner import StorePlanner
 from kvoffload.connector.swap_planner import SwapPlanner
 from kvoffload.kv_events import KVEvent
+from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.chain_of_tiers import as_chain
 from kvoffload.offload.spec import OffloadingSpec
@@ -73,6 +75,8 @@ class OffloadingConnectorScheduler:
         self.loads = LoadPlanner(*shared, self.cost)
         self.stores = StorePlanner(*shared)
         self.swaps = SwapPlanner(*shared)
+        #: Requests' hints (session, expected return, priority, lease), given to the policies.
+        self.hints = HintBook(self.manager, spec.config.hints, self.stats)
         #: Tokens the engine found on the device at the last lookup (where its loads start).
         self._local_tokens: dict[str, int] = {}
         #: Results of jobs some ranks have reported and others not yet.
@@ -101,7 +105,12 @@ class OffloadingConnectorScheduler:
         return True
 
     # ---- lookups and loads -----------------------------------------------------------------
+    def _request_keys(self, request: EngineRequest, tokens: int) -> list[list[BlockHash]]:
+        """Per KV-cache group, the keys a hit at ``tokens`` needs of the request's blocks."""
+        return self.groups.useful_keys(self.book.offload_hashes(request, 0, tokens // self.offloaded_block_size))
+
     def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
+        self.hints.looked_up(request, lambda: self._request_keys(request, request.num_tokens))
         state = self.book.requests.get(request.request_id)
         if state is not None and state.swapped is not None:
             restorable = self.swaps.restorable(request, num_computed_tokens)
@@ -255,6 +264,9 @@ class OffloadingConnectorScheduler:
         as finished-*sending* (``await_finish``). Reporting both would free it twice.
         """
         rid = request.request_id
+        # At its finish: its prompt (stored before, or now) and the output whose KV was computed.
+        prompt_tokens = request.num_tokens - len(request.output_token_ids)
+        self.hints.finished(request, lambda: self._request_keys(request, max(prompt_tokens, request.num_computed_tokens)))
         self._local_tokens.pop(rid, None)
         self.loads.forget(rid)
         self.reset_guard.forget(rid)

@@ -44,6 +44,11 @@ class SchedulerSideStats:
     load_decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: What loading saved by the cost model's estimates, against recomputing the same tokens.
     estimated_saved_seconds: float = 0.0
+    #: Requests that carried a usable hint; hints given to the tiers (at lookup and finish);
+    #: requests whose output held a tool-call token (``HintBook``).
+    hinted_requests: int = 0
+    hints_given: int = 0
+    tool_call_finishes: int = 0
 
 
 class ConnectorStatsDict(TypedDict):
@@ -77,6 +82,9 @@ class ConnectorStatsDict(TypedDict):
     load_decisions: dict[str, dict[str, int]]
     estimated_saved_seconds: float
     load_cost: dict[str, dict[str, float]]
+    hinted_requests: int
+    hints_given: int
+    tool_call_finishes: int
 
 
 def _by_tier(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
@@ -121,4 +129,7 @@ def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: 
         "estimated_saved_seconds": s.estimated_saved_seconds,
         # The cost model's measurements (gauges): {gauge name: {label value: value}}.
         "load_cost": load_cost,
+        "hinted_requests": s.hinted_requests,
+        "hints_given": s.hints_given,
+        "tool_call_finishes": s.tool_call_finishes,
     }

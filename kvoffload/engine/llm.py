@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from kvoffload.engine.single_type_manager import cdiv
 from kvoffload.engine.stats import EngineStats
 from kvoffload.engine.tokenizer import ByteTokenizer
 from kvoffload.metrics import MetricsServer
+from kvoffload.offload.hints import RequestHint
 
 Prompt = str | Sequence[int]
 
@@ -176,17 +177,21 @@ class LLM:
         return token_ids
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, priority: int = 0,
-                    cache_salt: str | None = None) -> str:
+                    cache_salt: str | None = None, hint: RequestHint | Mapping[str, object] | None = None) -> str:
+        """``hint``: what the caller knows of this request's future, for the offload policy
+        (``RequestHint`` or its fields as a mapping: session, expect_return_s, priority,
+        lease_s); a bad field is warned about once and ignored."""
         if self._closed:
             raise RuntimeError("LLM is closed; create a new one")
         rid = request_id if request_id is not None else f"req-{self._num_requests}"
         token_ids = self._check_request(prompt, params, rid)
-        self._enqueue(rid, token_ids, params, priority, cache_salt)
+        self._enqueue(rid, token_ids, params, priority, cache_salt,
+                      None if hint is None else {"kvoffload": hint})
         self._open_groups.add(rid)  # step() reports it done; collect() hands its output over
         return rid
 
     def _enqueue(self, rid: str, token_ids: list[int], params: SamplingParams, priority: int = 0,
-                 cache_salt: str | None = None) -> str:
+                 cache_salt: str | None = None, kv_transfer_params: dict[str, object] | None = None) -> str:
         cfg = self.config
         request = Request(
             request_id=rid,
@@ -196,6 +201,7 @@ class LLM:
             eos_token_id=self.model_config.eos_token_id,
             priority=priority,
             cache_salt=cache_salt,
+            kv_transfer_params=kv_transfer_params,
             seed=(cfg.seed * 7919 + self._num_requests) & 0x7FFFFFFF,
         )
         self.scheduler.add_request(request)

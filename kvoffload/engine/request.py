@@ -39,6 +39,8 @@ class Request:
     seed: int = 0
     cache_salt: str | None = None
     extra_keys: tuple | None = None
+    #: The caller's parameters for the KV connector (vLLM's field): ``{"kvoffload": hint}``.
+    kv_transfer_params: dict[str, object] | None = None
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -388,6 +388,7 @@ class Scheduler:
             priority=parent.priority,
             cache_salt=parent.cache_salt,
             extra_keys=parent.extra_keys,
+            kv_transfer_params=parent.kv_transfer_params,
             seed=parent.seed,
         )
         child.output_token_ids = list(parent.output_token_ids)

@@ -14,6 +14,7 @@ Tensor-free: this runs in vLLM's scheduler process.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ from kvoffload.offload.abstract import Medium as KVMedium
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
 from kvoffload.offload.chain_of_tiers import as_chain
+from kvoffload.offload.hints import RequestHint, parse_hint
 
 
 @dataclass(slots=True)
@@ -47,6 +49,8 @@ class _RequestAccess:
     #: Keys already shown to the policy as store misses: once per request, however often a
     #: full tier makes vLLM offer them again.
     store_misses: set[OffloadKey] = field(default_factory=set)
+    #: The request's hint (``kv_transfer_params["kvoffload"]``), given with its keys at its finish.
+    hint: RequestHint | None = None
 
 
 class KVOffloadManager(OffloadingManager):
@@ -74,7 +78,8 @@ class KVOffloadManager(OffloadingManager):
 
     # ---- vLLM contract -------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        self._access(req_context)
+        params = req_context.kv_transfer_params
+        self._access(req_context).hint = parse_hint(params.get("kvoffload")) if isinstance(params, dict) else None
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -140,6 +145,13 @@ class KVOffloadManager(OffloadingManager):
         state = req_context.get_state(_RequestAccess)
         if state is None or state.generation != self._generation or not state.keys:
             return
+        chain = list(state.keys) if state.hint is not None else []  # prefix order: a policy reads a chain
+        self._recency(state)
+        if state.hint is not None:
+            self.inner.hint(chain, state.hint.at(time.monotonic()))
+
+    def _recency(self, state: _RequestAccess) -> None:
+        """Show the policy the request's keys, reused ones as reuses, the rest as recency."""
         # Already in prefix order: with one full-attention group (all KVOffloadWorker takes) vLLM
         # loads the hit prefix before storing, and stores chunks head to tail. Runs of the same
         # kind go tail first, so the prefix head ends up the most recent.

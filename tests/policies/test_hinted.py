@@ -118,6 +118,40 @@ def test_without_hints_it_is_its_inner_policy():
         HintedCachePolicy(8, inner="lru")
 
 
+def _many_sessions(n: int, seed: int) -> tuple[list[list[int]], list]:
+    """Requests of ``n`` sessions, most seen once, some coming back, hinted on a clock."""
+    rng = random.Random(seed)
+    blocks, hints = [], []
+    for t in range(n):
+        sid = rng.randrange(n // 4) if rng.random() < 0.3 else n + t  # a returning session, else a new one
+        blocks.append([sid * 100 + i for i in range(rng.randrange(1, 6))])
+        hint = RequestHint(f"s{sid}", rng.choice([None, 2.0, 30.0]), rng.choice([0, 0, 1]),
+                           rng.choice([None, None, 5.0]))
+        hints.append(hint.at(float(t)))
+    return blocks, hints
+
+
+def test_sessions_holding_nothing_are_forgotten_without_changing_a_decision():
+    blocks, hints = _many_sessions(3000, seed=5)
+    results, sizes = [], []
+    for slack in (0, 10**9):  # sweep at every chance / never
+        policy = HintedCachePolicy(40)
+        policy.sweep_slack = policy._sweep_at = slack
+        r = replay(blocks, 40, policy, hints=hints, label="hinted")
+        results.append((r.hit_blocks, r.blocks_written, r.blocks_evicted))
+        sizes.append(len(policy.sessions))
+        if slack == 0:
+            policy._sweep()
+            awaited = {id(x) for x in policy.pending.values()}
+            # What is left holds a block, awaits a store or holds a live lease; so do the heaps.
+            assert all(x.blocks > 0 or id(x) in awaited or policy._holds_lease(x) for x in policy.sessions.values())
+            heaps = [e for o in policy.orders.values() for h in (o.sched, o.trans, o.overdue) for e in h]
+            assert all(policy.sessions[name].version == v for _, v, name in heaps)
+    assert results[0] == results[1] and results[0][0] > 0
+    swept, kept = sizes
+    assert kept > 2000 and swept < 400  # never swept: every session ever hinted
+
+
 def test_hints_on_a_loop_larger_than_the_tier_keep_the_sessions_already_held():
     """Five agents cycling through tool calls, each with a 4-block context, over 12 slots: LRU
     evicts the next agent due every time (no hits after the first round); with honest hints

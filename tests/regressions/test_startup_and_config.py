@@ -186,6 +186,21 @@ def test_log_level_from_the_environment_and_the_cli(monkeypatch, capsys):
     assert "invalid choice: 'loud'" in capsys.readouterr().err
 
 
+def test_debug_lines_asked_for_in_the_environment_reach_stderr_where_nobody_configured_logging():
+    """In ``vllm serve`` nobody configures kvoffload's loggers: KVOFFLOAD_LOG_LEVEL=debug must
+    still print (Python's last resort prints warnings only), once per line."""
+    import subprocess
+    import sys
+
+    code = ("import logging, kvoffload; logging.getLogger('kvoffload.x').debug('the debug line'); "
+            "logging.getLogger('kvoffload.x').warning('the warning')")
+    for level, want in (("debug", ["the debug line", "the warning"]), ("warning", ["the warning"]), ("", ["the warning"])):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "KVOFFLOAD_LOG_LEVEL": level}, check=True)
+        assert [w for w in ("the debug line", "the warning") if out.stderr.count(w) == 1] == want, out.stderr
+        assert ("the debug line" in out.stderr) == (level == "debug")
+
+
 def test_a_cpu_tier_beyond_this_machine_is_a_config_error_at_start():
     with pytest.raises(ConfigError, match="tiers"):
         LLM(EngineConfig(kv_offload={"tiers": [{"medium": "cpu", "capacity": "64TiB"}]}))

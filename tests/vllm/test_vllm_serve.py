@@ -37,7 +37,7 @@ def _metrics(base: str) -> dict[tuple[str, tuple], float]:
 def serve(model, tmp_path):
     procs, logs = [], []
 
-    def start(kv_transfer_config: dict) -> str:
+    def start(kv_transfer_config: dict, env: dict | None = None) -> str:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -48,7 +48,7 @@ def serve(model, tmp_path):
              "--host", "127.0.0.1", "--skip-tokenizer-init", "--max-model-len", "1024", "--dtype", "bfloat16",
              "--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details", "--gpu-memory-utilization", "0.1",
              "--kv-transfer-config", json.dumps(kv_transfer_config)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})})
         procs.append(proc)
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 400
@@ -133,3 +133,44 @@ def test_vllm_serve_spec_route_feeds_vllms_offload_metrics(model, serve):
     assert m[("vllm:kv_offload_load_bytes_total", ())] == 65536 * sum(cached) // 128
     assert ("vllm:kv_offload_cpu_cache_usage_perc", ()) in m
     assert m[("vllm:kv_offload_cpu_allocation_size_count", ())] >= 3
+
+
+def test_vllm_serve_passes_request_hints_to_the_policy(model, serve, tmp_path):
+    """``kv_transfer_params={"kvoffload": {...}}`` in the OpenAI body reaches the hinted policy in
+    the engine core: counted at each request's lookup and finish, logged by the policy at debug
+    level; a bad hint is one warning and the request is served as without it."""
+    config = {"tiers": [{"medium": "cpu", "capacity": "64MiB", "eviction_policy": "hinted"}],
+              # Every token of the tiny model's vocabulary counts as a tool-call token here: each
+              # finish is read as a tool call (the output tokens reach the connector at the finish).
+              "hints": {"tool_call_token_ids": list(range(512)), "tool_return_s": 7}}
+    base = serve({"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"config": config}}, env={"KVOFFLOAD_LOG_LEVEL": "debug"})
+
+    def complete(prompt: list[int], params: dict | None) -> dict:
+        body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+        if params is not None:
+            body["kv_transfer_params"] = params
+        return _post(f"{base}/v1/completions", body)
+
+    plain = complete(PROMPTS[0], None)["choices"][0]["token_ids"]
+    hinted = [complete(p, {"kvoffload": {"session": f"agent-{i}", "expect_return_s": 5, "priority": 1}})
+              for i, p in enumerate(PROMPTS)]
+    bad = [complete(PROMPTS[0], {"kvoffload": {"priority": "high", "session": ""}}) for _ in range(2)]
+    assert [o["choices"][0]["finish_reason"] for o in hinted + bad] == ["length"] * 5
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = _metrics(base)
+        if m.get(("kvoffload_tool_call_finishes_total", ())) == 6:
+            break
+        time.sleep(1)
+    assert m[("kvoffload_hinted_requests_total", ())] == 3
+    assert m[("kvoffload_tool_call_finishes_total", ())] == 6  # every request, the plain and bad ones too
+    # The 3 hinted requests at lookup and finish; the plain and bad ones at finish (a tool call).
+    assert m[("kvoffload_hints_total", ())] == 3 * 2 + 3
+    assert len(plain) == 4 and plain == bad[0]["choices"][0]["token_ids"] == bad[1]["choices"][0]["token_ids"]
+    log = (tmp_path / "serve.log").read_text()
+    for i in range(3):  # the policy itself saw each session: first due back in 5 s, then in 5 s again
+        assert log.count(f"hinted policy: session agent-{i} back in 5.0 s, priority 1") == 2, log[-3000:]
+    # Unhinted requests, after a tool call: a session of their own, back in tool_return_s.
+    assert log.count("back in 7.0 s, priority 0") == 3
+    assert log.count("hint priority='high'") == 1 and log.count("hint session=''") == 1
