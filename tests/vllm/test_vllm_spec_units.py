@@ -294,3 +294,31 @@ def test_prefix_value_policy_runs_behind_the_offloading_spec():
     assert slots[:2] == [0, 1] and slots[2] in (0, 1)  # the third block took an evicted block's slot
     assert m.lookup(key(2), ReqContext("d")) is LookupResult.HIT
     assert [m.lookup(key(i), ReqContext("d")) for i in (0, 1)].count(LookupResult.HIT) == 1
+
+
+def test_spec_route_gives_a_requests_hint_with_its_keys_at_its_finish():
+    from kvoffload_policies.hinted import HintedCachePolicy
+
+    policy = HintedCachePolicy(4)
+    m = KVOffloadManager(lambda: CPUOffloadingManager(4, cache_policy=policy, native=False))
+    a = ReqContext("a", kv_transfer_params={"kvoffload": {"session": "agent", "expect_return_s": 3}})
+    b = ReqContext("b", kv_transfer_params={"kvoffload": {"session": "other"}})  # a turn ended: unknown
+    for ctx, ids, seen in ((a, [1, 2], set()), (b, [3, 4], {"agent"})):
+        m.on_new_request(ctx)
+        store(m, ctx, ids)
+        assert policy.sessions.keys() == seen  # hinted at the finish, not before
+        m.on_request_finished(ctx)
+    agent, other = policy.sessions["agent"], policy.sessions["other"]
+    assert (agent.chain, other.chain, agent.expect, other.expect) == ([key(1), key(2)], [key(3), key(4)], 3.0, 100.0)
+    # The tier is full: a new session evicts the one back last, deepest block first.
+    c = ReqContext("c", kv_transfer_params={"kvoffload": {"session": "new", "expect_return_s": 1}})
+    m.on_new_request(c)
+    out = m.prepare_store([key(5)], c)
+    assert out is not None and out.evicted_keys == [key(4)]
+    # Requests without a kvoffload hint (another connector's params, or none) hint nothing.
+    for ctx in (ReqContext("p", kv_transfer_params={"other_connector": 1}), ReqContext("q")):
+        m.on_new_request(ctx)
+        m.prepare_load([key(1)], ctx)
+        m.complete_load([key(1)], ctx)
+        m.on_request_finished(ctx)
+    assert policy.sessions.keys() == {"agent", "other"}
