@@ -152,21 +152,27 @@ class HintsConfig:
     """What a request's finish says of its return (``kvoffload.offload.hints``): a request whose
     output holds one of ``tool_call_token_ids`` (the model's tool-call token, e.g. Qwen's
     ``<tool_call>``) ended in a tool call, and its caller is expected back within
-    ``tool_return_s`` unless its hint said when."""
+    ``tool_return_s`` unless its hint said when. ``clock_speed``: hint seconds per wall-clock
+    second, for a trace replayed faster than it happened (20: a replay at 20x), so hints and
+    the policy's horizons keep the trace's meaning."""
 
     tool_call_token_ids: tuple[int, ...] = ()
     tool_return_s: float = 10.0
+    clock_speed: float = 1.0
 
 
 def _parse_hints(raw: Mapping[str, Any]) -> HintsConfig:
-    _check_keys(raw, {"tool_call_token_ids", "tool_return_s"}, "hints")
+    _check_keys(raw, {"tool_call_token_ids", "tool_return_s", "clock_speed"}, "hints")
+    speed = raw.get("clock_speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.001 <= speed <= 1e6:
+        raise ConfigError(f"hints.clock_speed: {str(speed)[:40]!r} must be a number in [0.001, 1e6]; 1 = real time")
     ids = raw.get("tool_call_token_ids", [])
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise ConfigError(f"hints.tool_call_token_ids: {str(ids)[:80]!r} must be a list of token ids (integers >= 0)")
     ret = raw.get("tool_return_s", 10.0)
     if isinstance(ret, bool) or not isinstance(ret, (int, float)) or not 0 < ret <= 86400:
         raise ConfigError(f"hints.tool_return_s: {str(ret)[:40]!r} must be seconds in (0, 86400], e.g. 10")
-    return HintsConfig(tuple(ids), float(ret))
+    return HintsConfig(tuple(ids), float(ret), float(speed))
 
 
 @dataclass(frozen=True, slots=True)

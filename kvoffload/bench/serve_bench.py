@@ -28,7 +28,7 @@ from typing import Any
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, positive_int, preamble
 from kvoffload.bench.serve_runs import RunResult, TurnResult, run_once, tokens_by_turn
-from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace
+from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace, weka
 from kvoffload.config import OffloadConfig
 from kvoffload.errors import ConfigError
 from kvoffload.testing.vllm_server import VllmServer
@@ -37,6 +37,7 @@ VLLM_BLOCK = 128  # vLLM's CPU backend block size (tokens)
 BUNDLED_BLOCK = 16  # the bundled engine's default block size
 BUNDLED_BATCH_TOKENS = 2048
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
+WEKA = TRACE.parents[1] / "weka_claude_code" / "kv-cache-tester_traces.tar.gz"
 
 
 # ---- the model and the servers ---------------------------------------------------------------
@@ -60,34 +61,49 @@ def tier_sets(cpu: str, disk: str, workdir: Path) -> dict[str, list[dict[str, An
     }
 
 
-def offload_config(name: str, tiers: dict[str, list[dict[str, Any]]], throttled: bool) -> dict[str, Any] | None:
-    """kvoffload's config of a configuration named ``TIERS`` or ``TIERS:LOAD_MODE``
-    (``cpu+disk:never-recompute``); None for ``plain``. ``throttled``: the tiers' I/O is slowed
-    as ``--throttle-tier`` says (``kvoffload.testing.throttle``)."""
+def sends_hints(name: str) -> bool:
+    """Whether a configuration's requests carry their hints: those whose host tier evicts by
+    the hinted policy (``cpu@hinted``); the same policy without hints is ``prefix_value``."""
+    return name.partition("@")[2] == "hinted"
+
+
+def offload_config(name: str, tiers: dict[str, list[dict[str, Any]]], throttled: bool,
+                   hints: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """kvoffload's config of a configuration named ``TIERS[:LOAD_MODE][@POLICY]``
+    (``cpu+disk:never-recompute``, ``cpu@hinted``: the host tier's eviction policy); None for
+    ``plain``. ``throttled``: the tiers' I/O is slowed as ``--throttle-tier`` says
+    (``kvoffload.testing.throttle``). ``hints``: the config's ``hints`` section."""
     if name == "plain":
         return None
-    tier_name, _, mode = name.partition(":")
-    if tier_name not in tiers:
+    base, _, policy = name.partition("@")
+    tier_name, _, mode = base.partition(":")
+    if tier_name not in tiers or (policy == "" and "@" in name):
         raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk (each may end in :auto, :async or "
-                         ":never-recompute)")
+                         ":never-recompute, then in @POLICY, e.g. cpu@hinted)")
     config: dict[str, Any] = {"tiers": tiers[tier_name]}
     if mode:
         config["load_mode"] = mode
+    if mode or policy:
         # Each server owns its disk directory: the same tiers in another mode get their own.
-        config["tiers"] = [{**t, "path": f"{t['path']}-{mode}"} if "path" in t else t for t in tiers[tier_name]]
+        suffix = "-".join(x for x in (mode, policy) if x)
+        config["tiers"] = [{**t, "path": f"{t['path']}-{suffix}"} if "path" in t else t for t in tiers[tier_name]]
+    if policy:
+        config["tiers"] = [{**config["tiers"][0], "eviction_policy": policy}, *config["tiers"][1:]]
+    if hints:
+        config["hints"] = hints
     if throttled:
         config.update(spec_name="ThrottledOffloadingSpec", spec_module_path="kvoffload.testing.throttle")
     OffloadConfig.from_dict(config)  # a bad load mode fails here, in one line, before any server starts
     return config
 
 
-def configurations(names: list[str], cpu: str, disk: str, workdir: Path,
-                   throttled: bool = False) -> dict[str, dict[str, Any] | None]:
+def configurations(names: list[str], cpu: str, disk: str, workdir: Path, throttled: bool = False,
+                   hints: dict[str, Any] | None = None) -> dict[str, dict[str, Any] | None]:
     """vLLM's ``--kv-transfer-config`` of each configuration named (None: plain vLLM)."""
     tiers = tier_sets(cpu, disk, workdir)
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
-        config = offload_config(name, tiers, throttled)
+        config = offload_config(name, tiers, throttled, hints)
         out[name] = None if config is None else {
             "kv_connector": "KVOffloadConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"config": config}}
@@ -183,7 +199,7 @@ def report(runs: dict[str, list[RunResult]], engine: str = "vLLM",
         for run in rs:
             for k, v in run.hits.items():
                 hits[k] = hits.get(k, 0) + v / len(rs)
-        lines.append(f"{'prefix hit tokens/run ' + n:32}" + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(hits.items())))
+        lines.append(f"{'prefix hit tokens/run ' + n:31} " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(hits.items())))
         out["configs"].setdefault(n, {})["hit_tokens_per_run"] = hits
     if plain is not None:
         for n, rs in runs.items():
@@ -248,10 +264,20 @@ def build_workload(args: argparse.Namespace) -> Workload:
                    args.clients, args.vocab, args.seed)
     if args.workload == "noreuse":
         return noreuse(args.requests, args.context, args.max_tokens, args.clients, args.vocab, args.seed)
-    path = Path(args.trace)
+    path = WEKA if args.trace == "weka" else Path(args.trace)
     if not path.exists():
-        raise ValueError(f"--trace {path}: no such file; give the Mooncake conversation trace (JSONL, .gz)")
+        raise ValueError(f"--trace {path}: no such file; give the Mooncake conversation trace (JSONL, .gz), "
+                         "WEKA's kv-cache-tester traces (.tar.gz) or 'weka' (shared/traces)")
+    if path.name.endswith(".tar.gz"):
+        return weka(path, args.conversations, args.turns, time_scale=args.time_scale, max_tokens=args.max_tokens,
+                    vocab=args.vocab)
     return trace(path, args.requests, max_tokens=args.max_tokens, clients=args.clients, vocab=args.vocab)
+
+
+def hints_section(args: argparse.Namespace, wl: Workload) -> dict[str, Any] | None:
+    """The servers' ``hints`` config: a replayed trace runs ``1 / --time-scale`` times faster
+    than it happened, and so does the hints' clock (the hints are in trace seconds)."""
+    return {"clock_speed": 1 / args.time_scale} if wl.name == "weka" else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", choices=["chat", "rag", "noreuse", "trace"], default="chat")
     p.add_argument("--configs", default="plain,cpu,cpu+disk",
                    help="comma-separated: plain, cpu, cpu+disk; a kvoffload one may end in :LOAD_MODE "
-                        "(cpu+disk:never-recompute)")
+                        "(cpu+disk:never-recompute), then in @POLICY, the host tier's eviction policy: "
+                        "requests to cpu@hinted carry their hints (trace weka)")
     p.add_argument("--also-vs", action="append", default=[], metavar="CONFIG",
                    help="ratios against this configuration too (e.g. cpu:async, beside plain)")
     p.add_argument("--throttle-tier", default=None, metavar="MEDIUM:BW:LATENCY",
@@ -298,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=32, help="rag, noreuse, trace: requests per run")
     p.add_argument("--clients", type=int, default=4, help="rag, noreuse, trace: concurrent clients")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--trace", default=str(TRACE), help="trace: the Mooncake conversation trace")
+    p.add_argument("--trace", default=str(TRACE),
+                   help="trace: the Mooncake conversation trace (JSONL), or WEKA's Claude Code sessions (a "
+                        ".tar.gz, or 'weka') replayed with their callers' hints (--conversations, --turns each)")
+    p.add_argument("--time-scale", type=float, default=0.05,
+                   help="trace weka: replay time per trace second (0.05: 20x faster than it happened)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--plot", default=None, help="write the TTFT plots here (PNG)")
@@ -323,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:
         p.error(f"--device-fraction {args.device_fraction}: must be in (0, 1]")
+    if not 0 < args.time_scale <= 1000:
+        p.error(f"--time-scale {args.time_scale}: must be in (0, 1000]; 0.05 replays 20x faster than the trace")
     for ref in args.also_vs:
         if ref not in config_names(args.configs):
             p.error(f"--also-vs {ref}: not one of --configs ({args.configs})")
@@ -411,7 +444,8 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         return 0
     model, engine, ws_blocks, device_blocks = _engine(args, wl, work)
     extra = _cli_args(engine)
-    configs = configurations(config_names(args.configs), args.cpu, args.disk, work, bool(args.throttle_tier))
+    configs = configurations(config_names(args.configs), args.cpu, args.disk, work, bool(args.throttle_tier),
+                             hints_section(args, wl))
     for line in effective_differences(model, engine, configs):
         print(f"warning: engine settings differ: {line}")
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total_turns} requests, concurrency {wl.concurrency}, "
@@ -431,7 +465,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
             for rep in range(args.reps):
                 for name in rotation(names, rep):
-                    runs[name].append(run_once(name, servers[name], wl, bar))
+                    runs[name].append(run_once(name, servers[name], wl, bar, sends_hints(name)))
     finally:
         for s in servers.values():
             s.stop()
@@ -469,7 +503,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
     names = config_names(args.configs)
     tiers = tier_sets(args.cpu, args.disk, work)
-    offload = {name: offload_config(name, tiers, bool(args.throttle_tier)) for name in names}
+    offload = {name: offload_config(name, tiers, bool(args.throttle_tier), hints_section(args, wl)) for name in names}
     max_len, ws_blocks, device_blocks = cache_geometry(wl, BUNDLED_BLOCK, args.device_fraction)
     total_turns = sum(len(s.turns) for s in wl.sessions)
     print(f"workload {wl.name} on the bundled engine: {len(wl.sessions)} sessions, {total_turns} requests, "
@@ -491,7 +525,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
                     if not llm.reset_prefix_cache(reset_connector=True):  # every run starts cold
                         raise RuntimeError(f"{name}: the prefix cache could not be reset (blocks still in use)")
                     before = dict(llm.stats()["prefix_hit_tokens"])
-                    turns, wall = run_bundled(llm, wl, bar)
+                    turns, wall = run_bundled(llm, wl, bar, sends_hints(name))
                     hits = {k: v - before.get(k, 0) for k, v in llm.stats()["prefix_hit_tokens"].items()}
                     runs[name].append(RunResult(name, [TurnResult(*t) for t in turns], wall, hits))
     finally:

@@ -42,8 +42,10 @@ class _Client:
     completion: Completion = field(default_factory=Completion)
 
 
-def run_bundled(llm: LLM, wl: Workload, progress: Any = None) -> tuple[list[tuple[str, int, Completion]], float]:
-    """Run ``wl`` on ``llm``; returns (session id, turn, what the client saw) per request, and the wall time."""
+def run_bundled(llm: LLM, wl: Workload, progress: Any = None,
+                hints: bool = False) -> tuple[list[tuple[str, int, Completion]], float]:
+    """Run ``wl`` on ``llm``; returns (session id, turn, what the client saw) per request, and the
+    wall time. ``hints``: each turn's hint goes with its request, where the workload has them."""
     waiting = deque(sorted(wl.sessions, key=lambda s: s.start_s))
     clients: list[_Client] = []
     results: list[tuple[str, int, Completion]] = []
@@ -52,13 +54,14 @@ def run_bundled(llm: LLM, wl: Workload, progress: Any = None) -> tuple[list[tupl
         now = time.perf_counter() - t0
         while waiting and len(clients) < wl.concurrency and waiting[0].start_s <= now:
             s = waiting.popleft()
-            clients.append(_Client(s, history=list(s.prefix), ready_at=now))
+            clients.append(_Client(s, history=list(s.prefix), ready_at=now + s.think_before(0)))
         for c in clients:
             if c.rid is None and c.ready_at <= now:
-                c.prompt = c.history + list(c.session.turns[c.turn])
+                c.prompt = c.session.prompt(c.turn, c.history)
                 c.rid = f"{c.session.sid}/{c.turn}"
                 c.completion = Completion(start=now)
-                llm.add_request(c.prompt, SamplingParams(max_tokens=wl.max_tokens), c.rid)
+                llm.add_request(c.prompt, SamplingParams(max_tokens=wl.max_tokens), c.rid,
+                                hint=c.session.hint(c.turn) if hints else None)
         if not any(c.rid for c in clients):
             upcoming = [c.ready_at for c in clients] + ([waiting[0].start_s] if waiting else [])
             time.sleep(min(_IDLE_SLEEP_S, max(0.0, min(upcoming) - now)))
@@ -84,7 +87,7 @@ def run_bundled(llm: LLM, wl: Workload, progress: Any = None) -> tuple[list[tupl
             if progress is not None:
                 progress.update(1)
             c.history, c.rid, c.turn = c.prompt + out.token_ids, None, c.turn + 1
-            c.ready_at = now + c.session.think_s
+            c.ready_at = now + (c.session.think_before(c.turn) if c.turn < len(c.session.turns) else 0.0)
             if c.turn == len(c.session.turns):
                 clients.remove(c)
         if progressed:

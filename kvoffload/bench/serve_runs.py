@@ -52,7 +52,9 @@ def _pct(values: list[float], p: float) -> float:
     return s[k]
 
 
-async def run_workload(url: str, model: str, wl: Workload, progress: Any = None) -> tuple[list[TurnResult], float]:
+async def run_workload(url: str, model: str, wl: Workload, progress: Any = None,
+                       hints: bool = False) -> tuple[list[TurnResult], float]:
+    """``hints``: send each turn's hint (``kv_transfer_params``), where the workload has them."""
     import aiohttp
 
     results: list[TurnResult] = []
@@ -65,11 +67,13 @@ async def run_workload(url: str, model: str, wl: Workload, progress: Any = None)
             await asyncio.sleep(delay)
         async with gate:
             history = list(s.prefix)
-            for i, turn in enumerate(s.turns):
-                if i and s.think_s:
-                    await asyncio.sleep(s.think_s)
-                prompt = history + list(turn)
-                c = await stream_completion(http, url, model, prompt, wl.max_tokens)
+            for i in range(len(s.turns)):
+                if s.think_before(i):
+                    await asyncio.sleep(s.think_before(i))
+                prompt = s.prompt(i, history)
+                hint = s.hint(i) if hints else None
+                c = await stream_completion(http, url, model, prompt, wl.max_tokens,
+                                            kv_transfer_params=None if hint is None else {"kvoffload": hint})
                 results.append(TurnResult(s.sid, i, c))
                 if progress is not None:
                     progress.update(1)
@@ -99,10 +103,10 @@ def reset_caches(server: VllmServer, external: bool) -> None:
     raise RuntimeError(f"{server.url}: the prefix cache could not be reset (requests still running?)")
 
 
-def run_once(name: str, server: VllmServer, wl: Workload, progress: Any) -> RunResult:
+def run_once(name: str, server: VllmServer, wl: Workload, progress: Any, hints: bool = False) -> RunResult:
     reset_caches(server, external=True)  # every run starts cold: no tier holds the workload's blocks
     before = hit_tokens(server)
-    turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress))
+    turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress, hints))
     time.sleep(1.5)  # counters reach /metrics with the engine's next stats report
     after = hit_tokens(server)
     return RunResult(name, turns, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after})

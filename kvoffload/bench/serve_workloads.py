@@ -1,16 +1,20 @@
 """Workloads of the serving benchmark, as sessions of turns in token ids (no tokenizer).
 
 A session is a conversation: its first prompt is ``prefix + turns[0]``, every later prompt is
-the previous prompt, the model's answer to it and the next turn. Single-turn workloads are
-sessions of one turn. Sessions start at ``start_s`` (trace replay) or as soon as a client is
-free, and wait ``think_s`` between turns.
+the previous prompt, the model's answer to it and the next turn (a replayed agent trace gives
+each turn's whole prompt instead: ``whole``). Single-turn workloads are sessions of one turn.
+Sessions start at ``start_s`` (trace replay) or as soon as a client is free, and wait
+``think_s`` between turns (or each turn its own ``thinks``). A turn may carry the caller's hint
+for kvoffload (``hints``: ``kv_transfer_params["kvoffload"]``).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +24,22 @@ class Session:
     turns: tuple[tuple[int, ...], ...]
     start_s: float = 0.0
     think_s: float = 0.0
+    #: Each turn is its whole prompt (not history + turn): a replayed trace says what was sent.
+    whole: bool = False
+    #: Per turn, the wait before it (empty: ``think_s`` between turns).
+    thinks: tuple[float, ...] = ()
+    #: Per turn, the caller's hint for kvoffload (empty: none).
+    hints: tuple[dict[str, Any] | None, ...] = ()
+
+    def prompt(self, turn: int, history: list[int]) -> list[int]:
+        """The prompt of ``turn``, after ``history`` (the previous prompt and its answer)."""
+        return list(self.turns[turn]) if self.whole else history + list(self.turns[turn])
+
+    def think_before(self, turn: int) -> float:
+        return self.thinks[turn] if self.thinks else (self.think_s if turn else 0.0)
+
+    def hint(self, turn: int) -> dict[str, Any] | None:
+        return self.hints[turn] if self.hints else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +118,44 @@ def trace(path: str | Path, requests: int = 64, block_tokens: int = 32, max_bloc
                 break
     ctx = max_blocks * block_tokens + max_tokens
     return Workload("trace", tuple(sessions), max_tokens, clients, ctx, len(seen) * block_tokens)
+
+
+def weka(path: str | Path, conversations: int = 16, turns: int = 12, block_tokens: int = 1, max_blocks: int = 2048,
+         time_scale: float = 0.05, max_tokens: int = 8, vocab: int = 32000) -> Workload:
+    """WEKA's Claude Code conversations replayed with their callers' hints: the first
+    ``conversations`` conversations (in the trace's interleaving, ``kvoffload.traces``) with at
+    least two requests, each its first ``turns`` requests. Each 64-token block of the trace
+    becomes ``block_tokens`` tokens drawn from the block's id (equal blocks, equal tokens; shared
+    prefixes stay shared), a prompt keeps its first ``max_blocks`` blocks, and times are the
+    trace's times ``time_scale``. Each request carries the hint its caller had when the response
+    ended (``kvoffload_policies.session_hints``, honest): its conversation as the session, and a
+    return within the tool step where it ended in a tool call, in trace seconds (the servers'
+    ``hints.clock_speed`` is ``1 / time_scale``)."""
+    from kvoffload_policies.session_hints import CONTINUES, TOOL_RETURN_S
+
+    from kvoffload.traces import load_weka_requests
+
+    by_session: dict[str, list[Any]] = {}
+    for r in load_weka_requests(path, limit=500 * conversations):  # enough for the first conversations
+        by_session.setdefault(r.session, []).append(r)
+    chosen = [reqs[:turns] for reqs in by_session.values() if len(reqs) >= 2][:conversations]
+    if not chosen:
+        raise ValueError(f"--trace {path}: no WEKA conversation of two requests or more")
+    t0 = min(reqs[0].t for reqs in chosen)
+    sessions: list[Session] = []
+    seen: set[int] = set()
+    longest = 0
+    for k, reqs in enumerate(chosen):
+        prompts = []
+        for r in reqs:
+            blocks = r.blocks[:max_blocks]
+            seen.update(blocks)
+            prompts.append(tuple(t for b in blocks for t in _tokens(random.Random(b), block_tokens, vocab)))
+            longest = max(longest, len(prompts[-1]))
+        thinks = (0.0, *(max(0.0, (b.t - a.t) * time_scale) for a, b in itertools.pairwise(reqs)))
+        hints = tuple({"session": f"weka-{k}", **({"expect_return_s": TOOL_RETURN_S} if r.stop in CONTINUES else {})}
+                      for r in reqs)
+        sessions.append(Session(f"w{k}", (), tuple(prompts), start_s=(reqs[0].t - t0) * time_scale, whole=True,
+                                thinks=thinks, hints=hints))
+    return Workload("weka", tuple(sessions), max_tokens, len(sessions), longest + max_tokens,
+                    len(seen) * block_tokens)

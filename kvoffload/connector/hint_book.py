@@ -31,7 +31,9 @@ class HintBook:
         self.stats = stats
         self.tool_tokens = frozenset(config.tool_call_token_ids)
         self.tool_return_s = config.tool_return_s
-        self.clock = clock
+        speed = config.clock_speed
+        #: The hints' clock: wall time, sped up for a trace replayed faster than it happened.
+        self.clock = clock if speed == 1.0 else (lambda: clock() * speed)
         #: Per request seen and not finished: its parsed hint (None: it carries none).
         self._hints: dict[str, RequestHint | None] = {}
 

@@ -44,11 +44,13 @@ class Completion:
 
 async def stream_completion(session: Any, url: str, model: str, prompt: list[int], max_tokens: int,
                             abort_after_s: float | None = None, n: int = 1, seed: int | None = None,
-                            timeout_s: float = 300.0) -> Completion:
+                            timeout_s: float = 300.0, kv_transfer_params: dict[str, Any] | None = None) -> Completion:
     """POST one streaming completion; greedy unless ``seed`` is given (sampled, reproducible)."""
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                             "return_token_ids": True, "n": n, "ignore_eos": True,
                             "stream_options": {"include_usage": True}}
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
     if seed is None:
         body["temperature"] = 0.0
     else:

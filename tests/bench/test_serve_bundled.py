@@ -148,7 +148,7 @@ def test_a_stuck_engine_fails_the_run_instead_of_hanging(monkeypatch):
     from kvoffload.bench import serve_bundled
 
     class Stuck:  # accepts requests, never produces a token
-        def add_request(self, prompt, params, rid):
+        def add_request(self, prompt, params, rid, hint=None):
             return rid
 
         def step(self):

@@ -5,6 +5,7 @@ hint too; bad hints warn once and the request is served as without them."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from kvoffload_policies.hinted import HintedCachePolicy
@@ -154,3 +155,13 @@ def test_requests_leave_no_hint_behind_when_aborted_or_forked():
     # The aborted request's lookup and finish; the group's lookup, and each of 3 samples' finish.
     assert sum(h.session == "s" for _, h in CALLS) == 2
     assert sum(h.session == "f" for _, h in CALLS) == 4
+
+
+def test_a_replay_at_20x_runs_the_hints_clock_20_times_faster():
+    with _llm(clock_speed=20) as llm:
+        before = time.monotonic()
+        _run(llm, "a", hint={"session": "s", "expect_return_s": 10})
+        after = time.monotonic()
+    (_, first), (_, last) = CALLS
+    assert 20 * before <= first.now <= last.now <= 20 * after
+    assert first.return_at == pytest.approx(first.now + 10)  # trace seconds, as the caller sent them

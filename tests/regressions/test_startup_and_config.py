@@ -99,6 +99,14 @@ def test_undrained_events_are_bounded():
     ({"tiers": [{"medium": "cpu", "capacity": "1MiB", "eviction_policy": "belady"}]}, "needs the future"),
     ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "spec_name": "OffloadingSpec",
       "spec_module_path": "kvoffload.offload.spec"}, "abstract"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "hints": {"tool_call_token_ids": "151657"}},
+     "hints.tool_call_token_ids: '151657' must be a list of token ids"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "hints": {"tool_call_token_ids": [1, -2]}},
+     "hints.tool_call_token_ids: '[1, -2]'"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "hints": {"tool_return_s": 0}}, "hints.tool_return_s: '0'"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "hints": {"clock_speed": True}}, "hints.clock_speed: 'True'"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "hints": {"speed": 2}}, "hints.speed: unknown key"),
+    ({"tiers": [{"medium": "cpu", "capacity": "1MiB"}], "hints": [1]}, "hints: [1] must be a mapping"),
 ])
 def test_bad_configs_are_config_errors_naming_the_key(raw, key):
     with pytest.raises(ConfigError, match=key.replace("[", "\\[").replace("]", "\\]")):
