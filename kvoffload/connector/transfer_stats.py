@@ -55,7 +55,9 @@ class TransferStats:
     def record(self, r: TransferResult) -> None:
         d = self.by_direction.setdefault(r.direction, DirectionStats())
         d.jobs += 1
-        d.failed += not r.success
+        # A store skipped by backpressure is not a failed copy (kvoffload_tier_stores_skipped_total
+        # counts it): a tier running late would read as a broken one.
+        d.failed += not r.success and not r.skipped
         d.nbytes += r.nbytes
         d.seconds += r.seconds
         d.seconds_hist[_bucket(SECONDS_BUCKETS, r.seconds)] += 1

@@ -117,3 +117,15 @@ def test_a_load_never_waits_for_queued_stores_of_its_tier():
     assert b"".join(v[3].numpy().tobytes() for v in kv.views) == b"\x05" * kv.page_bytes
     assert sorted(r.job_id for r in _drain(handler, 3)) == [0, 1, 2]
     handler.close()
+
+
+def test_skipped_stores_are_not_counted_as_failed_copies():
+    from kvoffload.connector.transfer_stats import TransferStats
+    from kvoffload.transfer.handler import TransferResult
+
+    stats = TransferStats()
+    stats.record(TransferResult(1, False, 0, 0.0, "host_to_fs", skipped=True))
+    stats.record(TransferResult(2, False, 0, 0.1, "host_to_fs", io_error=True))
+    stats.record(TransferResult(3, True, 4096, 0.1, "host_to_fs"))
+    d = stats.by_direction["host_to_fs"]
+    assert (d.jobs, d.failed, d.nbytes) == (3, 1, 4096)
