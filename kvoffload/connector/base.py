@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from kvoffload.offload.abstract import BlockHash
+from kvoffload.offload.hints import RequestHint as RequestHint  # the contract's: the engine passes it on
 
 if TYPE_CHECKING:
     import torch

@@ -109,6 +109,12 @@ class OffloadingConnectorScheduler:
         """Per KV-cache group, the keys a hit at ``tokens`` needs of the request's blocks."""
         return self.groups.useful_keys(self.book.offload_hashes(request, 0, tokens // self.offloaded_block_size))
 
+    def _finished_keys(self, request: EngineRequest) -> list[list[BlockHash]]:
+        """A finished request's keys: its prompt's (stored before, or now) and those of the
+        output whose KV was computed (the last sampled token never ran)."""
+        prompt_tokens = request.num_tokens - len(request.output_token_ids)
+        return self._request_keys(request, max(prompt_tokens, request.num_computed_tokens))
+
     def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         self.hints.looked_up(request, lambda: self._request_keys(request, request.num_tokens))
         state = self.book.requests.get(request.request_id)
@@ -264,9 +270,7 @@ class OffloadingConnectorScheduler:
         as finished-*sending* (``await_finish``). Reporting both would free it twice.
         """
         rid = request.request_id
-        # At its finish: its prompt (stored before, or now) and the output whose KV was computed.
-        prompt_tokens = request.num_tokens - len(request.output_token_ids)
-        self.hints.finished(request, lambda: self._request_keys(request, max(prompt_tokens, request.num_computed_tokens)))
+        self.hints.finished(request, lambda: self._finished_keys(request))
         self._local_tokens.pop(rid, None)
         self.loads.forget(rid)
         self.reset_guard.forget(rid)

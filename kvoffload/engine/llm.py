@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from kvoffload.config import OffloadConfig
-from kvoffload.connector.base import KVConnectorBase, KVConnectorRole
+from kvoffload.connector.base import KVConnectorBase, KVConnectorRole, RequestHint
 from kvoffload.connector.factory import KVConnectorFactory
 from kvoffload.engine.beam_search import BeamSearchController
 from kvoffload.engine.config import EngineConfig
@@ -27,7 +27,6 @@ from kvoffload.engine.single_type_manager import cdiv
 from kvoffload.engine.stats import EngineStats
 from kvoffload.engine.tokenizer import ByteTokenizer
 from kvoffload.metrics import MetricsServer
-from kvoffload.offload.hints import RequestHint
 
 Prompt = str | Sequence[int]
 

@@ -1,5 +1,5 @@
 """The tier chain under random interleavings — [cpu, disk] for every live policy with and
-without the reuse filter, [cpu, disk, remote] with victims only and with write-through: stores,
+without the reuse filter (requests' hints arriving between the copies), [cpu, disk, remote] with victims only and with write-through: stores,
 promotions, loads that overlap (one hash pinned in two tiers) and complete in any order, lookup
 hints, demotions landing out of order or failing, corrupt drops and outages. The bytes are
 modelled per slot: a copy reads its source when it is planned (what the worker's slot fences
@@ -20,12 +20,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager
 from kvoffload.offload.chain_of_tiers import ChainOfTiers
+from kvoffload.offload.hints import RequestHint
 from kvoffload.testing.memory_tier import MemoryTierManager
 from kvoffload.tiers.disk.format import DiskLayout
 from kvoffload.tiers.disk.tier import DiskOffloadingManager
 
 HASHES = st.integers(min_value=0, max_value=9)
-LIVE_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value"]
+LIVE_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value", "hinted"]
 WARM = [3, 4, 5]  # on disk from the start (a restart), so disk hits come early
 
 
@@ -53,6 +54,7 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
             self.storing: dict[int, int] = {}  # CPU stores in flight: hash -> slot
             self.demoting: list[tuple[str, list[int], list[int], list[int]]] = []  # (dst, hashes, slots, read)
             self.loads: list[list[tuple[str, list[int]]]] = []  # per load: (medium, hashes) segments
+            self.clock = 0.0  # the hints' clock
 
         def teardown(self) -> None:
             self.disk.close()
@@ -111,6 +113,14 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
         @rule(hashes=st.lists(HASHES, min_size=1, max_size=3, unique=True))
         def store(self, hashes):
             self._offer(hashes)
+
+        @rule(hashes=st.lists(HASHES, min_size=1, max_size=4, unique=True), session=st.sampled_from(["a", "b", None]),
+              ret=st.sampled_from([None, 0.5, 30.0]), lease=st.sampled_from([None, 2.0]), dt=st.sampled_from([0.0, 1.0]))
+        def hint(self, hashes, session, ret, lease, dt):
+            """A request's hint, for blocks held or not (yet): every tier's policy hears it, and
+            a policy that orders by hints must still keep the chain's contract."""
+            self.clock += dt
+            self.mgr.hint(hashes, RequestHint(session, ret, 0, lease).at(self.clock))
 
         @rule(data=st.data(), ok=st.booleans())
         @precondition(lambda self: self.storing)
