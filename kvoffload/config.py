@@ -472,8 +472,13 @@ def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_si
         f"transfer: backend={cfg.transfer.backend}, streams={cfg.transfer.num_streams}",
         f"spec: {cfg.spec_module_path or cfg.spec_name}",
         f"load mode: {cfg.load_mode}",
-        "tiers:",
     ]
+    h = cfg.hints
+    if h != HintsConfig():
+        tools = f"an output holding token {', '.join(map(str, h.tool_call_token_ids))} ended in a tool call, back within " \
+                f"{h.tool_return_s:g} s" if h.tool_call_token_ids else "no tool-call tokens"
+        lines.append(f"hints: {tools}; hint clock {h.clock_speed:g}x wall time")
+    lines.append("tiers:")
     for tier, n in zip(cfg.tiers, blocks):
         where = f" at {tier.path}" if tier.path else ""
         if tier.medium == "disk":

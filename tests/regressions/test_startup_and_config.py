@@ -236,3 +236,15 @@ def test_fuzzed_mooncake_tiers_raise_only_config_errors(options):
         OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {**base, **options}]})
     except ConfigError as exc:
         assert "\n" not in str(exc) and "tiers[1]" in str(exc)
+
+
+def test_config_check_describes_the_hints_section_when_set():
+    from kvoffload.config import describe
+
+    tiers = [{"medium": "cpu", "capacity": "1MiB", "eviction_policy": "hinted"}]
+    plain = describe(OffloadConfig.from_dict({"tiers": tiers}))
+    assert "hints:" not in plain
+    text = describe(OffloadConfig.from_dict({"tiers": tiers, "hints": {"tool_call_token_ids": [151657],
+                                                                        "tool_return_s": 7, "clock_speed": 20}}))
+    assert "hints: an output holding token 151657 ended in a tool call, back within 7 s; hint clock 20x wall time" \
+        in text and "policy hinted" in text
