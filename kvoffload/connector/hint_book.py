@@ -47,14 +47,12 @@ class HintBook:
         self.stats.hinted_requests += hint is not None
         return hint
 
-    def looked_up(self, request: EngineRequest, keys: Callable[[], Sequence[Sequence[BlockHash]]]) -> None:
-        """A lookup of the request; ``keys``: its prompt's keys per KV-cache group. The first
-        one gives its hint (a waiting request is looked up every step: that is not news)."""
-        if request.request_id in self._hints:
-            return
+    def looked_up(self, request: EngineRequest, keys: Sequence[Sequence[BlockHash]]) -> None:
+        """The request's first lookup (``LoadPlanner`` calls it once, after touching ``keys``,
+        its prompt's keys per KV-cache group: a waiting request's later lookups are not news)."""
         hint = self._of(request)
         if hint is not None:
-            self._give(keys(), hint)
+            self._give(keys, hint)
 
     def finished(self, request: EngineRequest, keys: Callable[[], Sequence[Sequence[BlockHash]]]) -> None:
         """The engine finished the request (done, aborted or failed); ``keys``: all its blocks'."""

@@ -16,6 +16,7 @@ from typing import cast
 
 from kvoffload.connector.base import EngineRequest
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
+from kvoffload.connector.hint_book import HintBook
 from kvoffload.connector.jobs import JobKind
 from kvoffload.connector.load_cost import LoadChoice, LoadCostModel, LoadDecision, Segment
 from kvoffload.connector.request_state import RequestOffloadState
@@ -31,10 +32,12 @@ logger = logging.getLogger(__name__)
 
 class LoadPlanner(Planner):
     def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
-                 reset_guard: ResetGuard, cost: LoadCostModel) -> None:
+                 reset_guard: ResetGuard, cost: LoadCostModel, hints: HintBook) -> None:
         super().__init__(book, manager, groups, stats, reset_guard)
         #: Decides, per hit, how much of it to load (the rest is recomputed).
         self.cost = cost
+        #: Gives a request's hint with the blocks its first lookup touches.
+        self.hints = hints
         #: Requests whose decision was counted (a waiting request is looked up every step).
         self._decided: set[str] = set()
         #: Requests whose last lookup answered a synchronous load (their plan is marked so).
@@ -63,8 +66,10 @@ class LoadPlanner(Planner):
         rid = request.request_id
         if rid not in self._touched:
             self._touched.add(rid)
-            for keys in groups.useful_keys(hashes):  # a sliding group: the window a hit at the end needs
+            useful = groups.useful_keys(hashes)  # a sliding group: the window a hit at the end needs
+            for keys in useful:
                 self.manager.touch(keys)
+            self.hints.looked_up(request, useful)
         start = num_computed_tokens // size
         self._found.pop(rid, None)
         self._sync.discard(rid)

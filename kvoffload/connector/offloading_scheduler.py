@@ -72,11 +72,11 @@ class OffloadingConnectorScheduler:
         #: Per tier load timings and the engine's forward timings: how much of each hit to load.
         self.cost = LoadCostModel(spec.config.tier_load_modes(), self.offloaded_block_size,
                                   spec.offloaded_block_bytes * self.world_size)
-        self.loads = LoadPlanner(*shared, self.cost)
-        self.stores = StorePlanner(*shared)
-        self.swaps = SwapPlanner(*shared)
         #: Requests' hints (session, expected return, priority, lease), given to the policies.
         self.hints = HintBook(self.manager, spec.config.hints, self.stats)
+        self.loads = LoadPlanner(*shared, self.cost, self.hints)
+        self.stores = StorePlanner(*shared)
+        self.swaps = SwapPlanner(*shared)
         #: Tokens the engine found on the device at the last lookup (where its loads start).
         self._local_tokens: dict[str, int] = {}
         #: Results of jobs some ranks have reported and others not yet.
@@ -105,18 +105,13 @@ class OffloadingConnectorScheduler:
         return True
 
     # ---- lookups and loads -----------------------------------------------------------------
-    def _request_keys(self, request: EngineRequest, tokens: int) -> list[list[BlockHash]]:
-        """Per KV-cache group, the keys a hit at ``tokens`` needs of the request's blocks."""
+    def _finished_keys(self, request: EngineRequest) -> list[list[BlockHash]]:
+        """Per KV-cache group, a finished request's keys a hit would need: its prompt's (stored
+        before, or now) and its output's whose KV was computed (the last sampled token never ran)."""
+        tokens = max(request.num_tokens - len(request.output_token_ids), request.num_computed_tokens)
         return self.groups.useful_keys(self.book.offload_hashes(request, 0, tokens // self.offloaded_block_size))
 
-    def _finished_keys(self, request: EngineRequest) -> list[list[BlockHash]]:
-        """A finished request's keys: its prompt's (stored before, or now) and those of the
-        output whose KV was computed (the last sampled token never ran)."""
-        prompt_tokens = request.num_tokens - len(request.output_token_ids)
-        return self._request_keys(request, max(prompt_tokens, request.num_computed_tokens))
-
     def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
-        self.hints.looked_up(request, lambda: self._request_keys(request, request.num_tokens))
         state = self.book.requests.get(request.request_id)
         if state is not None and state.swapped is not None:
             restorable = self.swaps.restorable(request, num_computed_tokens)
