@@ -12,6 +12,7 @@ last-freed-first. Tensor-free, like everything scheduler-side.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,6 +37,8 @@ from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.registry import PolicyRef
+
+logger = logging.getLogger("kvoffload")
 
 #: Undrained events kept per tier before the oldest are dropped.
 MAX_QUEUED_EVENTS = 10_000
@@ -166,6 +169,7 @@ class LedgerTier(Tier):
         self.book = BlockLedger(capacity)
         self._policy = create_policy(cache_policy, capacity)
         self._policy.bind_ledger(self.book)
+        self._hints_failed = False
         self._num_allocated = 0
         self._free_list: list[int] = []
 
@@ -251,7 +255,20 @@ class LedgerTier(Tier):
         self._policy.refresh_hashes(list(block_hashes))
 
     def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
-        self._policy.hint(block_hashes, hint)
+        """Hints are advice, given from a request's lookup and finish: a policy whose ``hint``
+        raises (a user's policy; the shipped ones never do) must not fail the request, so the
+        error is logged once, with its cause, and the tier stops giving hints to that policy
+        (a half-applied hint may have left it unable to take more); it still orders blocks by
+        its other calls."""
+        if self._hints_failed:
+            return
+        try:
+            self._policy.hint(block_hashes, hint)
+        except Exception:  # user code at a boundary: any error is the policy's
+            self._hints_failed = True
+            logger.exception("kvoffload: eviction policy %s raised in hint(): hints are off for the %s tier from "
+                             "now on (its blocks are still ordered by the policy's other calls); fix the policy's "
+                             "hint() or use a shipped policy", type(self._policy).__name__, self.medium)
 
     def store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Show the policy the absent hashes about to be stored (ghost hits); returns them."""

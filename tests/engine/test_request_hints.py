@@ -165,3 +165,59 @@ def test_a_replay_at_20x_runs_the_hints_clock_20_times_faster():
     (_, first), (_, last) = CALLS
     assert 20 * before <= first.now <= last.now <= 20 * after
     assert first.return_at == pytest.approx(first.now + 10)  # trace seconds, as the caller sent them
+
+
+def test_preempted_hinted_requests_give_one_lookup_hint_and_one_finish_hint_each():
+    """A device cache too small for four requests at once preempts them; a preempted request is
+    looked up again when it resumes, which is not news: each still gives its hint twice (its
+    prompt's blocks, then all it computed), and generates what it generates unhinted and roomy."""
+    prompts = {f"r{i}": [i + 1] + PROMPT[:40] for i in range(4)}  # 41 tokens: 5 full blocks each
+
+    def serve(num_gpu_blocks: int, hinted: bool) -> tuple[dict[str, list[int]], int]:
+        offload = {"tiers": [{"medium": "cpu", "capacity": "16MiB", "eviction_policy": f"{__name__}:RecordingHinted"}]}
+        with LLM(EngineConfig(block_size=8, num_gpu_blocks=num_gpu_blocks, kv_offload=offload)) as llm:
+            for rid, prompt in prompts.items():
+                llm.add_request(prompt, PARAMS, request_id=rid,
+                                hint={"session": rid, "expect_return_s": 3} if hinted else None)
+            while llm.scheduler.has_unfinished_requests():
+                llm.step()
+            out = {rid: list(llm.collect(rid).token_ids) for rid in prompts}
+            assert llm.scheduler_connector.connector_scheduler.hints._hints == {}  # type: ignore[union-attr]
+            return out, llm.stats()["preemptions"]
+
+    roomy, _ = serve(128, hinted=False)
+    CALLS.clear()
+    tight, preemptions = serve(16, hinted=True)
+    assert preemptions > 0 and tight == roomy
+    for rid in prompts:
+        given = [keys for keys, h in CALLS if h.session == rid]
+        # 5 prompt blocks at the first lookup; at the finish 60 of its 61 tokens computed: 7.
+        assert [len(k) for k in given] == [5, 7], (rid, [len(k) for k in given])
+        assert given[1][:5] == given[0]
+
+
+class RaisingHinted(RecordingHinted):
+    """A user's policy with a bug in ``hint``."""
+
+    def hint(self, block_hashes, hint):  # type: ignore[no-untyped-def]
+        super().hint(block_hashes, hint)
+        raise KeyError("session table")
+
+
+def test_a_policy_whose_hint_raises_is_logged_once_and_requests_are_served(caplog):
+    with _llm() as llm:
+        want = [_run(llm, f"plain-{i}") for i in range(2)]
+    offload = {"tiers": [{"medium": "cpu", "capacity": "16MiB", "eviction_policy": f"{__name__}:RaisingHinted"}]}
+    with LLM(EngineConfig(block_size=8, num_gpu_blocks=64, kv_offload=offload)) as llm, \
+            caplog.at_level(logging.WARNING, logger="kvoffload"):
+        got = [_run(llm, f"h-{i}", hint={"session": "s", "expect_return_s": 2}) for i in range(2)]
+        llm.reset_prefix_cache()
+        again = _run(llm, "again", hint={"session": "s"})  # its prefix comes back from the tier
+        hit = llm.stats()["connector"]["hit_tokens_by_tier"]
+    assert got == want and again == want[0]
+    assert hit.get("cpu", 0) > 0
+    assert len(CALLS) == 1  # the first hint raised: the tier gave the policy no more
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert "RaisingHinted raised in hint()" in errors[0].getMessage() and "CPU tier" in errors[0].getMessage()
+    assert errors[0].exc_info is not None and errors[0].exc_info[0] is KeyError
