@@ -33,11 +33,11 @@ def _fresh(monkeypatch):
     monkeypatch.setattr(hints_module, "_warned", set())
 
 
-def _llm(**hints_cfg) -> LLM:
-    offload = {"tiers": [{"medium": "cpu", "capacity": "16MiB", "eviction_policy": f"{__name__}:RecordingHinted"}]}
+def _llm(policy: str = "RecordingHinted", num_gpu_blocks: int = 64, **hints_cfg) -> LLM:
+    offload = {"tiers": [{"medium": "cpu", "capacity": "16MiB", "eviction_policy": f"{__name__}:{policy}"}]}
     if hints_cfg:
         offload["hints"] = hints_cfg
-    return LLM(EngineConfig(block_size=8, num_gpu_blocks=64, kv_offload=offload))
+    return LLM(EngineConfig(block_size=8, num_gpu_blocks=num_gpu_blocks, kv_offload=offload))
 
 
 def _run(llm: LLM, rid: str, prompt=PROMPT, **kw) -> list[int]:
@@ -174,8 +174,7 @@ def test_preempted_hinted_requests_give_one_lookup_hint_and_one_finish_hint_each
     prompts = {f"r{i}": [i + 1] + PROMPT[:40] for i in range(4)}  # 41 tokens: 5 full blocks each
 
     def serve(num_gpu_blocks: int, hinted: bool) -> tuple[dict[str, list[int]], int]:
-        offload = {"tiers": [{"medium": "cpu", "capacity": "16MiB", "eviction_policy": f"{__name__}:RecordingHinted"}]}
-        with LLM(EngineConfig(block_size=8, num_gpu_blocks=num_gpu_blocks, kv_offload=offload)) as llm:
+        with _llm(num_gpu_blocks=num_gpu_blocks) as llm:
             for rid, prompt in prompts.items():
                 llm.add_request(prompt, PARAMS, request_id=rid,
                                 hint={"session": rid, "expect_return_s": 3} if hinted else None)
@@ -207,9 +206,7 @@ class RaisingHinted(RecordingHinted):
 def test_a_policy_whose_hint_raises_is_logged_once_and_requests_are_served(caplog):
     with _llm() as llm:
         want = [_run(llm, f"plain-{i}") for i in range(2)]
-    offload = {"tiers": [{"medium": "cpu", "capacity": "16MiB", "eviction_policy": f"{__name__}:RaisingHinted"}]}
-    with LLM(EngineConfig(block_size=8, num_gpu_blocks=64, kv_offload=offload)) as llm, \
-            caplog.at_level(logging.WARNING, logger="kvoffload"):
+    with _llm(policy="RaisingHinted") as llm, caplog.at_level(logging.WARNING, logger="kvoffload"):
         got = [_run(llm, f"h-{i}", hint={"session": "s", "expect_return_s": 2}) for i in range(2)]
         llm.reset_prefix_cache()
         again = _run(llm, "again", hint={"session": "s"})  # its prefix comes back from the tier
