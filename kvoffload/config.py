@@ -154,15 +154,21 @@ class HintsConfig:
     ``<tool_call>``) ended in a tool call, and its caller is expected back within
     ``tool_return_s`` unless its hint said when. ``clock_speed``: hint seconds per wall-clock
     second, for a trace replayed faster than it happened (20: a replay at 20x), so hints and
-    the policy's horizons keep the trace's meaning."""
+    the policy's horizons keep the trace's meaning. ``max_priority``: the highest priority a
+    client's hint may raise its blocks to (0: none above normal; higher ones count as this).
+    ``tenant_keys``: entries of ``kv_transfer_params`` that a trusted gateway sets to name the
+    tenant; with the request's ``cache_salt`` and LoRA adapter they scope hint sessions, so one
+    tenant's hints never reach another's blocks."""
 
     tool_call_token_ids: tuple[int, ...] = ()
     tool_return_s: float = 10.0
     clock_speed: float = 1.0
+    max_priority: int = 0
+    tenant_keys: tuple[str, ...] = ()
 
 
 def _parse_hints(raw: Mapping[str, Any]) -> HintsConfig:
-    _check_keys(raw, {"tool_call_token_ids", "tool_return_s", "clock_speed"}, "hints")
+    _check_keys(raw, {"tool_call_token_ids", "tool_return_s", "clock_speed", "max_priority", "tenant_keys"}, "hints")
     speed = raw.get("clock_speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.001 <= speed <= 1e6:
         raise ConfigError(f"hints.clock_speed: {str(speed)[:40]!r} must be a number in [0.001, 1e6]; 1 = real time")
@@ -172,7 +178,17 @@ def _parse_hints(raw: Mapping[str, Any]) -> HintsConfig:
     ret = raw.get("tool_return_s", 10.0)
     if isinstance(ret, bool) or not isinstance(ret, (int, float)) or not 0 < ret <= 86400:
         raise ConfigError(f"hints.tool_return_s: {str(ret)[:40]!r} must be seconds in (0, 86400], e.g. 10")
-    return HintsConfig(tuple(ids), float(ret), float(speed))
+    from kvoffload.offload.hints import MAX_PRIORITY  # offload/ imports this module
+
+    top = raw.get("max_priority", 0)
+    if isinstance(top, bool) or not isinstance(top, int) or not -MAX_PRIORITY <= top <= MAX_PRIORITY:
+        raise ConfigError(f"hints.max_priority: {str(top)[:40]!r} must be an integer in [-{MAX_PRIORITY}, "
+                          f"{MAX_PRIORITY}]; 0 lets no client raise its priority")
+    keys = raw.get("tenant_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k and k != "kvoffload" for k in keys):
+        raise ConfigError(f"hints.tenant_keys: {str(keys)[:80]!r} must be a list of kv_transfer_params entry names "
+                          "(not 'kvoffload'), e.g. [tenant]")
+    return HintsConfig(tuple(ids), float(ret), float(speed), top, tuple(keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,7 +493,9 @@ def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_si
     if h != HintsConfig():
         tools = f"an output holding token {', '.join(map(str, h.tool_call_token_ids))} ended in a tool call, back within " \
                 f"{h.tool_return_s:g} s" if h.tool_call_token_ids else "no tool-call tokens"
-        lines.append(f"hints: {tools}; hint clock {h.clock_speed:g}x wall time")
+        tenants = f"; tenants also by {', '.join(h.tenant_keys)}" if h.tenant_keys else ""
+        lines.append(f"hints: {tools}; hint clock {h.clock_speed:g}x wall time; clients' priority at most "
+                     f"{h.max_priority}{tenants}")
     lines.append("tiers:")
     for tier, n in zip(cfg.tiers, blocks):
         where = f" at {tier.path}" if tier.path else ""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.hints import RequestHint as RequestHint  # the contract's: the engine passes it on
+from kvoffload.offload.hints import parse_hint as parse_hint
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +55,9 @@ class EngineRequest(Protocol):
     def kv_transfer_params(self) -> Mapping[str, object] | None:
         """The caller's parameters for KV connectors; kvoffload reads its hint from the
         ``"kvoffload"`` entry (``kvoffload.offload.hints``)."""
+    @property
+    def cache_salt(self) -> str | None:
+        """The tenant's salt (vLLM's): it enters the block hashes, and scopes hint sessions."""
 
 
 #: Bytes that enter a request's offload keys beside its tokens (None: nothing), e.g. a digest of

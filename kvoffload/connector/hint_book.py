@@ -8,6 +8,12 @@ stored after it), and with all its blocks when it finishes, now that its finish 
 request whose output holds a tool-call token (``hints.tool_call_token_ids``) ended in a tool
 call: its caller is expected back within ``hints.tool_return_s``, unless the hint said when. A
 request without a hint and without a tool call gives the tiers nothing.
+
+A hint is client input: its session is scoped to the request's tenant (its ``cache_salt``, its
+LoRA adapter, and the ``kv_transfer_params`` entries the operator names in
+``hints.tenant_keys``), so a client naming another tenant's session reaches nothing of theirs;
+its priority is capped at ``hints.max_priority``; and it is parsed by ``parse_hint``, which
+never raises, so no hint can fail a scheduler step.
 """
 
 from __future__ import annotations
@@ -17,58 +23,69 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from kvoffload.config import HintsConfig
-from kvoffload.connector.base import EngineRequest
+from kvoffload.connector.base import EngineRequest, RequestSalt
 from kvoffload.connector.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.chain import TierChain
-from kvoffload.offload.hints import RequestHint, parse_hint
+from kvoffload.offload.hints import RequestHint, parse_hint, tenant_digest
 
 
 class HintBook:
     def __init__(self, manager: TierChain, config: HintsConfig, stats: SchedulerSideStats,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, request_salt: RequestSalt | None = None) -> None:
         self.manager = manager
         self.stats = stats
         self.tool_tokens = frozenset(config.tool_call_token_ids)
         self.tool_return_s = config.tool_return_s
+        self.max_priority = config.max_priority
+        self.tenant_keys = config.tenant_keys
+        #: The adapter's digest of a request (a LoRA tenant), as its offload keys carry it.
+        self.request_salt = request_salt
         speed = config.clock_speed
         #: The hints' clock: wall time, sped up for a trace replayed faster than it happened.
         self.clock = clock if speed == 1.0 else (lambda: clock() * speed)
-        #: Per request seen and not finished: its parsed hint (None: it carries none).
-        self._hints: dict[str, RequestHint | None] = {}
+        #: Per request seen and not finished: its parsed hint and tenant (None: no hint).
+        self._hints: dict[str, tuple[RequestHint, bytes] | None] = {}
 
-    def _of(self, request: EngineRequest) -> RequestHint | None:
+    def _of(self, request: EngineRequest) -> tuple[RequestHint, bytes] | None:
         rid = request.request_id
         if rid in self._hints:
             return self._hints[rid]
         params = request.kv_transfer_params
-        hint = parse_hint(params.get("kvoffload")) if isinstance(params, Mapping) else None
-        self._hints[rid] = hint
-        self.stats.hinted_requests += hint is not None
-        return hint
+        hint = parse_hint(params.get("kvoffload"), self.max_priority) if isinstance(params, Mapping) else None
+        found = None if hint is None else (hint, self._tenant(request, params))
+        self._hints[rid] = found
+        self.stats.hinted_requests += found is not None
+        return found
+
+    def _tenant(self, request: EngineRequest, params: Mapping[str, object] | None) -> bytes:
+        extra = [params.get(k) if params is not None else None for k in self.tenant_keys]
+        adapter = self.request_salt(request) if self.request_salt is not None else None
+        return tenant_digest([request.cache_salt, adapter, *extra])
 
     def looked_up(self, request: EngineRequest, keys: Sequence[Sequence[BlockHash]]) -> None:
         """The request's first lookup (``LoadPlanner`` calls it once, after touching ``keys``,
         its prompt's keys per KV-cache group: a waiting request's later lookups are not news)."""
-        hint = self._of(request)
-        if hint is not None:
-            self._give(keys, hint)
+        found = self._of(request)
+        if found is not None:
+            self._give(keys, *found)
 
     def finished(self, request: EngineRequest, keys: Callable[[], Sequence[Sequence[BlockHash]]]) -> None:
         """The engine finished the request (done, aborted or failed); ``keys``: all its blocks'."""
-        hint = self._of(request)
+        found = self._of(request)
         del self._hints[request.request_id]
+        hint, tenant = found if found is not None else (None, b"")
         if self.tool_tokens and not self.tool_tokens.isdisjoint(request.output_token_ids):
             self.stats.tool_call_finishes += 1
             if hint is None or hint.expect_return_s is None:
                 hint = replace(hint or RequestHint(), expect_return_s=self.tool_return_s)
         if hint is not None:
-            self._give(keys(), hint)
+            self._give(keys(), hint, tenant)
 
-    def _give(self, keys: Sequence[Sequence[BlockHash]], hint: RequestHint) -> None:
+    def _give(self, keys: Sequence[Sequence[BlockHash]], hint: RequestHint, tenant: bytes) -> None:
         # One call for all groups: a policy reads the keys as the request's chain, and a later
         # call for the same session replaces the chain it was given before.
         chain = [k for group in keys for k in group]
         if chain:
-            self.manager.hint(chain, hint.at(self.clock()))
+            self.manager.hint(chain, hint.at(self.clock(), tenant))
             self.stats.hints_given += 1

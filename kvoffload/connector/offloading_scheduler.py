@@ -73,7 +73,7 @@ class OffloadingConnectorScheduler:
         self.cost = LoadCostModel(spec.config.tier_load_modes(), self.offloaded_block_size,
                                   spec.offloaded_block_bytes * self.world_size)
         #: Requests' hints (session, expected return, priority, lease), given to the policies.
-        self.hints = HintBook(self.manager, spec.config.hints, self.stats)
+        self.hints = HintBook(self.manager, spec.config.hints, self.stats, request_salt=request_salt)
         self.loads = LoadPlanner(*shared, self.cost, self.hints)
         self.stores = StorePlanner(*shared)
         self.swaps = SwapPlanner(*shared)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from kvoffload.config import OffloadConfig
-from kvoffload.connector.base import KVConnectorBase, KVConnectorRole, RequestHint
+from kvoffload.connector.base import KVConnectorBase, KVConnectorRole, RequestHint, parse_hint
 from kvoffload.connector.factory import KVConnectorFactory
 from kvoffload.engine.beam_search import BeamSearchController
 from kvoffload.engine.config import EngineConfig
@@ -179,13 +179,15 @@ class LLM:
                     cache_salt: str | None = None, hint: RequestHint | Mapping[str, object] | None = None) -> str:
         """``hint``: what the caller knows of this request's future, for the offload policy
         (``RequestHint`` or its fields as a mapping: session, expect_return_s, priority,
-        lease_s); a bad field is warned about once and ignored."""
+        lease_s); a bad field is warned about once and ignored. It is validated here, where the
+        request enters: nothing a client puts in it reaches a step unchecked."""
         if self._closed:
             raise RuntimeError("LLM is closed; create a new one")
         rid = request_id if request_id is not None else f"req-{self._num_requests}"
         token_ids = self._check_request(prompt, params, rid)
+        parsed = parse_hint(hint)
         self._enqueue(rid, token_ids, params, priority, cache_salt,
-                      None if hint is None else {"kvoffload": hint})
+                      None if parsed is None else {"kvoffload": parsed})
         self._open_groups.add(rid)  # step() reports it done; collect() hands its output over
         return rid
 

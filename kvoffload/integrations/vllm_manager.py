@@ -33,11 +33,12 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
+from kvoffload.config import HintsConfig
 from kvoffload.offload.abstract import Medium as KVMedium
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
 from kvoffload.offload.chain_of_tiers import as_chain
-from kvoffload.offload.hints import RequestHint, parse_hint
+from kvoffload.offload.hints import RequestHint, parse_hint, tenant_digest
 
 
 @dataclass(slots=True)
@@ -49,13 +50,16 @@ class _RequestAccess:
     #: Keys already shown to the policy as store misses: once per request, however often a
     #: full tier makes vLLM offer them again.
     store_misses: set[OffloadKey] = field(default_factory=set)
-    #: The request's hint (``kv_transfer_params["kvoffload"]``), given with its keys at its finish.
+    #: The request's hint (``kv_transfer_params["kvoffload"]``), given with its keys at its finish,
+    #: and its tenant (this route sees no cache salt: the operator's ``hints.tenant_keys`` only).
     hint: RequestHint | None = None
+    tenant: bytes = b""
 
 
 class KVOffloadManager(OffloadingManager):
-    def __init__(self, build: Callable[[], KVOffloadingManager]) -> None:
+    def __init__(self, build: Callable[[], KVOffloadingManager], hints: HintsConfig | None = None) -> None:
         self._build = build
+        self._hints = hints or HintsConfig()
         self._generation = 0
         self._use(build())
 
@@ -79,7 +83,11 @@ class KVOffloadManager(OffloadingManager):
     # ---- vLLM contract -------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         params = req_context.kv_transfer_params
-        self._access(req_context).hint = parse_hint(params.get("kvoffload")) if isinstance(params, dict) else None
+        if isinstance(params, dict):
+            state = self._access(req_context)
+            state.hint = parse_hint(params.get("kvoffload"), self._hints.max_priority)
+            if state.hint is not None:
+                state.tenant = tenant_digest(params.get(k) for k in self._hints.tenant_keys)
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -148,7 +156,7 @@ class KVOffloadManager(OffloadingManager):
         chain = list(state.keys) if state.hint is not None else []  # prefix order: a policy reads a chain
         self._recency(state)
         if state.hint is not None:
-            self.inner.hint(chain, state.hint.at(time.monotonic()))
+            self.inner.hint(chain, state.hint.at(time.monotonic(), state.tenant))
 
     def _recency(self, state: _RequestAccess) -> None:
         """Show the policy the request's keys, reused ones as reuses, the rest as recency."""

@@ -101,7 +101,7 @@ class KVOffloadSpec(OffloadingSpec):
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
-            self._manager = KVOffloadManager(self._build_manager)
+            self._manager = KVOffloadManager(self._build_manager, self.offload_config.hints)
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

@@ -79,7 +79,7 @@ def _store(sched, keys):
 def test_a_hit_is_all_or_nothing_over_the_groups():
     sched = _sched((None, 16))
     hashes = [bytes([i]) * 16 for i in range(10)]
-    request = SimpleNamespace(request_id="r", kv_transfer_params=None, output_token_ids=[], num_tokens=41, num_computed_tokens=0, block_hashes=hashes)
+    request = SimpleNamespace(request_id="r", kv_transfer_params=None, cache_salt=None, output_token_ids=[], num_tokens=41, num_computed_tokens=0, block_hashes=hashes)
     _store(sched, hashes)  # the full group: every block
     _store(sched, [group_key(h, 1) for h in hashes[:6]])  # the sliding group lost blocks 6..9
     # A hit of n blocks needs the sliding group's blocks n-4..n-1 (window 16 = 4 blocks of 4):
@@ -116,7 +116,7 @@ def _step(new=(), cached=(), scheduled=None):
 def test_a_store_reading_a_released_sliding_block_is_flushed_before_the_block_is_reused():
     sched = _sched((None, 8))
     hashes = [bytes([i]) * 16 for i in range(4)]
-    r = SimpleNamespace(request_id="r", kv_transfer_params=None, output_token_ids=[], num_tokens=16, num_computed_tokens=0, block_hashes=hashes)
+    r = SimpleNamespace(request_id="r", kv_transfer_params=None, cache_salt=None, output_token_ids=[], num_tokens=16, num_computed_tokens=0, block_hashes=hashes)
     sched.get_num_new_matched_tokens(r, 0)
     sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4], [5, 6, 7, 8]), blocks=()), 0)
     meta = sched.build_connector_meta(_step(new=[("r", ([1, 2, 3, 4], [5, 6, 7, 8]))], scheduled={"r": 16}))
@@ -138,7 +138,7 @@ def test_a_store_reading_a_released_sliding_block_is_flushed_before_the_block_is
 def test_a_store_not_planned_before_its_sliding_block_was_handed_out_again_is_skipped():
     sched = _sched((None, 8))
     hashes = [bytes([i]) * 16 for i in range(4)]
-    r = SimpleNamespace(request_id="r", kv_transfer_params=None, output_token_ids=[], num_tokens=16, num_computed_tokens=0, block_hashes=hashes)
+    r = SimpleNamespace(request_id="r", kv_transfer_params=None, cache_salt=None, output_token_ids=[], num_tokens=16, num_computed_tokens=0, block_hashes=hashes)
     sched.get_num_new_matched_tokens(r, 0)
     sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: ([1, 2], [5, 6]), blocks=()), 0)
     sched.build_connector_meta(_step(new=[("r", ([1, 2], [5, 6]))]))  # nothing computed yet: no stores

@@ -39,7 +39,7 @@ def test_loading_clears_when_the_requests_own_last_load_lands():
     assert r.loading == [1, 2] and r.loads_in_flight == 1  # its second segment is still in flight
 
     # Finished by the engine meanwhile: kept (its blocks are being written) until the last load lands.
-    delay, _ = sched.request_finished(SimpleNamespace(request_id="r", kv_transfer_params=None, output_token_ids=[]), ([0, 1],))
+    delay, _ = sched.request_finished(SimpleNamespace(request_id="r", kv_transfer_params=None, cache_salt=None, output_token_ids=[]), ([0, 1],))
     assert delay and "r" not in sched.book.delayed  # the finished-receiving report frees it, not await_finish
     _landed(sched, jobs["r", 2], ok=False)
     assert "r" not in sched.book.requests

@@ -19,6 +19,7 @@ class Request:
     block_hashes: list[int]
     num_computed_tokens: int = 0
     kv_transfer_params: dict | None = None
+    cache_salt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
 
     @property
@@ -118,5 +119,5 @@ def test_a_finished_request_leaves_no_lookup_state(tmp_path):
     sched.manager.complete_store([11])
     req = Request("r", [11, 12])
     assert sched.get_num_new_matched_tokens(req, 0) == (4, False)  # host memory: loaded inside the step
-    sched.request_finished(SimpleNamespace(request_id="r", kv_transfer_params=None, output_token_ids=[]), ([],))  # aborted before allocation
+    sched.request_finished(SimpleNamespace(request_id="r", kv_transfer_params=None, cache_salt=None, output_token_ids=[]), ([],))  # aborted before allocation
     assert not sched.loads._found and not sched.loads._touched

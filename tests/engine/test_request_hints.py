@@ -40,6 +40,11 @@ def _llm(policy: str = "RecordingHinted", num_gpu_blocks: int = 64, **hints_cfg)
     return LLM(EngineConfig(block_size=8, num_gpu_blocks=num_gpu_blocks, kv_offload=offload))
 
 
+def _name(session: object) -> object:
+    """A session's name as the client gave it (the scheduler half scopes it to a tenant)."""
+    return session[1] if isinstance(session, tuple) else session
+
+
 def _run(llm: LLM, rid: str, prompt=PROMPT, **kw) -> list[int]:
     llm.add_request(prompt, PARAMS, request_id=rid, **kw)
     while rid not in llm.step():
@@ -55,7 +60,7 @@ def _policy(llm: LLM) -> RecordingHinted:
 
 
 def test_a_hint_reaches_the_policy_with_the_prompt_blocks_then_all_blocks_at_finish():
-    with _llm() as llm:
+    with _llm(max_priority=2) as llm:
         plain = _run(llm, "plain")
         assert CALLS == []  # no hint, no tool-call tokens configured: the policy hears nothing
         hinted = _run(llm, "hinted", prompt=PROMPT + [7], hint={"session": "s1", "expect_return_s": 5, "priority": 2})
@@ -66,7 +71,8 @@ def test_a_hint_reaches_the_policy_with_the_prompt_blocks_then_all_blocks_at_fin
     # The prompt's 6 full blocks at the first lookup (53 tokens); at the finish the 72 of its 73
     # tokens whose KV was computed (the last sampled token never ran): 9 blocks.
     assert len(at_lookup) == 6 and len(at_finish) == 9 and at_finish[:6] == at_lookup
-    assert (h1.session, h1.priority, h1.lease_until) == ("s1", 2, None)
+    assert (_name(h1.session), h1.priority, h1.lease_until) == ("s1", 2, None)
+    assert h1.session == h2.session and h1.session[0] != b""  # scoped to the request's tenant
     assert h1.return_at == pytest.approx(h1.now + 5.0) and h2.return_at == pytest.approx(h2.now + 5.0)
     assert h2.now >= h1.now
     assert stats["hinted_requests"] == 1 and stats["hints_given"] == 2 and stats["tool_call_finishes"] == 0
@@ -76,7 +82,8 @@ def test_hinted_blocks_belong_to_the_session_in_the_policy():
     with _llm() as llm:
         _run(llm, "a", hint={"session": "chat-1", "expect_return_s": 3})
         policy = _policy(llm)
-        session = policy.sessions["chat-1"]
+        session = policy.sessions[CALLS[-1][1].session]
+        assert _name(session.name) == "chat-1"
         keys = CALLS[-1][0]
         # The blocks it stored are the session's (in the tier, not pending a store).
         assert session.blocks == len(keys) and all(policy.owner[k] is session for k in keys)
@@ -109,7 +116,7 @@ def test_a_tool_call_token_in_the_output_is_a_hint(caplog):
     assert [len(c) for c, _ in CALLS] == [8, 6, 9]  # 71 tokens computed; 53 looked up; 72 computed
     tool_hint, told_hint = CALLS[0][1], CALLS[2][1]
     assert tool_hint.session is None and tool_hint.return_at == pytest.approx(tool_hint.now + 7.5)
-    assert told_hint.session == "t" and told_hint.return_at == pytest.approx(told_hint.now + 2.0)  # the caller knows
+    assert _name(told_hint.session) == "t" and told_hint.return_at == pytest.approx(told_hint.now + 2.0)  # the caller knows
     assert stats["tool_call_finishes"] == 2 and stats["hinted_requests"] == 1
     CALLS.clear()
     with _llm(tool_call_token_ids=[other]) as llm:
@@ -150,11 +157,11 @@ def test_requests_leave_no_hint_behind_when_aborted_or_forked():
             llm.step()
         book = llm.scheduler_connector.connector_scheduler.hints  # type: ignore[union-attr]
         assert book._hints == {}
-        sessions = {h.session for _, h in CALLS}
+        sessions = {_name(h.session) for _, h in CALLS}
     assert sessions == {"s", "f"}
     # The aborted request's lookup and finish; the group's lookup, and each of 3 samples' finish.
-    assert sum(h.session == "s" for _, h in CALLS) == 2
-    assert sum(h.session == "f" for _, h in CALLS) == 4
+    assert sum(_name(h.session) == "s" for _, h in CALLS) == 2
+    assert sum(_name(h.session) == "f" for _, h in CALLS) == 4
 
 
 def test_a_replay_at_20x_runs_the_hints_clock_20_times_faster():
@@ -189,7 +196,7 @@ def test_preempted_hinted_requests_give_one_lookup_hint_and_one_finish_hint_each
     tight, preemptions = serve(16, hinted=True)
     assert preemptions > 0 and tight == roomy
     for rid in prompts:
-        given = [keys for keys, h in CALLS if h.session == rid]
+        given = [keys for keys, h in CALLS if _name(h.session) == rid]
         # 5 prompt blocks at the first lookup; at the finish 60 of its 61 tokens computed: 7.
         assert [len(k) for k in given] == [5, 7], (rid, [len(k) for k in given])
         assert given[1][:5] == given[0]
