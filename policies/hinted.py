@@ -13,19 +13,28 @@ latest, Belady's rule with predictions in place of the future:
   time: the longer the wait so far, the longer the wait to come); an exact announcement keeps
   its exact place.
 * A session's blocks leave blocks of its earlier requests first (a rewritten context), then its
-  deepest blocks (a prefix hit needs the head).
+  deepest blocks (a prefix hit needs the head). A block its latest request uses again is live.
 * A request whose own session is the one predicted back last stores nothing that would evict
   someone else's blocks (``admitted``): under a load larger than the tier, the sessions already
   held keep their place (what MIN does with a loop larger than the cache), instead of LRU's
   thrashing where every session evicts the next one due.
-* ``priority``: sessions of a lower priority leave first, whatever their predictions.
+* ``priority``: sessions of a lower priority leave first, whatever their predictions. A
+  negative priority (a caller lowering its own blocks) always counts; a raised one only while
+  the blocks of raised sessions are at most ``priority_share`` of the tier: past that share,
+  raised priorities count as normal ones (a flood of raised one-off prompts cannot take the
+  tier). Which clients may raise it at all is the operator's ``hints.max_priority``.
 * ``lease_s``: a session's blocks stay until the lease ends, as long as leased blocks are at
   most ``lease_share`` of the tier; past that share, leases are not honoured (a hint cannot
   starve the cache) and expired leases fall back to the order above.
 
 Blocks no hint named (no session, or a request without hints) are ordered by an inner policy
-(``inner``, a hash-level policy by name, default ``prefix_value``) and compete as a session
-expected back in ``unknown_return_s``: without any hint the policy *is* its inner policy.
+(``inner``, a hash-level policy by name, default ``prefix_value``) and compete as a normal
+session expected back in ``unknown_return_s``: without any hint the policy *is* its inner policy.
+
+Bounds, whatever clients send: a session is forgotten once it holds no block and awaits no
+store (a lease on nothing pins nothing), so at most ``max_sessions()`` are tracked; heaps are
+compacted as they fill with stale entries; an eviction or admission walks sessions in eviction
+order only as far as it needs (O(log n) per session visited, never all n).
 """
 
 from __future__ import annotations
@@ -38,24 +47,32 @@ from collections.abc import Collection, Generator, Hashable, Iterable, Iterator,
 from dataclasses import dataclass, field
 
 from kvoffload.offload.block_status import BlockStatus
-from kvoffload.offload.hints import BlockHint
+from kvoffload.offload.hints import BlockHint, show
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
 from kvoffload.offload.policy_registry import create_policy
 
 logger = logging.getLogger("kvoffload.policies.hinted")
 
+#: Heap entries: (key, version, session key); versions are unique over all sessions.
+_Entry = tuple[float, int, Hashable]
+
 
 @dataclass(slots=True)
 class _Session:
-    name: str
+    name: Hashable
     last: float = 0.0
     expect: float = 0.0
     priority: int = 0
     lease_until: float | None = None
+    #: Its lease is live and its blocks count in the policy's ``leased_blocks``.
+    lease_live: bool = False
+    lease_seq: int = 0
     version: int = 0
-    #: Its blocks in the tier by prefix position of its last request (deepest last), and the
-    #: ones that request did not use (evicted first). Entries go stale when a block leaves.
+    #: Its blocks in the tier by prefix position of its last request (deepest last), the same
+    #: as a set, and the ones earlier requests used and the last did not (evicted first).
+    #: Entries go stale when a block leaves; a block in ``live`` is never treated as dead.
     chain: list[Hashable] = field(default_factory=list)
+    live: set[Hashable] = field(default_factory=set)
     dead: list[Hashable] = field(default_factory=list)
     blocks: int = 0
     #: It has a live entry in its order's heaps (dropped while it held no block).
@@ -66,14 +83,14 @@ class _Order:
     """Sessions of one priority by predicted next use (lazy heaps, stale entries skipped)."""
 
     def __init__(self) -> None:
-        self.sched: list[tuple[float, int, str]] = []  # (-(last + expect), version, name)
-        self.trans: list[tuple[float, int, str]] = []  # (time it turns overdue, version, name)
-        self.overdue: list[tuple[float, int, str]] = []  # (when it was due, version, name): longest late first
+        self.sched: list[_Entry] = []  # (-(last + expect), version, name)
+        self.trans: list[_Entry] = []  # (time it turns overdue, version, name)
+        self.overdue: list[_Entry] = []  # (when it was due, version, name): longest late first
 
 
 class HintedCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int, inner: str = "prefix_value", unknown_return_s: float = 100.0,
-                 overdue_factor: float = 0.3, lease_share: float = 0.25) -> None:
+                 overdue_factor: float = 0.3, lease_share: float = 0.25, priority_share: float = 0.5) -> None:
         super().__init__(cache_capacity)
         if not unknown_return_s > 0:
             raise ValueError(f"unknown_return_s={unknown_return_s}: seconds > 0, e.g. 100")
@@ -81,6 +98,8 @@ class HintedCachePolicy(CachePolicy):
             raise ValueError(f"overdue_factor={overdue_factor}: > 0, e.g. 0.3")
         if not 0 <= lease_share < 1:
             raise ValueError(f"lease_share={lease_share}: a share of the tier in [0, 1), e.g. 0.25")
+        if not 0 <= priority_share < 1:
+            raise ValueError(f"priority_share={priority_share}: a share of the tier in [0, 1), e.g. 0.5")
         made = create_policy(inner, cache_capacity)
         if isinstance(made, LedgerCachePolicy):
             raise ValueError(f"inner={inner!r} keeps its state in the tier's ledger; give a hash-level policy "
@@ -89,43 +108,62 @@ class HintedCachePolicy(CachePolicy):
         self.unknown_return_s = unknown_return_s
         self.alpha = overdue_factor
         self.lease_budget = int(lease_share * cache_capacity)
+        self.priority_budget = int(priority_share * cache_capacity)
         self.now = 0.0
-        self.sessions: dict[str, _Session] = {}
+        self.sessions: dict[Hashable, _Session] = {}
         self.owner: dict[Hashable, _Session] = {}
         self.status: dict[Hashable, BlockStatus] = {}
         #: Hinted hashes not in the tier yet (their store comes after the hint), bounded.
         self.pending: OrderedDict[Hashable, _Session] = OrderedDict()
+        self.pending_cap = 2 * cache_capacity
         self.orders: dict[int, _Order] = {}
-        self.leased: set[str] = set()
+        #: Blocks of sessions holding a live lease, and of sessions of raised priority (> 0).
+        self.leased_blocks = 0
+        self.raised_blocks = 0
+        #: (lease end, lease sequence number, session): when each lease's blocks stop counting.
+        self._lease_ends: list[tuple[float, int, _Session]] = []
         #: Heap entries carry a version unique over all sessions (a session forgotten and hinted
         #: again must not match its old entries).
         self._versions = itertools.count(1)
-        #: Sessions are swept when more than twice those holding blocks, plus this many.
+        #: Sessions are swept when more than twice those holding blocks, plus this many; heaps
+        #: are compacted when they hold more than four entries a session, plus this many.
         self.sweep_slack = 64
         self._sweep_at = self.sweep_slack
+        self._entries = 0
         #: Blocks the inner policy holds (it is told every insert and removal).
         self._inner_n = 0
+
+    def max_sessions(self) -> int:
+        """The most sessions ever tracked: twice those that hold a block or await a store
+        (at most the capacity plus the pending bound), plus the sweep's slack."""
+        return 2 * (self.cache_capacity + self.pending_cap) + self.sweep_slack
 
     # ---- hints ----------------------------------------------------------------------------
     def hint(self, block_hashes: Sequence[Hashable], hint: BlockHint) -> None:
         self.now = max(self.now, hint.now)
-        name = hint.session if hint.session is not None else f"\0request:{block_hashes[-1] if block_hashes else ''}"
+        self._expire_leases()
+        name: Hashable = hint.session if hint.session is not None else \
+            ("\0request", block_hashes[-1] if block_hashes else None)
         s = self.sessions.get(name)
         if s is None:
             if len(self.sessions) >= self._sweep_at:
                 self._sweep()
             s = self.sessions[name] = _Session(name)
+        self._count(s, -1)
         s.last = hint.now
         s.expect = hint.return_at - hint.now if hint.return_at is not None else self.unknown_return_s
         s.priority = hint.priority
         s.lease_until = hint.lease_until
-        if s.lease_until is not None and s.lease_until > self.now:
-            self.leased.add(name)
-        else:
-            self.leased.discard(name)
+        s.lease_live = s.lease_until is not None and s.lease_until > self.now
+        if s.lease_until is not None and s.lease_live:
+            s.lease_seq = next(self._versions)
+            heapq.heappush(self._lease_ends, (s.lease_until, s.lease_seq, s))
+            self._entries += 1
+        self._count(s, +1)
         chain = set(block_hashes)
-        s.dead.extend(h for h in s.chain if h not in chain and self.owner.get(h) is s)
+        s.dead = [h for h in (*s.dead, *s.chain) if h not in chain and self.owner.get(h) is s]
         s.chain = []
+        s.live = chain
         for h in block_hashes:
             owner = self.owner.get(h)
             block = self.inner.get(h) if owner is None else None
@@ -135,44 +173,79 @@ class HintedCachePolicy(CachePolicy):
                 self.status[h] = block
                 owner = self._own(h, s)
             elif owner is not None and owner is not s:  # shared with another session: the latest user
-                owner.blocks -= 1
+                self._add_blocks(owner, -1)
                 owner = self._own(h, s)
             if owner is s:
                 s.chain.append(h)
             else:
                 self.pending[h] = s
                 self.pending.move_to_end(h)
-        while len(self.pending) > 4 * self.cache_capacity:
+        while len(self.pending) > self.pending_cap:
             self.pending.popitem(last=False)
         self._push(s)
         if logger.isEnabledFor(logging.DEBUG):
+            shown = name[1] if isinstance(name, tuple) and len(name) == 2 and isinstance(name[1], str) else name
             logger.debug("kvoffload: hinted policy: session %s back in %.1f s, priority %d, lease %s; %d of its "
-                         "blocks held, %d sessions", name.replace("\0", ""), s.expect, s.priority,
+                         "blocks held, %d sessions", show(shown), s.expect, s.priority,
                          "none" if s.lease_until is None else f"{s.lease_until - hint.now:.0f} s", s.blocks,
                          len(self.sessions))
 
+    def _add_blocks(self, s: _Session, delta: int) -> None:
+        s.blocks += delta
+        if s.lease_live:
+            self.leased_blocks += delta
+        if s.priority > 0:
+            self.raised_blocks += delta
+
+    def _count(self, s: _Session, sign: int) -> None:
+        """Add (+1) or take back (-1) ``s``'s blocks in the lease and priority shares."""
+        if s.lease_live:
+            self.leased_blocks += sign * s.blocks
+        if s.priority > 0:
+            self.raised_blocks += sign * s.blocks
+
+    def _expire_leases(self) -> None:
+        """Leases that ended stop counting in the lease share (each once, in end order)."""
+        ends = self._lease_ends
+        while ends and ends[0][0] <= self.now:
+            _, seq, s = heapq.heappop(ends)
+            if s.lease_seq == seq and s.lease_live:
+                self.leased_blocks -= s.blocks
+                s.lease_live = False
+
     def _own(self, h: Hashable, s: _Session) -> _Session:
         self.owner[h] = s
-        s.blocks += 1
+        self._add_blocks(s, 1)
         if not s.queued:  # its entry was dropped while it held nothing: a victim again
             self._push(s)
         return s
 
     def _sweep(self) -> None:
-        """Forget the sessions that hold no block, await no store and hold no live lease, and
-        the heap entries gone stale: a server meets sessions without end, and each new one
-        would otherwise stay (``_worse_blocks`` walks them all)."""
+        """Forget the sessions that hold no block and await no store (a lease on nothing pins
+        nothing), and the heap entries gone stale: a server meets sessions without end, and a
+        client can invent them."""
         awaited = {id(s) for s in self.pending.values()}
         for name, s in list(self.sessions.items()):
-            if s.blocks > 0 or id(s) in awaited or (name in self.leased and self._holds_lease(s)):
-                continue
-            del self.sessions[name]
-            self.leased.discard(name)
+            if s.blocks <= 0 and id(s) not in awaited:
+                del self.sessions[name]
+                s.lease_live = False
+        self._compact()
+        self._sweep_at = 2 * len(self.sessions) + self.sweep_slack
+
+    def _compact(self) -> None:
+        def current(e: _Entry) -> bool:
+            t = self.sessions.get(e[2])
+            return t is not None and t.version == e[1]
+
+        self._entries = 0
         for order in self.orders.values():
             for heap in (order.sched, order.trans, order.overdue):
-                heap[:] = [e for e in heap if (t := self.sessions.get(e[2])) is not None and t.version == e[1]]
+                heap[:] = [e for e in heap if current(e)]
                 heapq.heapify(heap)
-        self._sweep_at = 2 * len(self.sessions) + self.sweep_slack
+                self._entries += len(heap)
+        self._lease_ends = [e for e in self._lease_ends if e[2].lease_live and e[2].lease_seq == e[1]]
+        heapq.heapify(self._lease_ends)
+        self._entries += len(self._lease_ends)
 
     def _push(self, s: _Session) -> None:
         s.version = next(self._versions)
@@ -180,6 +253,9 @@ class HintedCachePolicy(CachePolicy):
         order = self.orders.setdefault(s.priority, _Order())
         heapq.heappush(order.sched, (-(s.last + s.expect), s.version, s.name))
         heapq.heappush(order.trans, (s.last + s.expect, s.version, s.name))
+        self._entries += 2
+        if self._entries > 4 * len(self.sessions) + self.sweep_slack:
+            self._compact()
 
     def predicted(self, s: _Session) -> float:
         """When ``s`` is expected back, on the hints' clock."""
@@ -199,7 +275,10 @@ class HintedCachePolicy(CachePolicy):
             return
         self.status[h] = block
         self._own(h, s)
-        s.chain.append(h)  # stored in prefix order, after the head it extends
+        if h in s.live:
+            s.chain.append(h)  # stored in prefix order, after the head it extends
+        else:
+            s.dead.append(h)  # hinted by an earlier request of the session, stored late
 
     def remove(self, h: Hashable) -> None:
         s = self.owner.pop(h, None)
@@ -209,7 +288,7 @@ class HintedCachePolicy(CachePolicy):
                 self._inner_n -= 1
             return
         del self.status[h]
-        s.blocks -= 1
+        self._add_blocks(s, -1)
 
     def touch(self, block_hashes: Iterable[Hashable]) -> None:
         self.inner.touch(block_hashes)
@@ -233,61 +312,91 @@ class HintedCachePolicy(CachePolicy):
             out = self.inner.admitted(plain) if free <= 0 else plain
         if hinted:
             s = self.pending[hinted[0]]
-            room = max(free, 0) + self._worse_blocks(s)
+            need = len(hinted) - max(free, 0)
+            room = max(free, 0) + self._worse_blocks(s, need, len(hinted))
             out += hinted[:room]
         keep = set(out)
         return [h for h in block_hashes if h in keep]
 
-    def _worse_blocks(self, s: _Session) -> int:
-        """Blocks of sessions (and unhinted blocks) that would leave before ``s``'s."""
-        mine = self.predicted(s)
+    # ---- eviction order -------------------------------------------------------------------
+    def _raised_honoured(self) -> bool:
+        return self.raised_blocks <= self.priority_budget
+
+    def _level(self, priority: int, raised: bool) -> int:
+        """The eviction level a priority counts at: raised ones only while within their share."""
+        return priority if priority <= 0 or raised else 0
+
+    def _worse_blocks(self, s: _Session, need: int, incoming: int) -> int:
+        """Blocks of sessions (and unhinted blocks) that would leave before ``s``'s, counted in
+        eviction order until ``need`` are found (or the order reaches ``s``). ``s``'s raised
+        priority counts only if its ``incoming`` blocks stay within the share."""
+        raised = self._raised_honoured()
         honoured = self._leases_honoured()
+        mine_raised = s.priority > 0 and self.raised_blocks + incoming <= self.priority_budget
+        mine = (self._level(s.priority, mine_raised), self.predicted(s))
+        inner = (0, self.now + self.unknown_return_s)
         n = 0
-        for other in self.sessions.values():
-            if other is s or other.blocks <= 0 or (honoured and self._holds_lease(other)):
-                continue
-            if other.priority < s.priority or (other.priority == s.priority and self.predicted(other) > mine):
-                n += other.blocks
-        if s.priority > 0 or (s.priority == 0 and self.now + self.unknown_return_s > mine):
-            n += self._inner_n
+        walk = self._victim_sessions()
+        try:
+            for other in walk:
+                if n >= need:
+                    break
+                if other is None:
+                    if inner[0] < mine[0] or (inner[0] == mine[0] and inner[1] > mine[1]):
+                        n += self._inner_n
+                        continue
+                    break
+                if other is s:
+                    break
+                if honoured and self._holds_lease(other):
+                    continue
+                level = self._level(other.priority, raised)
+                if level < mine[0] or (level == mine[0] and self.predicted(other) > mine[1]):
+                    n += other.blocks
+                else:
+                    break
+        finally:
+            walk.close()  # the sessions it took off its heaps go back
         return n
 
     def _holds_lease(self, s: _Session) -> bool:
-        return s.lease_until is not None and s.lease_until > self.now
+        return s.lease_live and s.lease_until is not None and s.lease_until > self.now
 
     def _leases_honoured(self) -> bool:
-        """Leases keep their blocks only while all leased blocks fit ``lease_share`` (expired
-        leases are forgotten on the way); asked once per admission or eviction."""
-        total = 0
-        for name in list(self.leased):
-            s = self.sessions[name]
-            if self._holds_lease(s):
-                total += s.blocks
-            else:
-                self.leased.discard(name)
-        return total <= self.lease_budget
+        """Leases keep their blocks only while all leased blocks fit ``lease_share``."""
+        self._expire_leases()
+        return self.leased_blocks <= self.lease_budget
 
     def _victim_sessions(self) -> Generator[_Session | None, None, None]:
-        """Sessions from the first to leave on; None where the unhinted blocks' turn comes."""
-        inner_pred = self.now + self.unknown_return_s
-        inner_done = False
+        """Sessions from the first to leave on; None where the unhinted blocks' turn comes.
+        Levels go up from the lowest priority; raised priorities share the normal level while
+        they are past their share."""
+        raised = self._raised_honoured()
+        levels: dict[int, list[_Order]] = {}
         for priority in sorted(self.orders):
-            order = self.orders[priority]
-            self._turn_overdue(order)
-            taken: list[tuple[list[tuple[float, int, str]], tuple[float, int, str]]] = []
-            try:
+            levels.setdefault(self._level(priority, raised), []).append(self.orders[priority])
+        levels.setdefault(0, [])
+        inner_pred = self.now + self.unknown_return_s
+        taken: list[tuple[list[_Entry], _Entry]] = []
+        try:
+            for level in sorted(levels):
+                orders = levels[level]
+                for order in orders:
+                    self._turn_overdue(order)
+                inner_due = level == 0
                 while True:
-                    sched = self._top(order.sched)
-                    late = self._top(order.overdue)
-                    best: tuple[float, list[tuple[float, int, str]]] | None = None
-                    if sched is not None:
-                        best = (-sched[0], order.sched)
-                    if late is not None:
-                        p = self.now + self.alpha * (self.now - late[0])
-                        if best is None or p > best[0]:
-                            best = (p, order.overdue)
-                    if priority >= 0 and not inner_done and (best is None or inner_pred > best[0]):
-                        inner_done = True
+                    best: tuple[float, list[_Entry]] | None = None
+                    for order in orders:
+                        sched = self._top(order.sched)
+                        if sched is not None and (best is None or -sched[0] > best[0]):
+                            best = (-sched[0], order.sched)
+                        late = self._top(order.overdue)
+                        if late is not None:
+                            p = self.now + self.alpha * (self.now - late[0])
+                            if best is None or p > best[0]:
+                                best = (p, order.overdue)
+                    if inner_due and (best is None or inner_pred > best[0]):
+                        inner_due = False
                         yield None
                         continue
                     if best is None:
@@ -295,13 +404,11 @@ class HintedCachePolicy(CachePolicy):
                     entry = heapq.heappop(best[1])
                     taken.append((best[1], entry))
                     yield self.sessions[entry[2]]
-            finally:
-                for heap, entry in taken:
-                    heapq.heappush(heap, entry)
-        if not inner_done:
-            yield None
+        finally:
+            for heap, entry in taken:
+                heapq.heappush(heap, entry)
 
-    def _top(self, heap: list[tuple[float, int, str]]) -> tuple[float, int, str] | None:
+    def _top(self, heap: list[_Entry]) -> _Entry | None:
         while heap:
             _key, version, name = heap[0]
             s = self.sessions.get(name)
@@ -310,6 +417,7 @@ class HintedCachePolicy(CachePolicy):
                     return heap[0]
                 s.queued = False
             heapq.heappop(heap)
+            self._entries -= 1
         return None
 
     def _turn_overdue(self, order: _Order) -> None:
@@ -319,6 +427,8 @@ class HintedCachePolicy(CachePolicy):
             if s is not None and s.version == version:
                 s.version = next(self._versions)
                 heapq.heappush(order.overdue, (s.last + s.expect, s.version, name))
+            else:
+                self._entries -= 1
 
     def evict(self, n: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]] | None:
         if n <= 0:
@@ -355,18 +465,21 @@ class HintedCachePolicy(CachePolicy):
             if h in chosen:
                 owner = self.owner.pop(h)
                 del self.status[h]
-                owner.blocks -= 1
+                self._add_blocks(owner, -1)
         return out
 
     def _candidates(self, s: _Session) -> Iterator[Hashable]:
-        """Its blocks from the first to leave: dead ones, then the chain's deepest (stale
-        entries at the tails are dropped on the way; the lists are rebuilt when mostly stale)."""
-        for stack in (s.dead, s.chain):
-            while stack and self.owner.get(stack[-1]) is not s:
+        """Its blocks from the first to leave: dead ones (not back in the live chain), then the
+        chain's deepest (stale entries at the tails are dropped on the way; the lists are
+        rebuilt when mostly stale)."""
+        for stack, dead in ((s.dead, True), (s.chain, False)):
+            while stack and (self.owner.get(stack[-1]) is not s or (dead and stack[-1] in s.live)):
                 stack.pop()
             if len(stack) > 2 * s.blocks + 16:
-                stack[:] = [h for h in stack if self.owner.get(h) is s]
-            yield from reversed(stack)
+                stack[:] = [h for h in stack if self.owner.get(h) is s and not (dead and h in s.live)]
+            for h in reversed(stack):
+                if not (dead and h in s.live):
+                    yield h
 
     def _evict_inner(self, want: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]]:
         """``want`` of the unhinted blocks (all the inner policy holds, if fewer), or none: the
