@@ -115,7 +115,8 @@ def load_weka_requests(path: str | Path, limit: int | None = None, gap_s: float 
     Hash ids are local to a conversation, so each block is keyed by (trace id, hash id),
     interned to a dense int. Conversations are interleaved by their request times, each
     starting ``gap_s`` after the previous one (the traces carry no absolute timestamps); a
-    sub-agent's requests belong to its conversation.
+    sub-agent's requests belong to its conversation, at the sub-agent's start plus their own
+    times (theirs count from the sub-agent's start, not the conversation's).
     """
     import tarfile
 
@@ -130,9 +131,9 @@ def load_weka_requests(path: str | Path, limit: int | None = None, gap_s: float 
             trace = json.load(f)
             tid = str(trace.get("id", member.name))
             offset = k * gap_s
-            for req in _flatten_weka(trace.get("requests", [])):
+            for at, req in _flatten_weka(trace.get("requests", [])):
                 blocks = [ids.setdefault((tid, h), len(ids)) for h in req.get("hash_ids", [])]
-                t = offset + float(req.get("t", 0.0))
+                t = offset + at
                 timed.append((t, len(timed), TraceRequest(t, tid, str(req.get("stop") or ""), blocks)))
             if limit is not None and len(timed) >= limit:
                 break
@@ -141,12 +142,14 @@ def load_weka_requests(path: str | Path, limit: int | None = None, gap_s: float 
     return reqs[:limit] if limit is not None else reqs
 
 
-def _flatten_weka(requests: list[dict]) -> Iterator[dict]:
+def _flatten_weka(requests: list[dict], start: float = 0.0) -> Iterator[tuple[float, dict]]:
+    """(time since the conversation's start, request), sub-agents' requests included."""
     for req in requests:
+        at = start + float(req.get("t", 0.0))
         if req.get("type") == "subagent" and "requests" in req:
-            yield from _flatten_weka(req["requests"])
+            yield from _flatten_weka(req["requests"], at)
         else:
-            yield req
+            yield at, req
 
 
 def synthetic_scan_workload(
