@@ -3,11 +3,17 @@ Dynamo's standalone selection service (`python -m dynamo.select_service`) picks 
 replicas' KV events (device blocks, and kvoffload's host, disk and shared tiers).
 
 Standard library only. Per request: the prompt's token ids (a text prompt is tokenized by a
-replica's /tokenize), `POST /select_and_reserve` to the selection service, the request forwarded
-to the chosen replica, then the reservation's prefill marked complete and freed, so the service
-balances load between replicas as well as prefix hits. The response carries the chosen worker in
-the `x-kvoffload-worker` header. `--round-robin` skips the selection service (the baseline the
-benchmark compares against).
+live replica's /tokenize), `POST /select_and_reserve` to the selection service, the request
+forwarded to the chosen replica, then the reservation's prefill marked complete and freed, so
+the service balances load between replicas as well as prefix hits. The response carries the
+chosen worker in the `x-kvoffload-worker` header. `--round-robin` skips the selection service
+(the baseline the benchmark compares against).
+
+Every request gets an answer: 4xx naming what is wrong with the body, the replica's own status
+and body where it refused the request, 502 (an upstream failed or sent nonsense), 503 (no replica
+could tokenize) or 504 (an upstream did not answer within `--timeout` seconds; a completion
+within `--completion-timeout`), each with a one-line reason. A stream whose replica dies or
+stalls mid-way ends with an SSE error event and a broken chunked encoding, never a normal end.
 
     python examples/routing/gateway.py --port 8000 --selector http://127.0.0.1:8092 \\
         --worker 1=http://127.0.0.1:8101 --worker 2=http://127.0.0.1:8102
@@ -19,68 +25,130 @@ it in process.)
 from __future__ import annotations
 
 import argparse
+import http.client
 import itertools
 import json
+import logging
 import threading
-import urllib.error
-import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-TIMEOUT_S = 600
+from kvoffload.integrations.gateway_http import make_handler
+from kvoffload.integrations.gateway_upstream import (
+    COMPLETION_TIMEOUT_S,
+    TIMEOUT_S,
+    GatewayError,
+    call,
+    open_url,
+)
+
+logger = logging.getLogger("kvoffload.gateway")
 
 
-def call(url: str, body: Any = None, method: str = "POST") -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-        text = resp.read().decode()
-    return json.loads(text) if text.strip() else {}
+def prompt_of(body: object) -> str | list[int]:
+    """The request's one prompt, checked: a string or a list of token ids."""
+    if not isinstance(body, dict):
+        raise GatewayError(400, f"the body is a JSON {type(body).__name__}: give a JSON object with a prompt")
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 1 << 31 for t in prompt):
+        return prompt
+    shown = json.dumps(prompt)[:40] if isinstance(prompt, (str, int, float, bool, type(None))) else \
+        f"a {type(prompt).__name__}"
+    raise GatewayError(400, f"prompt {shown}: give one prompt, a string or a list of token ids")
 
 
 class Gateway:
-    def __init__(self, selector: str | None, workers: dict[int, str], model: str = "default") -> None:
+    def __init__(self, selector: str | None, workers: dict[int, str], model: str = "default",
+                 timeout_s: float = TIMEOUT_S, completion_timeout_s: float = COMPLETION_TIMEOUT_S) -> None:
         if not workers:
             raise ValueError("no --worker given; name each replica as ID=URL, e.g. --worker 1=http://127.0.0.1:8101")
+        for name, value in (("--timeout", timeout_s), ("--completion-timeout", completion_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{name} {value}: give seconds > 0, e.g. 10")
         self.selector = selector.rstrip("/") if selector else None
         self.workers = {wid: url.rstrip("/") for wid, url in workers.items()}
         self.model = model
+        self.timeout_s = timeout_s
+        self.completion_timeout_s = completion_timeout_s
         self._next = itertools.cycle(sorted(self.workers))
         self._lock = threading.Lock()
+        self._warned: set[str] = set()
 
-    def token_ids(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+    def _turn(self) -> int:
+        with self._lock:
+            return next(self._next)
+
+    def token_ids(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of the prompt; a text prompt is tokenized by the first replica (in turn)
+        that answers, so one dead replica does not fail every text request."""
+        if isinstance(prompt, list):
             return prompt
-        if isinstance(prompt, str):
-            base = next(iter(self.workers.values()))
-            return call(f"{base}/tokenize", {"prompt": prompt})["tokens"]
-        raise ValueError(f"prompt {str(prompt)[:40]!r}: give one prompt, a string or a list of token ids")
+        start = self._turn()
+        order = sorted(self.workers)
+        order = order[order.index(start):] + order[:order.index(start)]
+        faults = []
+        for wid in order:
+            try:
+                out = call(f"{self.workers[wid]}/tokenize", {"prompt": prompt}, timeout_s=self.timeout_s,
+                           what=f"replica {wid}")
+            except GatewayError as exc:
+                faults.append(str(exc))
+                continue
+            tokens = out.get("tokens") if isinstance(out, dict) else None
+            if isinstance(tokens, list) and all(type(t) is int for t in tokens):
+                return tokens
+            faults.append(f"replica {wid}'s /tokenize answer has no token list")
+        raise GatewayError(503, f"no replica could tokenize the prompt: {'; '.join(faults)}")
 
     def choose(self, body: dict[str, Any]) -> tuple[int, str | None]:
         """(worker id, reservation id: None for round robin) for one completion request."""
+        prompt = prompt_of(body)
         if self.selector is None:
-            with self._lock:
-                return next(self._next), None
+            return self._turn(), None
         selection_id = uuid.uuid4().hex
         chosen = call(f"{self.selector}/select_and_reserve",
-                      {"selection_id": selection_id, "model_name": self.model,
-                       "token_ids": self.token_ids(body.get("prompt"))})
-        return int(chosen["worker_id"]), selection_id
+                      {"selection_id": selection_id, "model_name": self.model, "token_ids": self.token_ids(prompt)},
+                      timeout_s=self.timeout_s, what="the selection service")
+        wid = chosen.get("worker_id") if isinstance(chosen, dict) else None
+        if type(wid) is not int or wid not in self.workers:
+            self.release(selection_id)
+            raise GatewayError(502, f"the selection service chose worker {str(wid)[:40]}, which is not one of "
+                                    f"this gateway's --worker ids ({', '.join(map(str, sorted(self.workers)))})")
+        return wid, selection_id
+
+    def _best_effort(self, path: str, method: str) -> None:
+        """Reservation bookkeeping: a failure is logged once per kind, and the client's answer
+        stands (the service expires reservations on its own)."""
+        try:
+            call(f"{self.selector}{path}", method=method, timeout_s=self.timeout_s, what="the selection service")
+        except GatewayError as exc:
+            kind = f"{method}:{exc.status}"
+            if kind not in self._warned:
+                self._warned.add(kind)
+                logger.warning("kvoffload gateway: %s %s failed (%s); requests are still served (logged once)",
+                               method, path.split("/")[1], exc)
 
     def prefilled(self, selection_id: str | None) -> None:
         if selection_id is not None:
-            call(f"{self.selector}/reservations/{selection_id}/prefill_complete")
+            self._best_effort(f"/reservations/{selection_id}/prefill_complete", "POST")
 
     def release(self, selection_id: str | None) -> None:
         if selection_id is not None:
-            call(f"{self.selector}/reservations/{selection_id}", method="DELETE")
+            self._best_effort(f"/reservations/{selection_id}", "DELETE")
 
-    def route(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def open_completion(self, wid: int, body: dict[str, Any]) -> http.client.HTTPResponse:
+        return open_url(f"{self.workers[wid]}/v1/completions", body, "POST", self.completion_timeout_s,
+                        f"replica {wid}")
+
+    def route(self, body: dict[str, Any]) -> tuple[int, Any]:
         """(worker id, the replica's response) for one non-streaming completion request."""
         wid, selection_id = self.choose(body)
         try:
-            out = call(f"{self.workers[wid]}/v1/completions", body)
+            out = call(f"{self.workers[wid]}/v1/completions", body, timeout_s=self.completion_timeout_s,
+                       what=f"replica {wid}", relay=True)
             self.prefilled(selection_id)
             return wid, out
         finally:
@@ -88,57 +156,7 @@ class Gateway:
 
 
 def serve(gateway: Gateway, host: str, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            if self.path != "/v1/completions":
-                return self._reply(404, {"error": f"{self.path}: only /v1/completions is routed"})
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                if body.get("stream"):
-                    return self._stream(body)
-                wid, out = gateway.route(body)
-            except (ValueError, KeyError) as exc:
-                return self._reply(400, {"error": str(exc)})
-            except urllib.error.URLError as exc:
-                return self._reply(502, {"error": f"upstream: {exc}"})
-            self._reply(200, out, {"x-kvoffload-worker": str(wid)})
-
-        def _stream(self, body: dict[str, Any]) -> None:
-            """Relay the replica's server-sent events as they come; the reservation's prefill
-            ends with the first one."""
-            wid, selection_id = gateway.choose(body)
-            try:
-                req = urllib.request.Request(f"{gateway.workers[wid]}/v1/completions", data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=TIMEOUT_S) as upstream:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.send_header("x-kvoffload-worker", str(wid))
-                    self.end_headers()  # HTTP/1.0: the body ends when the connection closes
-                    first = True
-                    while line := upstream.readline():
-                        self.wfile.write(line)
-                        self.wfile.flush()
-                        if first:
-                            first = False
-                            gateway.prefilled(selection_id)
-            finally:
-                gateway.release(selection_id)
-
-        def _reply(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = ThreadingHTTPServer((host, port), make_handler(gateway))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -153,7 +171,7 @@ def register(selector: str, workers: dict[int, str], events: dict[int, tuple[str
         call(f"{selector.rstrip('/')}/workers",
              {"worker_id": wid, "model_name": model, "endpoint": url, "block_size": block_size,
               "data_parallel_start_rank": 0, "data_parallel_size": 1, "kv_events_endpoints": {"0": pub},
-              "replay_endpoint": replay})
+              "replay_endpoint": replay}, timeout_s=60.0, what="the selection service")
 
 
 def _worker(text: str) -> tuple[int, str]:
@@ -174,6 +192,10 @@ def main() -> None:
                          "(e.g. 1=tcp://127.0.0.1:5557,tcp://127.0.0.1:5567)")
     ap.add_argument("--block-size", type=int, default=128, help="the replicas' KV block size in tokens")
     ap.add_argument("--round-robin", action="store_true", help="ignore the selection service: alternate replicas")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                    help="seconds the selection service and /tokenize may stay silent before a 504")
+    ap.add_argument("--completion-timeout", type=float, default=COMPLETION_TIMEOUT_S,
+                    help="seconds a replica may stay silent on a completion (a stream: between chunks)")
     args = ap.parse_args()
     workers = dict(args.worker)
     if args.events:
@@ -187,7 +209,11 @@ def main() -> None:
                 ap.error(f"--events {text!r}: write ID=PUB,REPLAY with tcp:// endpoints")
             events[int(wid)] = (pub, replay)
         register(args.selector, {w: workers[w] for w in events}, events, args.block_size)
-    gateway = Gateway(None if args.round_robin else args.selector, workers)
+    try:
+        gateway = Gateway(None if args.round_robin else args.selector, workers, timeout_s=args.timeout,
+                          completion_timeout_s=args.completion_timeout)
+    except ValueError as exc:
+        ap.error(str(exc))
     if gateway.selector is None and not args.round_robin:
         ap.error("give --selector (KV-aware) or --round-robin")
     serve(gateway, args.host, args.port)

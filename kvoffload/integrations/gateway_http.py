@@ -1,0 +1,143 @@
+"""The gateway's HTTP side: read and check a client's request, answer it with a status it can
+act on, relay a stream chunk by chunk.
+
+HTTP/1.1 with chunked streams, so a client can tell a stream that ended from one that broke: a
+replica that dies or stalls mid-stream gets the client an SSE ``error`` event and then a
+connection closed without the terminating chunk (an incomplete response to any HTTP client).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+
+from kvoffload.integrations.gateway_upstream import MAX_BODY_BYTES, GatewayError, ReplicaRefused
+
+if TYPE_CHECKING:
+    from kvoffload.integrations.dynamo_gateway import Gateway
+
+
+def _read_body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
+    length = handler.headers.get("Content-Length")
+    if length is None:
+        raise GatewayError(411, "no Content-Length: send the JSON body with its length")
+    if not length.strip().isdigit():
+        raise GatewayError(400, f"Content-Length {length[:20]!r} is not a byte count")
+    n = int(length)
+    if n > MAX_BODY_BYTES:
+        raise GatewayError(413, f"a body of {n} bytes is over the gateway's {MAX_BODY_BYTES} bytes")
+    data = handler.rfile.read(n)
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        raise GatewayError(400, "the body is not JSON: send one JSON object") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, f"the body is a JSON {type(body).__name__}: give a JSON object with a prompt")
+    return body
+
+
+def make_handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        #: A client that sends half a body is dropped after this long.
+        timeout = gateway.timeout_s
+
+        def do_POST(self) -> None:
+            if self.path != "/v1/completions":
+                self._drain()
+                return self._reply(404, {"error": f"{self.path[:80]}: only /v1/completions is routed"})
+            try:
+                body = _read_body(self)
+                if body.get("stream"):
+                    return self._stream(body)
+                wid, out = gateway.route(body)
+            except GatewayError as exc:
+                return self._reply(exc.status, {"error": str(exc)})
+            except ReplicaRefused as exc:
+                return self._raw(exc.status, exc.body, exc.content_type)
+            self._reply(200, out, {"x-kvoffload-worker": str(wid)})
+
+        def do_GET(self) -> None:
+            self._reply(405, {"error": f"GET {self.path[:80]}: POST /v1/completions"})
+
+        def _drain(self) -> None:
+            length = self.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) <= MAX_BODY_BYTES:
+                self.rfile.read(int(length))
+            else:
+                self.close_connection = True
+
+        def _stream(self, body: dict[str, Any]) -> None:
+            """Relay the replica's server-sent events as they come; the reservation's prefill
+            ends with the first one, and it is freed before the client sees the end. Errors
+            before the first byte get a status; after it, an error event and a broken chunked
+            encoding."""
+            wid, selection_id = gateway.choose(body)
+            reserved = True
+            try:
+                try:
+                    upstream = gateway.open_completion(wid, body)
+                except ReplicaRefused as exc:
+                    return self._raw(exc.status, exc.body, exc.content_type)
+                with upstream:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.send_header("x-kvoffload-worker", str(wid))
+                    self.end_headers()
+                    fault = self._relay(upstream, selection_id, wid)
+                reserved = False
+                gateway.release(selection_id)
+                if fault is None:
+                    self._chunk(b"")  # the terminating chunk: a complete response
+                    return
+                self.close_connection = True  # no terminating chunk: the response is incomplete
+                event = {"error": {"message": fault, "type": "upstream_error", "code": 502}}
+                self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+            except OSError:
+                self.close_connection = True  # the client left: nobody to tell
+            finally:
+                if reserved:
+                    gateway.release(selection_id)
+
+        def _relay(self, upstream: http.client.HTTPResponse, selection_id: str | None, wid: int) -> str | None:
+            """Copy the stream; None if it ended with ``[DONE]``, else what went wrong."""
+            first, done = True, False
+            try:
+                while line := upstream.readline():
+                    try:
+                        self._chunk(line)
+                    except OSError:
+                        return None  # the client left: the replica's stream is closed with ours
+                    done = done or line.strip() == b"data: [DONE]"
+                    if first:
+                        first = False
+                        gateway.prefilled(selection_id)
+            except TimeoutError:
+                return f"replica {wid} went silent for {gateway.completion_timeout_s:g} s mid-stream"
+            except (OSError, http.client.HTTPException) as exc:
+                return f"replica {wid} broke off the stream ({type(exc).__name__})"
+            return None if done else f"replica {wid} ended the stream before [DONE]"
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+            self._raw(status, json.dumps(body).encode(), "application/json", headers)
+
+        def _raw(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
