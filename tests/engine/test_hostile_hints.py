@@ -168,6 +168,30 @@ def test_tenants_are_the_salt_the_adapter_and_the_operators_keys():
     assert session("i", tenant="t1") == others[2]
 
 
+def test_hostile_hints_do_not_change_what_kv_events_announce():
+    """The same requests under eviction pressure, unhinted and with a hostile hint on each (every
+    field out of bounds, another tenant's session names): the tiers announce the same blocks
+    stored and removed, in the same order."""
+    def events(hinted: bool) -> list:
+        offload = {"tiers": [{"medium": "cpu", "capacity": "64KiB", "eviction_policy": "hinted"}],
+                   "metrics": {"events": True}}
+        out = []
+        with LLM(EngineConfig(block_size=8, num_gpu_blocks=64, kv_offload=offload)) as llm:
+            connector = llm.scheduler_connector
+            for i in range(12):  # 16 host blocks; 5 a request: evictions from the fourth on
+                hint = HOSTILE[i % len(HOSTILE)] if hinted else None
+                _serve(llm, f"r{i}", [(i * 11 + j) % 250 + 1 for j in range(40)], hint=hint)
+                while connector is not None and connector.has_pending_work():  # its stores land first
+                    llm.step()
+                out += llm.take_kv_events()
+        # One entry per block: how the events batch them depends on when a step looks.
+        return [(type(e).__name__, h, e.medium) for e in out for h in e.block_hashes]
+
+    plain = events(False)
+    assert sum(kind == "BlockRemoved" for kind, *_ in plain) > 0
+    assert events(True) == plain
+
+
 # ---- hostile JSON at every field (Hypothesis) ------------------------------------------------
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
                     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children,
