@@ -7,6 +7,11 @@ hashed (xxh3-128, several GB/s), once per file version: the digest is kept in th
 directory under the file's resolved path, with the file's size, mtime, ctime, inode and device,
 and recomputed whenever any of them changes (an in-place write changes mtime and ctime; a
 replacement changes the inode; ``touch -d`` to fake an mtime still moves the ctime).
+
+On a file system with coarse timestamps (a second on ext3 or some NFS servers, two on FAT), a
+same-size rewrite within the tick after hashing would keep the identity: a digest is cached
+only for a file last changed more than ``RECENT_S`` ago (git's "racily clean" rule); a file
+younger than that is hashed again at every start until it is older.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from kvoffload.safe_files import open_file, read_file, replace_file
 logger = logging.getLogger(__name__)
 
 _CHUNK = 8 << 20
+#: A file changed less than this long ago may still change within its timestamp's tick.
+RECENT_S = 3.0
+#: Wall-clock time in ns (the file system's clock), replaceable in tests.
+_now_ns = time.time_ns
 #: A checkpoint slower than this to hash gets an info line (its digest is cached afterwards).
 _SLOW_S = 2.0
 
@@ -100,6 +109,8 @@ def file_digest(path: Path, cache_dir: Path | None) -> str:
         digest = hash_file(path)
         if FileIdentity.of(path) != ident:
             return f"changing:{digest}"  # written while hashed: a mixture, never cached
+        if _now_ns() - max(ident.mtime_ns, ident.ctime_ns) < RECENT_S * 1e9:
+            return digest  # a rewrite within this tick would not change the identity: not cached
         try:
             replace_file(entry, json.dumps({"identity": asdict(ident), "xxh3_128": digest}).encode(), mode=0o600)
         except OSError as exc:

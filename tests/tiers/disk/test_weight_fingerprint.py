@@ -124,7 +124,14 @@ def test_an_edit_anywhere_in_a_checkpoint_never_serves_old_kv(checkpoint, tmp_pa
     assert stats["prefix_hit_tokens"]["disk"] == 0  # a new namespace: nothing of the old weights served
 
 
+def _files_are_old(monkeypatch) -> None:
+    """The clock reads 10 s on: files written just now are past the racy window, cacheable."""
+    real = weight_digests.time.time_ns
+    monkeypatch.setattr(weight_digests, "_now_ns", lambda: real() + 10 * 10**9)
+
+
 def test_digests_are_cached_by_file_identity(tmp_path, monkeypatch):
+    _files_are_old(monkeypatch)
     hashed: list[str] = []
     real = weight_digests.hash_file
     monkeypatch.setattr(weight_digests, "hash_file", lambda p: hashed.append(p.name) or real(p))
@@ -160,6 +167,7 @@ def test_processes_starting_together_hash_a_file_once(tmp_path, monkeypatch):
     import threading
     import time
 
+    _files_are_old(monkeypatch)
     hashed: list[str] = []
     real = weight_digests.hash_file
 
@@ -180,3 +188,33 @@ def test_processes_starting_together_hash_a_file_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert hashed == ["w.safetensors"] and len(set(out)) == 1 and len(out) == 3
+
+
+def test_a_file_changed_within_its_timestamp_tick_is_never_cached(tmp_path, monkeypatch):
+    """On a file system with one-second timestamps, a same-size rewrite within the second after
+    hashing keeps size, mtime, ctime and inode: a digest cached then would be served for the
+    new bytes. Faked here: identities truncated to whole seconds, a clock we move."""
+    real_of = weight_digests.FileIdentity.of
+    changed = 1_700_000_000 * 10**9  # the tick every write below falls in
+
+    def coarse(path):
+        ident = real_of(path)
+        return weight_digests.FileIdentity(ident.path, ident.size, changed, changed, ident.inode, ident.device)
+
+    monkeypatch.setattr(weight_digests.FileIdentity, "of", staticmethod(coarse))
+    model = tmp_path / "m"
+    model.mkdir()
+    w = model / "w.safetensors"
+    w.write_bytes(b"a" * 50_000)
+    clock = [changed + 400_000_000]  # 0.4 s into the file's tick
+    monkeypatch.setattr(weight_digests, "_now_ns", lambda: clock[0])
+    cache = tmp_path / "digests"
+    first = weights_fingerprint(model, cache)
+    with open(w, "r+b") as f:  # the same size, within the same second: the same coarse identity
+        f.seek(123)
+        f.write(b"b")
+    second = weights_fingerprint(model, cache)
+    assert second != first  # hashed again, not served from a cache entry of the old bytes
+    assert not list(cache.glob("*.json"))  # nothing cached while the file is that young
+    clock[0] = changed + 5 * 10**9  # later: the file is settled, its digest is cached
+    assert weights_fingerprint(model, cache) == second and len(list(cache.glob("*.json"))) == 1
