@@ -53,6 +53,8 @@ CONNECTOR_COUNTERS = {
     "lookups_deferred": ("kvoffload_lookups_deferred", "Lookups deferred a step (a store or load still in flight)"),
     "blocks_loaded": ("kvoffload_loaded_blocks", "Offloaded blocks loaded into the device cache"),
     "loads_failed": ("kvoffload_failed_load_blocks", "Blocks whose load failed (recomputed)"),
+    "loads_cancelled": ("kvoffload_cancelled_load_blocks", "Blocks whose load was given up as slower than "
+                        "recomputing them (a tier that slowed down): recomputed"),
     "corrupt_blocks": ("kvoffload_corrupt_blocks", "Blocks dropped as corrupt, misplaced or unreadable"),
     "blocks_stored": ("kvoffload_stored_blocks", "Blocks stored into the first tier"),
     "stores_failed": ("kvoffload_failed_store_blocks", "Blocks whose store failed"),

@@ -1,9 +1,11 @@
 """Live estimates the load cost model decides by: a copy's time as latency + size x per-unit
 cost, and the engine's prefill time per token by step size.
 
-Both forget old samples exponentially (a tier that slows down is seen within ~1/alpha jobs),
-and both clip a sample far above the current estimate (one page-cache miss or scheduler hiccup
-moves the estimate a little; a tier that stays slow moves it all the way within a few jobs).
+Both forget old samples exponentially, and both clip a sample far above the current estimate
+(one page-cache miss or scheduler hiccup moves the estimate a little). A second such sample in a
+row is not a hiccup: a load fit takes it whole, so a tier that slowed down is priced as slow
+from its second slow job (clipping every sample grew the estimate only ~1.3x a job); so is a
+sample the caller knows to be evidence (a job seen overrunning while it ran).
 """
 
 from __future__ import annotations
@@ -20,17 +22,24 @@ class LinearFit:
 
     alpha: float = 0.1
     samples: int = 0
+    #: The last sample was far above the estimate.
+    _high: bool = False
     _w: float = 0.0
     _sx: float = 0.0
     _sy: float = 0.0
     _sxx: float = 0.0
     _sxy: float = 0.0
 
-    def add(self, units: float, seconds: float) -> None:
+    def add(self, units: float, seconds: float, trusted: bool = False) -> None:
+        """One job's time; ``trusted``: known not to be a hiccup (never clipped)."""
         if units <= 0 or seconds < 0:
             return
         if self.samples >= 3:
-            seconds = min(seconds, CLIP * self.estimate(units))
+            bound = CLIP * self.estimate(units)
+            high = seconds > bound
+            if high and not (trusted or self._high):
+                seconds = bound
+            self._high = high
         keep = 1.0 - self.alpha
         self._w = self._w * keep + 1.0
         self._sx = self._sx * keep + units
@@ -38,6 +47,14 @@ class LinearFit:
         self._sxx = self._sxx * keep + units * units
         self._sxy = self._sxy * keep + units * seconds
         self.samples += 1
+
+    def restart(self, units: float, seconds: float) -> None:
+        """Forget the history: the tier changed (a job ran far past what it predicted), and
+        this job's time is all that is known of it now. It stays measured (no warm-up)."""
+        self._w, self._sx, self._sy = 1.0, units, seconds
+        self._sxx, self._sxy = units * units, units * seconds
+        self._high = False
+        self.samples = max(self.samples, 1)
 
     def coefficients(self) -> tuple[float, float]:
         """(latency, per_unit), both >= 0. Jobs all of one size cannot tell the two apart: then

@@ -10,6 +10,10 @@ tier's deeper blocks recomputed), or nothing.
 
 Safeguards, since a wrong "recompute" throws away a real hit, and a wrong "load" can cost
 more than recomputing:
+- jobs in flight (``LoadQueue``): a load's estimate includes the wait behind the tier's loads
+  in flight, and a tier whose oldest job runs far past its estimate is priced that much slower
+  before the job ends; planned loads now predicted to finish later than recomputing their
+  blocks would are given up (``overdue``: the scheduler cancels them and they recompute);
 - warm-up: until a tier has ``warmup_jobs`` timed loads and the engine one timed step, load;
   but no more untimed load jobs in flight per tier than the timings it still needs (host
   memory excepted): a slow tier's first hits would otherwise all queue behind each other
@@ -42,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvoffload.connector.cost_fit import LinearFit, PrefillRate
+from kvoffload.connector.load_queue import InFlightLoad, LoadQueue
 
 
 class LoadDecision(enum.Enum):
@@ -76,9 +81,9 @@ class TierCost:
     last_load_at: float = 0.0
     #: The last verdict: True load, False recompute, None never judged.
     verdict: bool | None = None
-    #: Load jobs from this tier in flight, and warm-up loads given this step (their jobs start
-    #: when the step's plan is built; ``end_step`` forgets those that did not).
-    loads_in_flight: int = 0
+    #: Load jobs from this tier planned and not yet reported, and warm-up loads given this step
+    #: and not planned yet (``end_step`` forgets those that never were).
+    queue: LoadQueue = field(default_factory=LoadQueue)
     warmup_given: int = 0
     #: Seconds from a measurement to the next probe (doubles while probes find it slow).
     probe_after_s: float = 0.0
@@ -88,7 +93,7 @@ class LoadCostModel:
     def __init__(self, modes: Mapping[str, str], tokens_per_block: int, bytes_per_block: int,
                  clock: Callable[[], float] = time.monotonic, warmup_jobs: int = 3, margin: float = 0.25,
                  min_gain_s: float = 0.002, probe_after_s: float = 30.0, probe_blocks: int = 8,
-                 max_probe_after_s: float = 300.0) -> None:
+                 max_probe_after_s: float = 300.0, give_up: bool = True) -> None:
         #: Load mode by medium, in tier order (fastest first).
         self.modes = dict(modes)
         self.tokens_per_block = tokens_per_block
@@ -100,6 +105,8 @@ class LoadCostModel:
         self.probe_after_s = probe_after_s
         self.probe_blocks = probe_blocks
         self.max_probe_after_s = max(probe_after_s, max_probe_after_s)
+        #: Loads may be given up (the engine recomputes a failed load, not fails its request).
+        self.give_up = give_up
         self.tiers: dict[str, TierCost] = {m: self._new_tier() for m in self.modes}
         self.prefill = PrefillRate()
         #: A forward pass's time, exponentially averaged (0 before the first).
@@ -115,23 +122,61 @@ class LoadCostModel:
             tier = self.tiers[medium] = self._new_tier()
         return tier
 
-    def load_started(self, medium: str) -> None:
-        self._tier(medium).loads_in_flight += 1
-
-    def load_ended(self, medium: str) -> None:
-        """A load job is over, done or failed (``observe_load`` times a successful one)."""
+    def load_planned(self, medium: str, job_id: int, blocks: int, cancellable: bool) -> None:
+        """A load job of ``blocks`` from ``medium`` was planned; ``cancellable``: it may be given
+        up if it comes to cost more than recomputing (an asynchronous load of a tier in mode
+        ``auto`` that reads records)."""
         tier = self._tier(medium)
-        tier.loads_in_flight = max(0, tier.loads_in_flight - 1)
+        own = tier.loads.estimate(blocks) if tier.loads.samples >= self.warmup_jobs else None
+        if own is None and tier.warmup_given:
+            tier.warmup_given -= 1  # a warm-up load given this step, now planned: counted once
+        budget = self.prefill.seconds(blocks * self.tokens_per_block) if cancellable else None
+        if budget is not None:
+            budget = budget * (1 + self.margin) + self.min_gain_s
+        tier.queue.add(job_id, InFlightLoad(blocks, own, budget))
+
+    def cancellable(self, medium: str) -> bool:
+        """Whether this model may give up loads of ``medium``: tiers it decides for (mode
+        ``auto``) that read records (host memory is copied in microseconds), where the engine
+        recomputes a failed load."""
+        return self.give_up and medium != "CPU" and self.modes.get(medium, "auto") == "auto"
+
+    def load_ended(self, medium: str, job_id: int, seconds: float | None = None) -> None:
+        """A load job is over: done in ``seconds``, or failed or cancelled (None)."""
+        tier = self._tier(medium)
+        load = tier.queue.pop(job_id)
+        if seconds is not None:
+            self.observe_load(medium, load.blocks if load is not None else 0, seconds,
+                              trusted=load is not None and load.overran)
 
     def end_step(self) -> None:
-        """The step's loads have started: a warm-up load given and not started was not issued."""
+        """The step's loads were planned: a warm-up load given and not planned was not issued."""
         for tier in self.tiers.values():
             tier.warmup_given = 0
 
-    def observe_load(self, medium: str, blocks: int, seconds: float) -> None:
+    def observe_load(self, medium: str, blocks: int, seconds: float, trusted: bool = False) -> None:
         tier = self._tier(medium)
-        tier.loads.add(blocks, seconds)
+        tier.loads.add(blocks, seconds, trusted)
         tier.last_load_at = self.clock()
+
+    def load_reading(self, medium: str, job_id: int, seconds: float) -> None:
+        """A worker reports a load job of ``medium`` has been reading for ``seconds``."""
+        self._tier(medium).queue.reading(job_id, seconds)
+
+    def overdue(self) -> list[int]:
+        """Cancellable load jobs now predicted to finish later than recomputing their blocks
+        from here would; each counts as evidence of its tier's speed (it ran this long at least)."""
+        out = []
+        for tier in self.tiers.values():
+            head = next(iter(tier.queue.loads.items()), None)
+            given_up = tier.queue.overdue(tier.queue.slowdown())
+            if head is not None and head[0] in given_up:
+                # It read past what recomputing would have taken: the tier is not what its fit
+                # says. What it read (a lower bound) is all that is known of it now.
+                tier.loads.restart(head[1].blocks, head[1].read_s)
+                tier.last_load_at = self.clock()
+            out += given_up
+        return out
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         self.prefill.add(tokens, seconds)
@@ -224,7 +269,7 @@ class LoadCostModel:
         for s in segments:
             tier = self._tier(s.medium)
             needed = self.warmup_jobs - tier.loads.samples
-            if cut >= forced and s.medium != "CPU" and 0 < needed <= tier.loads_in_flight + tier.warmup_given:
+            if cut >= forced and s.medium != "CPU" and 0 < needed <= len(tier.queue.loads) + tier.warmup_given:
                 break
             cut += s.blocks
         for medium in self._loaded(segments, cut):
@@ -234,9 +279,16 @@ class LoadCostModel:
     def _cost(self, segments: Sequence[Segment], cut: int, total: int) -> float:
         """Estimated seconds to load the hit's first ``cut`` blocks and recompute the rest."""
         per_tier = self._loaded(segments, cut)
-        load = max((self._tier(m).loads.estimate(n) for m, n in per_tier.items()), default=0.0)
+        load = max((self._load_s(m, n) for m, n in per_tier.items()), default=0.0)
         recompute = self.prefill.seconds((total - cut) * self.tokens_per_block) or 0.0
         return load + recompute
+
+    def _load_s(self, medium: str, blocks: int) -> float:
+        """A new load's time: the wait behind the tier's loads in flight, then its own, both at
+        the slowdown the tier's running job has shown."""
+        tier = self._tier(medium)
+        slowdown = tier.queue.slowdown()
+        return tier.queue.wait_s(slowdown) + tier.loads.estimate(blocks) * slowdown
 
     def _consistent_cut(self, segments: Sequence[Segment], forced: int) -> int:
         """The cut each tier's last verdict asks for: load up to the first run of a tier judged

@@ -220,8 +220,12 @@ class LoadPlanner(Planner):
                 hi = (offset + len(seg_keys)) * f
                 while lo < hi and block_ids[lo] == NULL_BLOCK_ID:
                     lo += 1  # left of a sliding window: the engine keeps no block there
-                jobs.append(book.new_job(JobKind.LOAD, rid, seg_keys, spec, GPULoadStoreSpec(block_ids[lo:hi]),
-                                         hit_tokens=(hi - lo) * block_size if g == 0 else 0))
+                job = book.new_job(JobKind.LOAD, rid, seg_keys, spec, GPULoadStoreSpec(block_ids[lo:hi]),
+                                   hit_tokens=(hi - lo) * block_size if g == 0 else 0)
+                jobs.append(job)
+                medium = str(spec.medium())
+                self.cost.load_planned(medium, job.job_id, len(seg_keys),
+                                       cancellable=rid not in self._sync and self.cost.cancellable(medium))
                 if spec.medium() is not Medium.CPU:
                     promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
                 offset += len(seg_keys)

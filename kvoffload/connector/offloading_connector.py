@@ -23,7 +23,7 @@ from kvoffload.connector.base import (
     KVConnectorRole,
     StepPlan,
 )
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
+from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.kv_events import KVEvent
@@ -99,7 +99,7 @@ class OffloadingConnector(KVConnectorBase):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker().take_failed_block_ids()
 
-    def build_connector_worker_meta(self) -> list[TransferResult | StepTiming]:
+    def build_connector_worker_meta(self) -> list[TransferResult | StepTiming | LoadReading]:
         return self._worker().build_connector_worker_meta()
 
     # ---- scheduler side ------------------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from kvoffload.connector.base import KVConnectorMetadata
 from kvoffload.connector.jobs import TransferJob
 
-__all__ = ["OffloadingConnectorMetadata", "StepTiming", "TransferJob"]
+__all__ = ["LoadReading", "OffloadingConnectorMetadata", "StepTiming", "TransferJob"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +16,15 @@ class StepTiming:
     with its copy results: the scheduler half prices recomputation by it."""
 
     tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReading:
+    """A load job a worker is running, and how long it has been reading (sent each step while
+    it runs): the scheduler half's evidence of a tier slower than it was timed."""
+
+    job_id: int
     seconds: float
 
 
@@ -42,3 +51,6 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     sync_loads: set[str] = field(default_factory=set)
     #: Tokens this step computes, over all requests (the worker times the step's forward pass).
     num_step_tokens: int = 0
+    #: Asynchronous load jobs given up (now slower than recomputing): the worker cancels each
+    #: that has not begun writing the device blocks and reports it failed, cancelled.
+    cancel_loads: set[int] = field(default_factory=set)

@@ -21,7 +21,7 @@ from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.kv_event_book import ExternalHash, KVEventBook, RequestTags
 from kvoffload.connector.load_cost import LoadCostModel
 from kvoffload.connector.load_planner import LoadPlanner
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
+from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.request_state import JobRecord
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_book import SchedulerBook
@@ -50,12 +50,16 @@ def _merge(parts: list[TransferResult]) -> TransferResult:
             rejected[reason] = max(rejected.get(reason, 0), n)
     return replace(first, success=all(p.success for p in parts), nbytes=sum(p.nbytes for p in parts),
                    seconds=max(p.seconds for p in parts), bad_block_ids=bad, io_error=any(p.io_error for p in parts),
-                   rejected=tuple(sorted(rejected.items())), skipped=any(p.skipped for p in parts))
+                   rejected=tuple(sorted(rejected.items())), skipped=any(p.skipped for p in parts),
+                   cancelled=any(p.cancelled for p in parts))
 
 
 class OffloadingConnectorScheduler:
     def __init__(self, spec: OffloadingSpec, request_salt: RequestSalt | None = None,
-                 request_tags: RequestTags | None = None, external_hash: ExternalHash | None = None) -> None:
+                 request_tags: RequestTags | None = None, external_hash: ExternalHash | None = None,
+                 give_up_loads: bool = True) -> None:
+        """``give_up_loads``: the engine recomputes a failed load (a load given up as slower than
+        recomputing is one); False where it would fail the request instead."""
         self.spec = spec
         self.manager: TierChain = as_chain(spec.get_manager())
         self.block_size = spec.kv_info.block_size
@@ -71,7 +75,7 @@ class OffloadingConnectorScheduler:
         shared = (self.book, self.manager, self.groups, self.stats, self.reset_guard)
         #: Per tier load timings and the engine's forward timings: how much of each hit to load.
         self.cost = LoadCostModel(spec.config.tier_load_modes(), self.offloaded_block_size,
-                                  spec.offloaded_block_bytes * self.world_size)
+                                  spec.offloaded_block_bytes * self.world_size, give_up=give_up_loads)
         #: Requests' hints (session, expected return, priority, lease), given to the policies.
         self.hints = HintBook(self.manager, spec.config.hints, self.stats, request_salt=request_salt)
         self.loads = LoadPlanner(*shared, self.cost, self.hints)
@@ -170,9 +174,7 @@ class OffloadingConnectorScheduler:
             await_finish=book.delayed,
             num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
-        for jobs in book.reqs_to_load.values():
-            for job in jobs:
-                self.cost.load_started(job.src.medium())
+        meta.cancel_loads = set(self.cost.overdue())
         self.cost.end_step()
         book.reqs_to_load = {}
         book.sync_loads = set()
@@ -181,11 +183,16 @@ class OffloadingConnectorScheduler:
         return meta
 
     # ---- completions -------------------------------------------------------------------------
-    def update_connector_output(self, results: Sequence[TransferResult | StepTiming]) -> None:
+    def update_connector_output(self, results: Sequence[TransferResult | StepTiming | LoadReading]) -> None:
         """Digest the worker halves' results (every rank's, in any order)."""
         for result in results:
             if isinstance(result, StepTiming):
                 self.cost.observe_step(result.tokens, result.seconds)
+                continue
+            if isinstance(result, LoadReading):
+                record = self.book.jobs.get(result.job_id)
+                if record is not None:
+                    self.cost.load_reading(record.medium, result.job_id, result.seconds)
                 continue
             job_id = result.job_id
             if job_id not in self.book.jobs:
@@ -225,16 +232,17 @@ class OffloadingConnectorScheduler:
                 # Corrupt, misplaced or unreadable: drop, so the next lookup misses and recomputes.
                 self.manager.drop_corrupt(job.medium, list(result.bad_block_ids))
             self._record_io(job.medium, result)
-            self.cost.load_ended(job.medium)
+            self.cost.load_ended(job.medium, job.job.job_id, result.seconds if result.success else None)
             tier = job.medium.lower()  # "cpu" / "disk", as stats() reports
             for reason, n in result.rejected:
                 self.stats.tier_rejected[(tier, reason)] += n
             if result.success:
-                self.cost.observe_load(job.medium, len(hashes), result.seconds)
                 self.stats.blocks_loaded += len(hashes)
                 if job.hit_tokens:
                     self.stats.tier_hits[tier] += job.hit_tokens
                     self.stats.tier_hit_blocks[tier] += len(hashes)
+            elif result.cancelled:
+                self.stats.loads_cancelled += len(hashes)
             else:
                 self.stats.loads_failed += len(hashes)
                 if job.hit_tokens:

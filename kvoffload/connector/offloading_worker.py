@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata, StepTiming
+from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.transfer_stats import DirectionStatsDict, TransferStats
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
@@ -191,6 +191,11 @@ class OffloadingConnectorWorker:
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
         for rid in meta.await_finish:
             self._state(rid).awaiting_finish = True
+        if meta.cancel_loads:
+            assert self.worker is not None
+            for job_id in meta.cancel_loads:
+                if job_id in self._jobs:
+                    self.worker.cancel(job_id)  # reported failed and cancelled; its request recomputes
         self._submit_demotions(meta)
         if meta.flush_jobs:  # stores reading blocks handed out again: done before anything writes them
             self._submit_deferred()
@@ -337,8 +342,13 @@ class OffloadingConnectorWorker:
         failed, self._failed_block_ids = self._failed_block_ids, set()
         return failed
 
-    def build_connector_worker_meta(self) -> list[TransferResult | StepTiming]:
-        results, self._results = self._results, []
+    def build_connector_worker_meta(self) -> list[TransferResult | StepTiming | LoadReading]:
+        """The step's finished copies and timing, and the loads still reading (how long each
+        has: the scheduler half judges a tier that slowed down by them before they end)."""
+        results: list[TransferResult | StepTiming | LoadReading] = list(self._results)
+        self._results = []
+        if self.worker is not None and self._jobs:
+            results += [LoadReading(job_id, seconds) for job_id, seconds in self.worker.loads_reading().items()]
         return results
 
     def flush(self) -> None:

@@ -22,6 +22,8 @@ class SchedulerSideStats:
     blocks_stored: int = 0
     stores_failed: int = 0
     loads_failed: int = 0
+    #: Blocks whose load was given up: predicted to finish later than recomputing them.
+    loads_cancelled: int = 0
     store_retries: int = 0
     evicted_blocks: int = 0
     blocks_demoted: int = 0
@@ -70,6 +72,7 @@ class ConnectorStatsDict(TypedDict):
     store_retries: int
     stores_failed: int
     loads_failed: int
+    loads_cancelled: int
     lookups_deferred: int
     blocks_demoted: int
     corrupt_blocks: int
@@ -114,6 +117,7 @@ def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: 
         "store_retries": s.store_retries,
         "stores_failed": s.stores_failed,
         "loads_failed": s.loads_failed,
+        "loads_cancelled": s.loads_cancelled,
         "lookups_deferred": s.lookups_deferred,
         "blocks_demoted": s.blocks_demoted,
         # Records dropped as corrupt (a read's, or torn ones found when a tier opened).

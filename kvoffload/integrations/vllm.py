@@ -185,8 +185,10 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self.sched: OffloadingConnectorScheduler | None = None
         self.worker: OffloadingConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
+            # A load given up (slower than recomputing) is a failed load to vLLM: only where that
+            # recomputes, never where it would fail the request.
             self.sched = OffloadingConnectorScheduler(spec, AdapterSalt(weight_digest_dir()), vllm_request_tags,
-                                                      vllm_block_hash)
+                                                      vllm_block_hash, give_up_loads=policy == "recompute")
         else:
             self.worker = OffloadingConnectorWorker(spec)
             self.worker.collect_failed_block_ids = True

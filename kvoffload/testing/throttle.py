@@ -5,10 +5,14 @@ latency per job plus its bytes over a set bandwidth, then does the real I/O.
 ``spec_name: ThrottledOffloadingSpec`` and ``spec_module_path: kvoffload.testing.throttle``.
 The throttles come from ``ThrottledOffloadingSpec.throttles`` or, for engines in child
 processes, ``KVOFFLOAD_THROTTLE`` (``disk:20MB/s:50ms``, several joined by ``,``).
+
+A tier that degrades mid-run: ``disk:1MB/s:0ms:after=6`` runs at full speed for its first six
+reads (a cost model times it as fast), then every read and write is throttled.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
@@ -23,13 +27,15 @@ from kvoffload.tiers.tiered_spec import TieredOffloadingSpec
 from kvoffload.transfer.tier_io import TierIO
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
-_SPEC_RE = re.compile(r"^(\w+):([\d.]+)([kmg]?)b/s:([\d.]+)(ms|s)$", re.IGNORECASE)
+_SPEC_RE = re.compile(r"^(\w+):([\d.]+)([kmg]?)b/s:([\d.]+)(ms|s)(?::after=(\d+))?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
 class Throttle:
     bytes_per_second: float
     latency_s: float
+    #: Reads served at full speed before the throttle starts (0: from the first).
+    after_reads: int = 0
 
     def delay(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_second
@@ -41,12 +47,14 @@ def parse_throttles(text: str) -> dict[str, Throttle]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         m = _SPEC_RE.match(part)
         if m is None:
-            raise ConfigError(f"throttle {part[:60]!r}: use MEDIUM:BANDWIDTH:LATENCY, e.g. disk:20MB/s:50ms")
-        medium, amount, unit, latency, latency_unit = m.groups()
+            raise ConfigError(f"throttle {part[:60]!r}: use MEDIUM:BANDWIDTH:LATENCY[:after=READS], e.g. "
+                              "disk:20MB/s:50ms or disk:1MB/s:0ms:after=6")
+        medium, amount, unit, latency, latency_unit, after = m.groups()
         bandwidth = float(amount) * _UNITS[unit.lower()]
         if bandwidth <= 0:
             raise ConfigError(f"throttle {part[:60]!r}: the bandwidth must be positive")
-        out[medium.lower()] = Throttle(bandwidth, float(latency) / (1000 if latency_unit == "ms" else 1))
+        out[medium.lower()] = Throttle(bandwidth, float(latency) / (1000 if latency_unit == "ms" else 1),
+                                       int(after or 0))
     return out
 
 
@@ -55,13 +63,18 @@ class ThrottledIO(TierIO):
         self.inner = inner
         self.throttle = throttle
         self.name = f"throttled {inner.name}"
+        self._reads = itertools.count(1)
+        self._slow = throttle.after_reads == 0
 
     def write(self, blocks: Sequence[memoryview], slots: list[int], keys: list[BlockHash]) -> None:
-        time.sleep(self.throttle.delay(sum(b.nbytes for b in blocks)))
+        if self._slow:
+            time.sleep(self.throttle.delay(sum(b.nbytes for b in blocks)))
         self.inner.write(blocks, slots, keys)
 
     def read(self, slots: list[int], keys: list[BlockHash], out: Sequence[memoryview]) -> None:
-        time.sleep(self.throttle.delay(sum(o.nbytes for o in out)))
+        self._slow = self._slow or next(self._reads) > self.throttle.after_reads
+        if self._slow:
+            time.sleep(self.throttle.delay(sum(o.nbytes for o in out)))
         self.inner.read(slots, keys, out)
 
     def register_memory(self, ptr: int, nbytes: int) -> None:

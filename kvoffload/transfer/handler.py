@@ -35,10 +35,16 @@ class TransferResult:
     rejected: tuple[tuple[str, int], ...] = ()
     #: A store the tier did not take (backpressure): not an error, nothing was written.
     skipped: bool = False
+    #: A load given up at the scheduler's word (slower than recomputing): nothing was written.
+    cancelled: bool = False
 
 
 class StoreSkipped(Exception):
     """A store not submitted because its tier is too slow now (StoreBackpressure)."""
+
+
+class LoadCancelled(Exception):
+    """A load given up before it wrote the device blocks (the scheduler half's call)."""
 
 
 class BlockTransferError(Exception):
@@ -71,6 +77,18 @@ class OffloadingHandler(ABC):
         handler copies all layers at once (the reader waits for the whole job)."""
         return None
 
+    def loads_reading(self) -> dict[int, float]:
+        """Load jobs that are reading now, and for how long (their own time, not the time they
+        queued): evidence of a tier slower than it was timed. Empty where loads are memory
+        copies (they never run long)."""
+        return {}
+
+    def cancel(self, job_id: int) -> bool:
+        """Give up a load job that has not begun writing its device blocks: it is reported
+        finished at once, failed and ``cancelled``, and never writes them. False where the
+        job is past that point or this handler cannot cancel (it finishes as usual)."""
+        return False
+
     def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
         """Take a store of blocks the running forward pass is writing, to be copied layer by
         layer (``layer_written``) and finished by ``end_layered_stores``; False where this
@@ -98,6 +116,8 @@ class TrackedJobsHandler(OffloadingHandler):
         self._logged_failures: set[tuple[object, ...]] = set()
         #: Loads submitted and not yet asked for their progress (layer_progress pops them).
         self._progress: dict[int, LayerProgress] = {}
+        #: Jobs cancelled and not yet reported: reported at once, out of their direction's order.
+        self._cancelled: set[int] = set()
 
     def _watch(self, job_id: int, num_layers: int, cuda: bool) -> LayerProgress:
         """A progress record for a load job, handed out once by ``layer_progress``."""
@@ -116,22 +136,32 @@ class TrackedJobsHandler(OffloadingHandler):
         out: list[TransferResult] = []
         with self._lock:
             for direction, jobs in self._jobs.items():
+                if self._cancelled:
+                    for entry in [e for e in jobs if e[0] in self._cancelled]:
+                        jobs.remove(entry)
+                        self._cancelled.discard(entry[0])
+                        out.append(self._result(direction, *entry, LoadCancelled()))
                 while jobs and jobs[0][1].done():
-                    job_id, handle, nbytes = jobs.popleft()
-                    del self._by_id[job_id]
-                    err = handle.error()
-                    bad: tuple[int, ...] = ()
-                    rejected: tuple[tuple[str, int], ...] = ()
-                    io = isinstance(err, OSError)
-                    if isinstance(err, BlockTransferError):
-                        bad, io, rejected = tuple(err.slots), err.io, tuple(sorted(err.reasons.items()))
-                    skipped = isinstance(err, StoreSkipped)
-                    if err is not None and not skipped and not isinstance(err, StoreAborted):
-                        self._log_failure(direction, err)
-                    out.append(TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(),
-                                              direction, bad, io, rejected, skipped))
-                    self._progress.pop(job_id, None)  # a load nobody asked the progress of
+                    out.append(self._result(direction, *jobs.popleft(), None))
         return out
+
+    def _result(self, direction: str, job_id: int, handle: JobHandle, nbytes: int,
+                cancelled: LoadCancelled | None) -> TransferResult:
+        del self._by_id[job_id]
+        self._progress.pop(job_id, None)  # a load nobody asked the progress of
+        if cancelled is not None:
+            return TransferResult(job_id, False, 0, 0.0, direction, cancelled=True)
+        err = handle.error()
+        bad: tuple[int, ...] = ()
+        rejected: tuple[tuple[str, int], ...] = ()
+        io = isinstance(err, OSError)
+        if isinstance(err, BlockTransferError):
+            bad, io, rejected = tuple(err.slots), err.io, tuple(sorted(err.reasons.items()))
+        skipped = isinstance(err, StoreSkipped)
+        if err is not None and not skipped and not isinstance(err, (StoreAborted, LoadCancelled)):
+            self._log_failure(direction, err)
+        return TransferResult(job_id, err is None, nbytes if err is None else 0, handle.seconds(), direction, bad,
+                              io, rejected, skipped, isinstance(err, LoadCancelled))
 
     def _log_failure(self, direction: str, err: BaseException) -> None:
         """Once per (direction, cause): a failed copy is recomputed, but users must see why."""
@@ -145,7 +175,7 @@ class TrackedJobsHandler(OffloadingHandler):
 
     def wait(self, job_ids: Collection[int]) -> None:
         with self._lock:
-            handles = [self._by_id[j] for j in job_ids if j in self._by_id]
+            handles = [self._by_id[j] for j in job_ids if j in self._by_id and j not in self._cancelled]
         for handle in handles:
             handle.wait()
 
@@ -195,6 +225,16 @@ class TransferRouter:
     def layer_progress(self, job_id: int) -> LayerProgress | None:
         handler = self._job_handler.get(job_id)
         return handler.layer_progress(job_id) if handler is not None else None
+
+    def cancel(self, job_id: int) -> bool:
+        handler = self._job_handler.get(job_id)
+        return handler is not None and handler.cancel(job_id)
+
+    def loads_reading(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for handler in self._unique_handlers():
+            out.update(handler.loads_reading())
+        return out
 
     def open_layered_store(self, job_id: int, spec: TransferSpec) -> bool:
         """False where no handler takes the pair layer by layer (the caller submits it whole)."""

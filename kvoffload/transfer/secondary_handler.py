@@ -9,11 +9,18 @@ Copies run on the tier's own threads and report through the same ``get_finished`
 as device copies. Fences order them: a copy reading a slot (host or tier) marks it, and a
 later copy writing that slot waits for the mark, so a victim's bytes leave before its slot is
 reused (a host slot's mark is the staging copy's, not the tier write's).
+
+A load can be cancelled (``cancel``) until it begins writing the device blocks: it reads in
+pieces of about ``READ_PIECE_BYTES`` and stops between them, so a load given up on a tier that
+slowed down holds the tier's load lane one piece longer at most.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -22,7 +29,7 @@ import torch
 from kvoffload.offload.abstract import BlockHash, Medium, SlotIds
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec, KeyedLoadStoreSpec
 from kvoffload.transfer.backpressure import StoreBackpressure
-from kvoffload.transfer.handler import StoreSkipped, TrackedJobsHandler, TransferSpec
+from kvoffload.transfer.handler import BlockTransferError, LoadCancelled, StoreSkipped, TrackedJobsHandler, TransferSpec
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.slot_fence import SlotFences
@@ -31,6 +38,38 @@ from kvoffload.transfer.tier_io import TierIO
 from kvoffload_ext import copy_block_groups
 
 logger = logging.getLogger(__name__)
+
+#: A load reads this much at a time (at least a block), checking for cancellation in between.
+READ_PIECE_BYTES = 1 << 20
+
+
+class _LoadToken:
+    """Whether a load was cancelled, and whether it began writing (then it cannot be)."""
+
+    __slots__ = ("began", "cancelled", "lock", "writing")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.writing = False
+        #: When its thread began reading it (None: still queued).
+        self.began: float | None = None
+
+    def cancel(self) -> bool:
+        with self.lock:
+            if self.writing:
+                return False
+            self.cancelled = True
+            return True
+
+    def check(self) -> None:
+        if self.cancelled:
+            raise LoadCancelled()
+
+    def begin_writing(self) -> None:
+        with self.lock:
+            self.check()
+            self.writing = True
 
 
 def copy_direction(src: str, dst: str) -> str:
@@ -69,6 +108,8 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.to_device = copy_direction(medium, Medium.GPU)
         directions = [self.from_host, self.to_device, *(copy_direction(m, medium) for m in self.upstream)]
         super().__init__(tuple(directions))
+        #: Loads submitted and not over: their cancellation tokens.
+        self._tokens: dict[int, _LoadToken] = {}
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
         src, dst = spec
@@ -80,13 +121,15 @@ class SecondaryTierHandler(TrackedJobsHandler):
             expected = list(keys)
             # Whole-job progress: a reader waits for all of it, and learns whether it failed.
             progress = self._watch(job_id, self.kv.num_tensors, False)
+            token = self._tokens[job_id] = _LoadToken()
 
             def load() -> None:
                 ok = False
                 try:
-                    self._load(slots, expected, device_ids, skip)
+                    self._load(slots, expected, device_ids, skip, token)
                     ok = True
                 finally:
+                    self._tokens.pop(job_id, None)
                     progress.release(failed=not ok)
 
             handle = self.pool.submit(self.to_device, load)
@@ -169,13 +212,53 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.tier_fences.wait(slots)
         self.io.write(views, slots, keys)
 
-    def _load(self, slots: list[int], keys: list[BlockHash], device_ids: SlotIds, skip: int) -> None:
+    def loads_reading(self) -> dict[int, float]:
+        now = time.monotonic()
+        return {job_id: now - token.began for job_id, token in list(self._tokens.items())
+                if token.began is not None and not token.writing and not token.cancelled}
+
+    def cancel(self, job_id: int) -> bool:
+        token = self._tokens.get(job_id)
+        if token is None or not token.cancel():
+            return False
+        with self._lock:
+            if job_id not in self._by_id:
+                return False
+            self._cancelled.add(job_id)
+        return True
+
+    def _read(self, slots: list[int], keys: list[BlockHash], views: list[memoryview], token: _LoadToken) -> None:
+        """The job's records in pieces, stopping between them once cancelled; bad records of
+        every piece are reported together (an I/O error stops at once)."""
+        step = max(1, READ_PIECE_BYTES // self.block_bytes)
+        failed: list[BlockTransferError] = []
+        for lo in range(0, len(slots), step):
+            token.check()
+            try:
+                self.io.read(slots[lo : lo + step], keys[lo : lo + step], views[lo : lo + step])
+            except BlockTransferError as exc:
+                if exc.io:
+                    raise
+                failed.append(exc)
+        if len(failed) == 1:
+            raise failed[0]
+        if failed:
+            bad = [slot for exc in failed for slot in exc.slots]
+            reasons = sum((Counter(exc.reasons) for exc in failed), Counter())
+            raise BlockTransferError(f"{self.io.name}: records failed their checks ({dict(reasons)}): slots {bad[:8]}",
+                                     bad, reasons=dict(reasons))
+
+    def _load(self, slots: list[int], keys: list[BlockHash], device_ids: SlotIds, skip: int,
+              token: _LoadToken) -> None:
+        token.check()
+        token.began = time.monotonic()
         cuda = self.kv.device.type == "cuda"
         # On CUDA the staging is pinned (the copy kernel reads it through its mapped address).
         staging = torch.empty((len(slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8, pin_memory=cuda)
         views = [memoryview(staging[i * self.factor : (i + 1) * self.factor].numpy().reshape(-1).data)
                  for i in range(len(slots))]
-        self.io.read(slots, keys, views)
+        self._read(slots, keys, views, token)
+        token.begin_writing()
         rows = np.arange(skip, len(slots) * self.factor)
         groups = [(staging[:, off : off + view.shape[1]], view, rows, device_ids)
                   for view, off in zip(self.kv.views, self.kv.row_offsets)]

@@ -127,3 +127,57 @@ def test_a_slow_tier_write_frees_the_host_slot_at_memory_speed_and_writes_the_vi
     (r,) = _drain([disk], 1)
     assert r.success and disk_io.records[0] == ("victim", b"\x05" * kv.page_bytes)
     disk.close()
+
+
+class PieceReads(MemoryIO):
+    """Each read call (one piece of a job) takes ``delay_s``; counts the pieces read."""
+
+    def __init__(self, delay_s):
+        super().__init__()
+        self.delay_s = delay_s
+        self.pieces = 0
+        self.first = threading.Event()
+
+    def read(self, slots, keys, out):
+        self.pieces += 1
+        self.first.set()
+        time.sleep(self.delay_s)
+        super().read(slots, keys, out)
+
+
+def test_a_cancelled_load_is_reported_at_once_and_never_writes_the_device():
+    """A load given up (its tier slowed down) ends at once, failed and cancelled; its thread
+    stops at the next piece and the device blocks keep what they held. A load queued behind it
+    and cancelled never reads at all; a load past its read cannot be cancelled."""
+    from kvoffload.transfer import secondary_handler
+
+    num_blocks = 8
+    kv = canonicalize([torch.zeros(2, num_blocks, 4, 2, 8) for _ in range(2)], num_blocks)
+    host = HostBlockBuffer(2, kv.page_bytes)
+    io = PieceReads(0.2)
+    for slot in range(6):
+        io.records[slot] = (f"k{slot}", bytes([slot + 1]) * kv.page_bytes)
+    handler = SecondaryTierHandler(REMOTE, io, kv, host, 1, kv.page_bytes, SlotFences(), SlotFences())
+    old_piece = secondary_handler.READ_PIECE_BYTES
+    secondary_handler.READ_PIECE_BYTES = kv.page_bytes  # one block a piece
+    try:
+        assert handler.transfer_async(1, (RemoteLoadStoreSpec([0, 1, 2, 3], ["k0", "k1", "k2", "k3"]),
+                                          GPULoadStoreSpec([0, 1, 2, 3])))
+        assert handler.transfer_async(2, (RemoteLoadStoreSpec([4], ["k4"]), GPULoadStoreSpec([4])))
+        assert io.first.wait(5)
+        t0 = time.time()
+        assert handler.cancel(1) and handler.cancel(2)
+        results = {r.job_id: r for r in handler.get_finished()}
+        assert time.time() - t0 < 0.1  # reported at once, not after four 0.2 s pieces
+        assert {j: (r.success, r.cancelled, r.nbytes) for j, r in results.items()} == {1: (False, True, 0),
+                                                                                     2: (False, True, 0)}
+        time.sleep(0.5)  # the first job's thread stops at its next piece; the second never reads
+        assert io.pieces == 1
+        assert all(not v[:6].any() for v in kv.views)  # no device block written
+        assert handler.transfer_async(3, (RemoteLoadStoreSpec([5], ["k5"]), GPULoadStoreSpec([5])))
+        (r,) = _drain([handler], 1)
+        assert r.success and not r.cancelled and not handler.cancel(3)  # over: nothing to cancel
+        assert b"".join(v[5].numpy().tobytes() for v in kv.views) == b"\x06" * kv.page_bytes
+    finally:
+        secondary_handler.READ_PIECE_BYTES = old_piece
+        handler.close()

@@ -243,3 +243,35 @@ def test_cache_salt_separates_tenants_in_the_offload_tiers(model, plain, tmp_pat
     assert [r["cached"] for r in rounds[:3]] == [[0, 0, 0]] * 3  # each round after a device reset
     assert all(c >= 256 for c in rounds[3]["cached"])  # the same tenant's blocks, from kvoffload
     assert all(r["tokens"] == plain[0]["tokens"] for r in rounds)
+
+
+#: 8 prompts of 300 tokens (2 full vLLM blocks each, 128 KiB of KV).
+DEGRADE_PROMPTS = [[(i * 53 + j) % 500 + 1 for j in range(300)] for i in range(8)]
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_disk_that_slows_down_after_auto_timed_it_is_given_up_not_waited_for(model, tmp_path, policy):
+    """Round 1 times the disk (fast); from its 7th read on it serves 64 KB/s (a 2-block load:
+    2 s; recomputing it: milliseconds). Round 2's loads planned on the old fit are given up once
+    they run past recomputing and the requests recompute; round 3 recomputes outright. Under
+    kv_load_failure_policy='fail' a load is never given up (it would fail its request): the
+    requests wait for the slow loads, and are served."""
+    tiers = [{"medium": "cpu", "capacity": "128KiB"},  # one prompt's blocks: the rest from disk
+             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True,
+              "max_store_ms_per_mib": 60000}]
+    config = {"tiers": tiers, "spec_name": "ThrottledOffloadingSpec", "spec_module_path": "kvoffload.testing.throttle"}
+    cfg = ktc(tiers, kv_load_failure_policy=policy, extra={"config": config})
+    env = {"KVOFFLOAD_THROTTLE": "disk:64KB/s:0ms:after=6"}
+    rounds = 4 if policy == "recompute" else 3
+    plain = run_job({"model": model, "prompts": DEGRADE_PROMPTS, "rounds": rounds})
+    got = run_job({"model": model, "prompts": DEGRADE_PROMPTS, "rounds": rounds, "kv_transfer_config": cfg,
+                   "env": env, "metrics": ["kvoffload_hit_tokens", "kvoffload_cancelled_load_blocks"]})
+    assert [r["tokens"] for r in got[:rounds]] == [r["tokens"] for r in plain]
+    metrics = got[-1]["metrics"]
+    disk_hits = metrics.get("kvoffload_hit_tokens_total{tier=disk}", 0)
+    cancelled = metrics.get("kvoffload_cancelled_load_blocks_total{}", 0)
+    if policy == "recompute":
+        assert cancelled > 0
+        assert disk_hits <= 6 * 256  # the six fast reads' hits: none waited for the slow disk
+    else:
+        assert cancelled == 0 and disk_hits > 6 * 256  # slow loads waited for, none failed
