@@ -26,6 +26,7 @@ BENCHMARKS = {
     "preemption": "swap vs recompute preemption on a workload that forces it",
     "weights": "the whole-file weight fingerprint at start-up vs reading the checkpoint; a cached start",
     "chaos": "random engines, tiers and faults: every output checked against a reference",
+    "degrade": "a disk tier that slows down after auto timed it: burst TTFT vs recomputing (plain)",
 }
 
 
