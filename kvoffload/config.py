@@ -147,6 +147,11 @@ class MetricsConfig:
     prometheus_port: int | None = None
 
 
+#: The priorities a request hint may name (``kvoffload.offload.hints``); an operator lowers the
+#: ceiling with ``hints.max_priority``.
+MAX_PRIORITY = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class HintsConfig:
     """What a request's finish says of its return (``kvoffload.offload.hints``): a request whose
@@ -178,8 +183,6 @@ def _parse_hints(raw: Mapping[str, Any]) -> HintsConfig:
     ret = raw.get("tool_return_s", 10.0)
     if isinstance(ret, bool) or not isinstance(ret, (int, float)) or not 0 < ret <= 86400:
         raise ConfigError(f"hints.tool_return_s: {str(ret)[:40]!r} must be seconds in (0, 86400], e.g. 10")
-    from kvoffload.offload.hints import MAX_PRIORITY  # offload/ imports this module
-
     top = raw.get("max_priority", 0)
     if isinstance(top, bool) or not isinstance(top, int) or not -MAX_PRIORITY <= top <= MAX_PRIORITY:
         raise ConfigError(f"hints.max_priority: {str(top)[:40]!r} must be an integer in [-{MAX_PRIORITY}, "

@@ -11,12 +11,22 @@ from __future__ import annotations
 import http.client
 import json
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kvoffload.integrations.gateway_upstream import MAX_BODY_BYTES, GatewayError, ReplicaRefused
 
-if TYPE_CHECKING:
-    from kvoffload.integrations.dynamo_gateway import Gateway
+
+class Router(Protocol):
+    """What the HTTP side asks of the gateway (``dynamo_gateway.Gateway``)."""
+
+    timeout_s: float
+    completion_timeout_s: float
+
+    def choose(self, body: dict[str, Any]) -> tuple[int, str | None]: ...
+    def route(self, body: dict[str, Any]) -> tuple[int, Any]: ...
+    def open_completion(self, wid: int, body: dict[str, Any]) -> http.client.HTTPResponse: ...
+    def prefilled(self, selection_id: str | None) -> None: ...
+    def release(self, selection_id: str | None) -> None: ...
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
@@ -38,7 +48,7 @@ def _read_body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
     return body
 
 
-def make_handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
+def make_handler(gateway: Router) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         #: A client that sends half a body is dropped after this long.

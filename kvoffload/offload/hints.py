@@ -23,6 +23,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from kvoffload.config import MAX_PRIORITY
+
 logger = logging.getLogger("kvoffload")
 
 #: The fields a hint may carry; anything else is warned about and ignored.
@@ -32,8 +34,6 @@ MAX_SESSION_CHARS = 256
 #: Longest lease, and furthest announced return, a request may give (seconds).
 MAX_LEASE_S = 24 * 3600.0
 MAX_RETURN_S = MAX_LEASE_S
-#: Priorities a hint may name; an operator lowers the ceiling with ``hints.max_priority``.
-MAX_PRIORITY = 1000
 #: An integer session id is kept if it fits in 64 bits (vLLM's own bound on request fields).
 _MAX_INT_SESSION = 1 << 64
 
