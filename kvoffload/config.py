@@ -104,6 +104,9 @@ class TierConfig:
     policy: PolicyRef | None = field(default=None, compare=False)
     #: How hits in this tier are served (None: the config's top-level ``load_mode``).
     load_mode: str | None = None
+    #: ``capacity: 50%`` (a disk tier): the share of the free space it was sized from at start-up
+    #: (``capacity_bytes`` is the size chosen); None for a capacity given as a size.
+    capacity_share: float | None = None
 
     @property
     def cache_policy(self) -> PolicyRef | str:
@@ -348,8 +351,10 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         default_capacity = kind.default_capacity(options) if kind is not None else None
         if "capacity" not in raw and default_capacity is None:
             raise ConfigError(f"{key}.capacity: required, e.g. 8GiB")
-        capacity = parse_size(raw["capacity"], f"{key}.capacity") if "capacity" in raw else default_capacity
-        assert capacity is not None and isinstance(medium, str)
+        share = _share(raw.get("capacity"), f"{key}.capacity", kind is not None and kind.relative_capacity)
+        capacity = parse_size(raw["capacity"], f"{key}.capacity") if "capacity" in raw and share is None \
+            else default_capacity
+        assert isinstance(medium, str)
         policy = raw.get("eviction_policy", "lru")
         if not isinstance(policy, str):
             raise ConfigError(f"{key}.eviction_policy: {policy!r} must be a string")
@@ -385,15 +390,38 @@ def _parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         if medium == "cpu" and write_through:
             raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
                               "through to; remove it from the cpu tier")
+        path = expand_path(path, f"{key}.path") if path is not None else None
+        if share is not None:
+            assert kind is not None and path is not None
+            capacity = kind.share_of_free_space(path, share, f"{key}.capacity")
+        assert capacity is not None
         tier = TierConfig(name=name, medium=medium, capacity_bytes=capacity, eviction_policy=policy, policy=policy_ref,
-                          path=expand_path(path, f"{key}.path") if path is not None else None,
-                          write_through=write_through, options=options,
-                          load_mode=_load_mode(raw, f"{key}.load_mode", None))
+                          path=path, write_through=write_through, options=options,
+                          load_mode=_load_mode(raw, f"{key}.load_mode", None), capacity_share=share)
         if kind is not None:
             kind.validate(tier, key)
         tiers.append(tier)
         above = kind
     return tuple(tiers)
+
+
+def _share(value: Any, key: str, allowed: bool) -> float | None:
+    """``capacity: 50%`` as 0.5 (None: a size, parsed as such); only where the kind sizes
+    itself from the free space (``TierKind.relative_capacity``)."""
+    if not isinstance(value, str) or not value.strip().endswith("%"):
+        return None
+    if not allowed:
+        raise ConfigError(f"{key}: {value[:40]!r} is a share of the free disk space, which only a disk tier takes; "
+                          "give a size, e.g. 8GiB")
+    number = value.strip()[:-1].strip()
+    try:
+        share = float(number)
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 100:
+        raise ConfigError(f"{key}: {value[:40]!r}; give a share of the free space in (0%, 100%], e.g. 50%, or a "
+                          "size, e.g. 200GiB")
+    return share / 100
 
 
 _UNSET_VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})")
@@ -502,6 +530,8 @@ def describe(cfg: OffloadConfig, block_bytes: int | None = None, engine_block_si
     lines.append("tiers:")
     for tier, n in zip(cfg.tiers, blocks):
         where = f" at {tier.path}" if tier.path else ""
+        if tier.capacity_share is not None:
+            where += f" (capacity {100 * tier.capacity_share:g}% of the free space there, chosen at start-up)"
         if tier.medium == "disk":
             where += ", write-through" if tier.write_through else ", CPU victims only (write-back)"
         lines.append(f"  {tier.name:<8} {tier.medium:<5} {format_bytes(tier.capacity_bytes):>12} = {n} blocks,"

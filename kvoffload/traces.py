@@ -1,6 +1,6 @@
 """Trace readers and synthetic generators: each request is a list of prefix block hashes.
 
-Formats (see shared/traces/README.md): Mooncake JSONL (``hash_ids`` are prefix hashes of
+Formats: Mooncake JSONL (``hash_ids`` are prefix hashes of
 512-token blocks), WEKA Claude-Code JSON (64-token blocks, per-conversation hash ids), IBM ARC
 ``.lis`` page traces (one page per request: plain page-cache replay).
 """
@@ -15,6 +15,34 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+#: The trace shipped with the package: the first 1,500 requests of Mooncake's conversation trace.
+SAMPLE_TRACE = "mooncake-sample"
+_SAMPLE_FILE = "mooncake_conversation_1500.jsonl.gz"
+#: Where the traces too large to ship come from (named in the one-line error for each).
+UPSTREAM = {
+    "weka": "WEKA's Claude Code traces are not shipped with kvoffload: take traces/trace_*.json from "
+            "github.com/callanjfox/kv-cache-tester (Apache-2.0), pack them in a .tar.gz and give its path",
+    "mooncake": "the whole Mooncake conversation trace is not shipped with kvoffload (1,500 of its requests are: "
+                "'mooncake-sample'): take FAST25-release/traces/conversation_trace.jsonl from "
+                "github.com/kvcache-ai/Mooncake (Apache-2.0) and give its path",
+}
+
+
+def resolve_trace(value: str, flag: str = "--trace") -> Path:
+    """A trace file by path, or ``mooncake-sample`` (shipped inside the package); a name of a
+    trace that is not shipped (``weka``, ``mooncake``) is a ValueError saying where it comes
+    from and which flag takes its path."""
+    if value == SAMPLE_TRACE:
+        from importlib import resources
+
+        return Path(str(resources.files("kvoffload") / "examples" / "traces" / _SAMPLE_FILE))
+    if value in UPSTREAM and not Path(value).exists():
+        raise ValueError(f"{flag} {value}: {UPSTREAM[value]}: {flag} PATH")
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ValueError(f"{flag} {value}: no such file; give a trace file's path or {SAMPLE_TRACE} (shipped)")
+    return path
 
 
 def _open_text(path: Path):

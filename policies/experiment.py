@@ -258,7 +258,6 @@ def format_results(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-SAMPLE_TRACE = "mooncake_conversation_1500.jsonl.gz"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,12 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="sim-out")
     args = parser.parse_args(argv)
-    if args.trace == "mooncake-sample":
-        from importlib import resources
+    if args.trace != "synthetic":
+        from kvoffload import traces
 
-        args.trace = str(resources.files("kvoffload") / "examples" / "traces" / SAMPLE_TRACE)
-    if args.trace != "synthetic" and not os.path.exists(args.trace):
-        parser.error(f"--trace {args.trace!r} does not exist")
+        try:
+            args.trace = str(traces.resolve_trace(args.trace))
+        except ValueError as exc:
+            parser.error(str(exc))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     from kvoffload.offload import get_policy_class
 

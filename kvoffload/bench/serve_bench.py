@@ -32,12 +32,11 @@ from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace,
 from kvoffload.config import OffloadConfig
 from kvoffload.errors import ConfigError
 from kvoffload.testing.vllm_server import VllmServer
+from kvoffload.traces import SAMPLE_TRACE, resolve_trace
 
 VLLM_BLOCK = 128  # vLLM's CPU backend block size (tokens)
 BUNDLED_BLOCK = 16  # the bundled engine's default block size
 BUNDLED_BATCH_TOKENS = 2048
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
-WEKA = TRACE.parents[1] / "weka_claude_code" / "kv-cache-tester_traces.tar.gz"
 
 
 # ---- the model and the servers ---------------------------------------------------------------
@@ -264,14 +263,18 @@ def build_workload(args: argparse.Namespace) -> Workload:
                    args.clients, args.vocab, args.seed)
     if args.workload == "noreuse":
         return noreuse(args.requests, args.context, args.max_tokens, args.clients, args.vocab, args.seed)
-    path = WEKA if args.trace == "weka" else Path(args.trace)
-    if not path.exists():
-        raise ValueError(f"--trace {path}: no such file; give the Mooncake conversation trace (JSONL, .gz), "
-                         "WEKA's kv-cache-tester traces (.tar.gz) or 'weka' (shared/traces)")
+    path = resolve_trace(args.trace)
     if path.name.endswith(".tar.gz"):
         return weka(path, args.conversations, args.turns, time_scale=args.time_scale, max_tokens=args.max_tokens,
                     vocab=args.vocab)
     return trace(path, args.requests, max_tokens=args.max_tokens, clients=args.clients, vocab=args.vocab)
+
+
+def _workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> Workload:
+    try:
+        return build_workload(args)
+    except ValueError as exc:
+        p.error(str(exc))
 
 
 def hints_section(args: argparse.Namespace, wl: Workload) -> dict[str, Any] | None:
@@ -325,9 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=32, help="rag, noreuse, trace: requests per run")
     p.add_argument("--clients", type=int, default=4, help="rag, noreuse, trace: concurrent clients")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--trace", default=str(TRACE),
-                   help="trace: the Mooncake conversation trace (JSONL), or WEKA's Claude Code sessions (a "
-                        ".tar.gz, or 'weka') replayed with their callers' hints (--conversations, --turns each)")
+    p.add_argument("--trace", default=SAMPLE_TRACE,
+                   help=f"trace: a Mooncake conversation trace (JSONL; default {SAMPLE_TRACE}, 1,500 requests shipped "
+                        "with the package), or WEKA's Claude Code sessions (their .tar.gz) replayed with their callers' "
+                        "hints (--conversations, --turns each)")
     p.add_argument("--time-scale", type=float, default=0.05,
                    help="trace weka: replay time per trace second (0.05: 20x faster than it happened)")
     p.add_argument("--seed", type=int, default=0)
@@ -379,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine == "bundled":
         if args.url:
             p.error("--url measures a running vLLM server; drop it for --engine bundled")
-        wl = build_workload(args)
+        wl = _workload(p, args)
         print(preamble(args.reps))
         with tempfile.TemporaryDirectory(prefix="kvoffload-serve-") as tmp:
             return _run_bundled(args, wl, Path(tmp))
@@ -388,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("error: bench serve needs aiohttp and vLLM (pip install 'kvoffload[vllm]')", file=sys.stderr)
         return 2
-    wl = build_workload(args)
+    wl = _workload(p, args)
     print(preamble(args.reps))
     with tempfile.TemporaryDirectory(prefix="kvoffload-serve-") as tmp:
         if routed_config is not None:

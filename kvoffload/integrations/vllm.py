@@ -30,7 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from kvoffload.config import ConfigError, OffloadConfig, weight_digest_dir
+from kvoffload.config import ConfigError, OffloadConfig, format_bytes, weight_digest_dir
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.examples import resolve_config
@@ -181,6 +181,11 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
                            "offset', with or without a connector), and a failed load under recompute turns a "
                            "one-token prefill into a whole one, which a busy step splits; serve seeded requests "
                            "with --no-enable-chunked-prefill and --max-num-batched-tokens >= --max-model-len")
+        if role == KVConnectorRole.SCHEDULER:
+            for tier in self.offload_config.tiers:
+                if tier.capacity_share is not None:  # sized here, from the free space: say how large
+                    logger.info("kvoffload: %s tier at %s: capacity %s (%g%% of the free space there)", tier.name,
+                                tier.path, format_bytes(tier.capacity_bytes), 100 * tier.capacity_share)
         spec = OffloadingSpecFactory.create_spec(self.offload_config, _kv_info(vllm_config, kv_cache_config, role))
         self.sched: OffloadingConnectorScheduler | None = None
         self.worker: OffloadingConnectorWorker | None = None

@@ -64,6 +64,8 @@ class TierKind(ABC):
     last_in_chain: ClassVar[bool] = False
     #: ``write_through`` when the config does not say.
     default_write_through: ClassVar[bool] = False
+    #: The tier takes ``capacity: N%``, a share of the free space where it keeps its files.
+    relative_capacity: ClassVar[bool] = False
 
     @classmethod
     def parse_options(cls, raw: Mapping[str, Any], key: str) -> Any:
@@ -75,6 +77,11 @@ class TierKind(ABC):
     def default_capacity(cls, options: Any) -> int | None:
         """``capacity`` when the config leaves it out; None: it is required."""
         return None
+
+    @classmethod
+    def share_of_free_space(cls, path: str, share: float, key: str) -> int:
+        """``capacity: N%``: the size chosen at start-up (only kinds with ``relative_capacity``)."""
+        raise NotImplementedError(f"{key}: this tier kind takes no share of the free space")
 
     @classmethod
     def default_path(cls) -> str | None:

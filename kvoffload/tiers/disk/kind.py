@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -12,9 +13,11 @@ from kvoffload.auth import RecordTagger
 from kvoffload.config import ConfigError, TierConfig, default_cache_dir, format_bytes
 from kvoffload.offload.mediums import DISK, DiskLoadStoreSpec
 from kvoffload.tiers.base import TierContext, TierKind
-from kvoffload.tiers.disk.format import DiskLayout
+from kvoffload.tiers.disk.format import HEADER_BYTES, DiskLayout, parse_file_header
 from kvoffload.tiers.disk.io import DiskIO
 from kvoffload.tiers.disk.tier import DiskOffloadingManager, prepare_tier_dir, tier_file
+
+logger = logging.getLogger(__name__)
 
 #: Backpressure default: a store to the disk is allowed 10 ms plus this per MiB (10 MB/s), queueing
 #: included. A local disk writes into the page cache at GB/s; one this late is saturated, and
@@ -24,10 +27,17 @@ from kvoffload.tiers.disk.tier import DiskOffloadingManager, prepare_tier_dir, t
 DEFAULT_MAX_STORE_MS_PER_MIB = 100.0
 
 
+#: A tier file already there keeps its size across starts while the share of the free space
+#: stays within this factor of it (the free space moves a little; a new size empties the tier).
+SHARE_TOLERANCE = 0.1
+_MIB = 1 << 20
+
+
 class DiskTier(TierKind):
     medium = DISK
     spec_type = DiskLoadStoreSpec
     option_keys = frozenset({"max_store_ms_per_mib"})
+    relative_capacity = True
 
     @classmethod
     def parse_options(cls, raw: Mapping[str, Any], key: str) -> float:
@@ -43,26 +53,34 @@ class DiskTier(TierKind):
         return str(default_cache_dir())
 
     @classmethod
+    def share_of_free_space(cls, path: str, share: float, key: str) -> int:
+        """``share`` of the free space at ``path`` plus what the tier files there already hold
+        (so a restart, or a tier filling up, does not shrink it), in whole MiB."""
+        free = _free_for(Path(path), f"{key[: -len('.capacity')]}.path")
+        chosen = int(share * free) // _MIB * _MIB
+        if chosen < _MIB:
+            raise ConfigError(f"{key}: {100 * share:g}% of the {format_bytes(free)} free at {path} is less than "
+                              "1 MiB; free space, give a larger share or pick another path")
+        return chosen
+
+    @classmethod
     def check_environment(cls, tier: TierConfig, key: str) -> list[str]:
         """The directory usable and writable (the per-user cache directory counts as creatable),
         and the tier within the free space, counting what its files already hold."""
         assert tier.path is not None
         p = Path(tier.path)
+        target = _existing(p)
         try:
-            target = p if p.exists() else p.parent
-            if p == default_cache_dir():  # ours: created with its parents at start-up
-                target = next(a for a in (p, *p.parents) if a.exists())
             if not target.is_dir():
                 raise ConfigError(f"{key}.path: {tier.path!r} does not exist and neither does its parent; "
                                   "create it first")
             if not os.access(target, os.W_OK | os.X_OK):
                 raise ConfigError(f"{key}.path: {str(target)!r} is not writable; fix its permissions or pick "
                                   "another path")
-            held = sum(f.stat().st_blocks * 512 for f in p.glob("*.kvdata")) if p.exists() else 0
-            free = shutil.disk_usage(target).free + held
         except OSError as exc:
             raise ConfigError(f"{key}.path: {tier.path[:200]!r} is not usable ({exc.strerror}); pick another "
                               "path") from None
+        free = _free_for(p, f"{key}.path")
         if tier.capacity_bytes > free:
             raise ConfigError(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} exceeds the free space at "
                               f"{tier.path} ({format_bytes(free)}); lower the capacity or free space")
@@ -80,8 +98,15 @@ class DiskTier(TierKind):
 
     def layout(self) -> DiskLayout:
         c = self.ctx
-        return DiskLayout(digest=self._digest, block_bytes=c.block_bytes, block_tokens=c.block_tokens,
-                          num_slots=c.num_slots, world_size=c.world_size)
+        layout = DiskLayout(digest=self._digest, block_bytes=c.block_bytes, block_tokens=c.block_tokens,
+                            num_slots=c.num_slots, world_size=c.world_size)
+        if c.tier.capacity_share is not None:
+            # A share of the free space moves a little from start to start; a tier file of
+            # nearly that size keeps its size, and so its blocks (a new size starts it empty).
+            kept = _slots_on_disk(tier_file(self._path(), layout.for_rank(0)), layout)
+            if kept is not None and abs(kept - c.num_slots) <= SHARE_TOLERANCE * c.num_slots:
+                layout = DiskLayout(layout.digest, layout.block_bytes, layout.block_tokens, kept, 0, layout.world_size)
+        return layout
 
     def _path(self) -> str:
         path = self.ctx.tier.path
@@ -90,6 +115,9 @@ class DiskTier(TierKind):
 
     def build_manager(self) -> DiskOffloadingManager:
         t = self.ctx.tier
+        if t.capacity_share is not None:
+            logger.info("kvoffload: disk tier at %s: capacity %s (%g%% of the free space there)", t.path,
+                        format_bytes(self.layout().num_slots * self.ctx.block_bytes), 100 * t.capacity_share)
         return DiskOffloadingManager(self._path(), self.layout(), t.cache_policy, self.ctx.events,
                                      key=f"{self.ctx.key}.path", namespace=self.ctx.namespace)
 
@@ -97,3 +125,33 @@ class DiskTier(TierKind):
         layout = self.layout().for_rank(self.ctx.rank)  # each rank reads and writes only its own file
         tagger = RecordTagger(self._secret, layout.file_digest, self.ctx.auth.algorithm)
         return DiskIO(layout, tier_file(prepare_tier_dir(self._path(), f"{self.ctx.key}.path"), layout), tagger)
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest ancestor that exists (the directory is made at start-up)."""
+    return next((a for a in (path, *path.parents) if a.exists()), path)
+
+
+def _free_for(path: Path, key: str) -> int:
+    """The free space where ``path`` is, plus what the tier files there already hold."""
+    try:
+        held = sum(f.stat().st_blocks * 512 for f in path.glob("*.kvdata")) if path.is_dir() else 0
+        return shutil.disk_usage(_existing(path)).free + held
+    except OSError as exc:
+        raise ConfigError(f"{key}: {str(path)[:200]!r} is not usable ({exc.strerror}); pick another path") from None
+
+
+def _slots_on_disk(path: Path, layout: DiskLayout) -> int | None:
+    """The slot count of the tier file at ``path`` if it is one of this layout but for its size."""
+    try:
+        with open(path, "rb") as f:
+            found = parse_file_header(f.read(HEADER_BYTES))
+    except OSError:
+        return None
+    if found is None:
+        return None
+    other = found[0]
+    same = (other.digest, other.block_bytes, other.block_tokens, other.world_size) == (
+        layout.digest, layout.block_bytes, layout.block_tokens, layout.world_size)
+    return other.num_slots if same else None
+
