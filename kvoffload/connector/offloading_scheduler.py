@@ -149,8 +149,9 @@ class OffloadingConnectorScheduler:
 
     # ---- each step ---------------------------------------------------------------------------
     def has_pending_work(self) -> bool:
-        """Jobs in flight, or demotions the manager queued that no step has planned yet."""
-        return bool(self.book.jobs) or self.manager.has_pending_demotions()
+        """Jobs in flight, demotions the manager queued that no step has planned yet, or finished
+        requests whose blocks the next step's report releases (their copies ended before it)."""
+        return bool(self.book.jobs) or self.manager.has_pending_demotions() or bool(self.book.delayed)
 
     def _plan_demotions(self) -> list[TransferJob]:
         return [self.book.new_job(JobKind.DEMOTE, None, d.block_hashes, d.src, d.dst)
