@@ -69,7 +69,9 @@ class DiskTier(TierKind):
         and the tier within the free space, counting what its files already hold."""
         assert tier.path is not None
         p = Path(tier.path)
-        target = _existing(p)
+        target = p if p.exists() else p.parent
+        if p == default_cache_dir():  # ours: created with its parents at start-up
+            target = _existing(p)
         try:
             if not target.is_dir():
                 raise ConfigError(f"{key}.path: {tier.path!r} does not exist and neither does its parent; "
