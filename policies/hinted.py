@@ -185,8 +185,9 @@ class HintedCachePolicy(CachePolicy):
         self._push(s)
         if logger.isEnabledFor(logging.DEBUG):
             shown = name[1] if isinstance(name, tuple) and len(name) == 2 and isinstance(name[1], str) else name
+            label = shown if isinstance(shown, str) and shown.isprintable() else show(shown)
             logger.debug("kvoffload: hinted policy: session %s back in %.1f s, priority %d, lease %s; %d of its "
-                         "blocks held, %d sessions", show(shown), s.expect, s.priority,
+                         "blocks held, %d sessions", label, s.expect, s.priority,
                          "none" if s.lease_until is None else f"{s.lease_until - hint.now:.0f} s", s.blocks,
                          len(self.sessions))
 

@@ -326,3 +326,26 @@ def test_spec_route_gives_a_requests_hint_with_its_keys_at_its_finish():
         m.complete_load([key(1)], ctx)
         m.on_request_finished(ctx)
     assert names() == {"agent", "other"}
+
+
+def test_spec_route_scopes_sessions_by_the_operators_tenant_keys_and_caps_priority():
+    """vLLM's spec route sees no cache salt: the operator's ``hints.tenant_keys`` (entries its
+    gateway sets) keep two tenants' sessions of one name apart; a client's priority stops at
+    ``hints.max_priority``."""
+    from kvoffload_policies.hinted import HintedCachePolicy
+
+    from kvoffload.config import HintsConfig
+
+    policy = HintedCachePolicy(8)
+    m = KVOffloadManager(lambda: CPUOffloadingManager(8, cache_policy=policy, native=False),
+                         HintsConfig(max_priority=2, tenant_keys=("tenant",)))
+    for rid, tenant, ids in (("a", "t1", [1, 2]), ("b", "t2", [3, 4]), ("c", "t1", [5])):
+        ctx = ReqContext(rid, kv_transfer_params={"tenant": tenant,
+                                                  "kvoffload": {"session": "chat", "priority": 50}})
+        m.on_new_request(ctx)
+        store(m, ctx, ids)
+        m.on_request_finished(ctx)
+    sessions = list(policy.sessions.values())
+    assert len(sessions) == 2 and {s.name[1] for s in sessions} == {"chat"}
+    assert sorted(s.blocks for s in sessions) == [2, 3]  # t1's two requests share a session, t2 its own
+    assert all(s.priority == 2 for s in sessions)
