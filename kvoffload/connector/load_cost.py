@@ -174,6 +174,7 @@ class LoadCostModel:
                 # It read past what recomputing would have taken: the tier is not what its fit
                 # says. What it read (a lower bound) is all that is known of it now.
                 tier.loads.restart(head[1].blocks, head[1].read_s)
+                tier.loads.samples = max(tier.loads.samples, self.warmup_jobs)  # measured: no more warm-up
                 tier.last_load_at = self.clock()
             out += given_up
         return out

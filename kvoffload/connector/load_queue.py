@@ -82,8 +82,10 @@ class LoadQueue:
 
     def overdue(self, slowdown: float) -> list[int]:
         """Jobs predicted to finish later than recomputing their blocks from now would; taken
-        out of the queue (the caller cancels them)."""
-        if slowdown <= 1.0:
+        out of the queue (the caller cancels them). A tier not timed yet has no estimate to
+        overrun: its oldest job counts once it has read for longer than its budget."""
+        head = next(iter(self.loads.values()), None)
+        if head is None or (slowdown <= 1.0 and not (head.own_s is None and head.read_s > 0)):
             return []
         out = []
         wait = 0.0

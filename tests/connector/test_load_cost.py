@@ -308,6 +308,23 @@ def test_loads_queued_behind_a_stalled_one_are_given_up_first() -> None:
     assert list(m.tiers["DISK"].queue.loads) == [7]
 
 
+def test_a_warm_up_load_reading_past_its_budget_is_given_up_and_the_tier_judged() -> None:
+    """A tier not timed yet has no estimate to overrun: its warm-up load counts once it has read
+    longer than recomputing its blocks would take; then the tier is measured (no more warm-up)."""
+    m, _ = model({"DISK": "auto"})
+    for tokens in (16, 64, 256, 1024):
+        m.observe_step(tokens, tokens * 1e-3)
+    assert m.choose([Segment("DISK", 4)]).why == "warm-up"
+    m.load_planned("DISK", 1, 4, cancellable=True)
+    m.load_reading("DISK", 1, 0.050)
+    assert m.overdue() == []  # 50 ms < the 64 ms (+25%) recompute
+    m.load_reading("DISK", 1, 0.300)
+    assert m.overdue() == [1]
+    m.load_ended("DISK", 1)
+    choice = m.choose([Segment("DISK", 4)])
+    assert (choice.decision, choice.why) == (LoadDecision.RECOMPUTE, "measured")
+
+
 def test_host_memory_forced_modes_and_failing_engines_never_give_up_a_load() -> None:
     m, _ = model({"CPU": "auto", "DISK": "never-recompute"})
     assert not m.cancellable("CPU") and not m.cancellable("DISK")
