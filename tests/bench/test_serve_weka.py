@@ -3,10 +3,6 @@ their callers had, sent only to configurations whose host tier evicts by the hin
 
 from __future__ import annotations
 
-import io
-import json
-import tarfile
-
 import pytest
 
 from kvoffload.bench import serve_bench
@@ -15,6 +11,7 @@ from kvoffload.bench.serve_workloads import weka
 from kvoffload.engine.config import EngineConfig
 from kvoffload.engine.llm import LLM
 from kvoffload.errors import ConfigError
+from tests.weka_traces import write_weka_tar
 
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--vocab", "500"]
 
@@ -33,12 +30,7 @@ def write_weka(path) -> None:
             {"type": "subagent", "requests": [{"t": 2.0, "hash_ids": [7, 8], "stop": "end_turn"}]}]},
         {"id": "gamma", "requests": [{"t": 0.0, "hash_ids": [1], "stop": "end_turn"}]},
     ]
-    with tarfile.open(path, "w:gz") as tar:
-        for conv in convs:
-            data = json.dumps(conv).encode()
-            info = tarfile.TarInfo(f"traces/{conv['id']}.json")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    write_weka_tar(path, convs)
 
 
 def test_weka_sessions_keep_prefixes_times_and_honest_hints(tmp_path):

@@ -4,25 +4,13 @@ by those times."""
 
 from __future__ import annotations
 
-import io
-import json
-import tarfile
-
 from kvoffload.traces import load_weka_requests
-
-
-def _write(path, convs: list[dict]) -> None:
-    with tarfile.open(path, "w:gz") as tar:
-        for conv in convs:
-            data = json.dumps(conv).encode()
-            info = tarfile.TarInfo(f"traces/{conv['id']}.json")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+from tests.weka_traces import write_weka_tar
 
 
 def test_sub_agent_requests_run_at_their_parents_time_plus_their_own(tmp_path):
     path = tmp_path / "weka.tar.gz"
-    _write(path, [
+    write_weka_tar(path, [
         {"id": "main", "requests": [
             {"t": 0.0, "hash_ids": [1], "stop": "tool_use"},
             {"t": 400.0, "type": "subagent", "requests": [
