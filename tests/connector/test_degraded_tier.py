@@ -98,5 +98,5 @@ def test_auto_gives_up_loads_from_a_tier_that_slowed_down(tmp_path, model, degra
     # Later hits of the slow tier are recomputed outright (its fit restarted from what the given-up
     # load read; a probe comes only after 30 s).
     before, later = burst["load_decisions"]["disk"], after["load_decisions"]["disk"]
-    assert later.get("recompute", 0) - before.get("recompute", 0) == 2
-    assert later.get("async", 0) == before.get("async", 0)
+    assert later.get("async", 0) == before.get("async", 0) and "layerwise" not in later  # none waits for it
+    assert sum(later.get(d, 0) - before.get(d, 0) for d in ("recompute", "partial")) >= 1
