@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.bench import disk_bench, e2e_bench, serve_bench
+from kvoffload.bench import degrade_bench, disk_bench, e2e_bench, serve_bench
 from kvoffload.cli import main
 from kvoffload.config import OffloadConfig, default_cache_dir
 from kvoffload.errors import ConfigError
@@ -66,12 +66,19 @@ def test_config_check_environment_errors_name_the_file(tmp_path, capsys):
     assert err.startswith(f"error: {cfg}: tiers[1]") and "neither does its parent" in err
 
 
-@pytest.mark.parametrize("bench", [e2e_bench, disk_bench, serve_bench])
+@pytest.mark.parametrize("bench", [e2e_bench, disk_bench, serve_bench, degrade_bench])
 def test_benchmarks_refuse_zero_reps_in_one_line(bench, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--reps", "0"])
     assert exc.value.code == 2
     assert "argument --reps: 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_the_degrade_benchmark_refuses_a_bad_speed_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        degrade_bench.main(["--slow", "fast"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--slow fast" in err and "e.g. disk:20MB/s:50ms" in err
 
 
 def test_the_package_is_typed():
