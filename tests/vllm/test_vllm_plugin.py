@@ -249,8 +249,13 @@ def test_cache_salt_separates_tenants_in_the_offload_tiers(model, plain, tmp_pat
 DEGRADE_PROMPTS = [[(i * 53 + j) % 500 + 1 for j in range(300)] for i in range(8)]
 
 
+@pytest.fixture(scope="module")
+def degrade_plain(model):
+    return run_job({"model": model, "prompts": DEGRADE_PROMPTS, "rounds": 4})
+
+
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
-def test_a_disk_that_slows_down_after_auto_timed_it_is_given_up_not_waited_for(model, tmp_path, policy):
+def test_a_disk_that_slows_down_after_auto_timed_it_is_given_up_not_waited_for(model, degrade_plain, tmp_path, policy):
     """Round 1 times the disk (fast); from its 7th read on it serves 64 KB/s (a 2-block load:
     2 s; recomputing it: milliseconds). Round 2's loads planned on the old fit are given up once
     they run past recomputing and the requests recompute; round 3 recomputes outright. Under
@@ -263,7 +268,7 @@ def test_a_disk_that_slows_down_after_auto_timed_it_is_given_up_not_waited_for(m
     cfg = ktc(tiers, kv_load_failure_policy=policy, extra={"config": config})
     env = {"KVOFFLOAD_THROTTLE": "disk:64KB/s:0ms:after=6"}
     rounds = 4 if policy == "recompute" else 3
-    plain = run_job({"model": model, "prompts": DEGRADE_PROMPTS, "rounds": rounds})
+    plain = degrade_plain[:rounds]
     got = run_job({"model": model, "prompts": DEGRADE_PROMPTS, "rounds": rounds, "kv_transfer_config": cfg,
                    "env": env, "metrics": ["kvoffload_hit_tokens", "kvoffload_cancelled_load_blocks"]})
     assert [r["tokens"] for r in got[:rounds]] == [r["tokens"] for r in plain]
