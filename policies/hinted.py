@@ -40,53 +40,18 @@ order only as far as it needs (O(log n) per session visited, never all n).
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Collection, Generator, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 from kvoffload.offload.block_status import BlockStatus
 from kvoffload.offload.hints import BlockHint, show
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
 from kvoffload.offload.policy_registry import create_policy
 
+from .session_order import Session, SessionOrder, SessionOrderHeaps
+
 logger = logging.getLogger("kvoffload.policies.hinted")
-
-#: Heap entries: (key, version, session key); versions are unique over all sessions.
-_Entry = tuple[float, int, Hashable]
-
-
-@dataclass(slots=True)
-class _Session:
-    name: Hashable
-    last: float = 0.0
-    expect: float = 0.0
-    priority: int = 0
-    lease_until: float | None = None
-    #: Its lease is live and its blocks count in the policy's ``leased_blocks``.
-    lease_live: bool = False
-    lease_seq: int = 0
-    version: int = 0
-    #: Its blocks in the tier by prefix position of its last request (deepest last), the same
-    #: as a set, and the ones earlier requests used and the last did not (evicted first).
-    #: Entries go stale when a block leaves; a block in ``live`` is never treated as dead.
-    chain: list[Hashable] = field(default_factory=list)
-    live: set[Hashable] = field(default_factory=set)
-    dead: list[Hashable] = field(default_factory=list)
-    blocks: int = 0
-    #: It has a live entry in its order's heaps (dropped while it held no block).
-    queued: bool = False
-
-
-class _Order:
-    """Sessions of one priority by predicted next use (lazy heaps, stale entries skipped)."""
-
-    def __init__(self) -> None:
-        self.sched: list[_Entry] = []  # (-(last + expect), version, name)
-        self.trans: list[_Entry] = []  # (time it turns overdue, version, name)
-        self.overdue: list[_Entry] = []  # (when it was due, version, name): longest late first
-
 
 class HintedCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int, inner: str = "prefix_value", unknown_return_s: float = 100.0,
@@ -106,30 +71,25 @@ class HintedCachePolicy(CachePolicy):
                              "(prefix_value, s3fifo, sieve, lfu, arc_classic)")
         self.inner = made
         self.unknown_return_s = unknown_return_s
-        self.alpha = overdue_factor
         self.lease_budget = int(lease_share * cache_capacity)
         self.priority_budget = int(priority_share * cache_capacity)
         self.now = 0.0
-        self.sessions: dict[Hashable, _Session] = {}
-        self.owner: dict[Hashable, _Session] = {}
+        self.sessions: dict[Hashable, Session] = {}
+        self.owner: dict[Hashable, Session] = {}
         self.status: dict[Hashable, BlockStatus] = {}
         #: Hinted hashes not in the tier yet (their store comes after the hint), bounded.
-        self.pending: OrderedDict[Hashable, _Session] = OrderedDict()
+        self.pending: OrderedDict[Hashable, Session] = OrderedDict()
         self.pending_cap = 2 * cache_capacity
-        self.orders: dict[int, _Order] = {}
         #: Blocks of sessions holding a live lease, and of sessions of raised priority (> 0).
         self.leased_blocks = 0
         self.raised_blocks = 0
         #: (lease end, lease sequence number, session): when each lease's blocks stop counting.
-        self._lease_ends: list[tuple[float, int, _Session]] = []
-        #: Heap entries carry a version unique over all sessions (a session forgotten and hinted
-        #: again must not match its old entries).
-        self._versions = itertools.count(1)
-        #: Sessions are swept when more than twice those holding blocks, plus this many; heaps
-        #: are compacted when they hold more than four entries a session, plus this many.
+        self._lease_ends: list[tuple[float, int, Session]] = []
+        #: Sessions by predicted next use, per priority.
+        self.order = SessionOrder(self.sessions, overdue_factor)
+        #: Sessions are swept when more than twice those holding blocks, plus this many.
         self.sweep_slack = 64
         self._sweep_at = self.sweep_slack
-        self._entries = 0
         #: Blocks the inner policy holds (it is told every insert and removal).
         self._inner_n = 0
 
@@ -148,7 +108,7 @@ class HintedCachePolicy(CachePolicy):
         if s is None:
             if len(self.sessions) >= self._sweep_at:
                 self._sweep()
-            s = self.sessions[name] = _Session(name)
+            s = self.sessions[name] = Session(name)
         self._count(s, -1)
         s.last = hint.now
         s.expect = hint.return_at - hint.now if hint.return_at is not None else self.unknown_return_s
@@ -156,9 +116,10 @@ class HintedCachePolicy(CachePolicy):
         s.lease_until = hint.lease_until
         s.lease_live = s.lease_until is not None and s.lease_until > self.now
         if s.lease_until is not None and s.lease_live:
-            s.lease_seq = next(self._versions)
+            s.lease_seq = self.order.next_version()
             heapq.heappush(self._lease_ends, (s.lease_until, s.lease_seq, s))
-            self._entries += 1
+            if len(self._lease_ends) > 2 * len(self.sessions) + self.sweep_slack:
+                self._compact_leases()
         self._count(s, +1)
         chain = set(block_hashes)
         s.dead = [h for h in (*s.dead, *s.chain) if h not in chain and self.owner.get(h) is s]
@@ -182,7 +143,7 @@ class HintedCachePolicy(CachePolicy):
                 self.pending.move_to_end(h)
         while len(self.pending) > self.pending_cap:
             self.pending.popitem(last=False)
-        self._push(s)
+        self.order.push(s)
         if logger.isEnabledFor(logging.DEBUG):
             shown = name[1] if isinstance(name, tuple) and len(name) == 2 and isinstance(name[1], str) else name
             label = shown if isinstance(shown, str) and shown.isprintable() else show(shown)
@@ -191,14 +152,14 @@ class HintedCachePolicy(CachePolicy):
                          "none" if s.lease_until is None else f"{s.lease_until - hint.now:.0f} s", s.blocks,
                          len(self.sessions))
 
-    def _add_blocks(self, s: _Session, delta: int) -> None:
+    def _add_blocks(self, s: Session, delta: int) -> None:
         s.blocks += delta
         if s.lease_live:
             self.leased_blocks += delta
         if s.priority > 0:
             self.raised_blocks += delta
 
-    def _count(self, s: _Session, sign: int) -> None:
+    def _count(self, s: Session, sign: int) -> None:
         """Add (+1) or take back (-1) ``s``'s blocks in the lease and priority shares."""
         if s.lease_live:
             self.leased_blocks += sign * s.blocks
@@ -214,11 +175,11 @@ class HintedCachePolicy(CachePolicy):
                 self.leased_blocks -= s.blocks
                 s.lease_live = False
 
-    def _own(self, h: Hashable, s: _Session) -> _Session:
+    def _own(self, h: Hashable, s: Session) -> Session:
         self.owner[h] = s
         self._add_blocks(s, 1)
         if not s.queued:  # its entry was dropped while it held nothing: a victim again
-            self._push(s)
+            self.order.push(s)
         return s
 
     def _sweep(self) -> None:
@@ -230,38 +191,23 @@ class HintedCachePolicy(CachePolicy):
             if s.blocks <= 0 and id(s) not in awaited:
                 del self.sessions[name]
                 s.lease_live = False
-        self._compact()
+        self.order.compact()
+        self._compact_leases()
         self._sweep_at = 2 * len(self.sessions) + self.sweep_slack
 
-    def _compact(self) -> None:
-        def current(e: _Entry) -> bool:
-            t = self.sessions.get(e[2])
-            return t is not None and t.version == e[1]
-
-        self._entries = 0
-        for order in self.orders.values():
-            for heap in (order.sched, order.trans, order.overdue):
-                heap[:] = [e for e in heap if current(e)]
-                heapq.heapify(heap)
-                self._entries += len(heap)
+    def _compact_leases(self) -> None:
+        """Drop the lease ends of leases replaced or forgotten (a session leased again and again
+        leaves one entry per hint until its end, which may be a day away)."""
         self._lease_ends = [e for e in self._lease_ends if e[2].lease_live and e[2].lease_seq == e[1]]
         heapq.heapify(self._lease_ends)
-        self._entries += len(self._lease_ends)
 
-    def _push(self, s: _Session) -> None:
-        s.version = next(self._versions)
-        s.queued = True
-        order = self.orders.setdefault(s.priority, _Order())
-        heapq.heappush(order.sched, (-(s.last + s.expect), s.version, s.name))
-        heapq.heappush(order.trans, (s.last + s.expect, s.version, s.name))
-        self._entries += 2
-        if self._entries > 4 * len(self.sessions) + self.sweep_slack:
-            self._compact()
+    @property
+    def orders(self) -> dict[int, SessionOrderHeaps]:
+        return self.order.orders
 
-    def predicted(self, s: _Session) -> float:
+    def predicted(self, s: Session) -> float:
         """When ``s`` is expected back, on the hints' clock."""
-        due = s.last + s.expect
-        return due if self.now <= due else self.now + self.alpha * (self.now - due)
+        return self.order.predicted(s, self.now)
 
     # ---- the CachePolicy contract ---------------------------------------------------------
     def get(self, h: Hashable) -> BlockStatus | None:
@@ -327,7 +273,7 @@ class HintedCachePolicy(CachePolicy):
         """The eviction level a priority counts at: raised ones only while within their share."""
         return priority if priority <= 0 or raised else 0
 
-    def _worse_blocks(self, s: _Session, need: int, incoming: int) -> int:
+    def _worse_blocks(self, s: Session, need: int, incoming: int) -> int:
         """Blocks of sessions (and unhinted blocks) that would leave before ``s``'s, counted in
         eviction order until ``need`` are found (or the order reaches ``s``). ``s``'s raised
         priority counts only if its ``incoming`` blocks stay within the share."""
@@ -360,7 +306,7 @@ class HintedCachePolicy(CachePolicy):
             walk.close()  # the sessions it took off its heaps go back
         return n
 
-    def _holds_lease(self, s: _Session) -> bool:
+    def _holds_lease(self, s: Session) -> bool:
         return s.lease_live and s.lease_until is not None and s.lease_until > self.now
 
     def _leases_honoured(self) -> bool:
@@ -368,68 +314,13 @@ class HintedCachePolicy(CachePolicy):
         self._expire_leases()
         return self.leased_blocks <= self.lease_budget
 
-    def _victim_sessions(self) -> Generator[_Session | None, None, None]:
+    def _victim_sessions(self) -> Generator[Session | None, None, None]:
         """Sessions from the first to leave on; None where the unhinted blocks' turn comes.
         Levels go up from the lowest priority; raised priorities share the normal level while
         they are past their share."""
         raised = self._raised_honoured()
-        levels: dict[int, list[_Order]] = {}
-        for priority in sorted(self.orders):
-            levels.setdefault(self._level(priority, raised), []).append(self.orders[priority])
-        levels.setdefault(0, [])
-        inner_pred = self.now + self.unknown_return_s
-        taken: list[tuple[list[_Entry], _Entry]] = []
-        try:
-            for level in sorted(levels):
-                orders = levels[level]
-                for order in orders:
-                    self._turn_overdue(order)
-                inner_due = level == 0
-                while True:
-                    best: tuple[float, list[_Entry]] | None = None
-                    for order in orders:
-                        sched = self._top(order.sched)
-                        if sched is not None and (best is None or -sched[0] > best[0]):
-                            best = (-sched[0], order.sched)
-                        late = self._top(order.overdue)
-                        if late is not None:
-                            p = self.now + self.alpha * (self.now - late[0])
-                            if best is None or p > best[0]:
-                                best = (p, order.overdue)
-                    if inner_due and (best is None or inner_pred > best[0]):
-                        inner_due = False
-                        yield None
-                        continue
-                    if best is None:
-                        break
-                    entry = heapq.heappop(best[1])
-                    taken.append((best[1], entry))
-                    yield self.sessions[entry[2]]
-        finally:
-            for heap, entry in taken:
-                heapq.heappush(heap, entry)
-
-    def _top(self, heap: list[_Entry]) -> _Entry | None:
-        while heap:
-            _key, version, name = heap[0]
-            s = self.sessions.get(name)
-            if s is not None and s.version == version:
-                if s.blocks > 0:
-                    return heap[0]
-                s.queued = False
-            heapq.heappop(heap)
-            self._entries -= 1
-        return None
-
-    def _turn_overdue(self, order: _Order) -> None:
-        while order.trans and order.trans[0][0] <= self.now:
-            _, version, name = heapq.heappop(order.trans)
-            s = self.sessions.get(name)
-            if s is not None and s.version == version:
-                s.version = next(self._versions)
-                heapq.heappush(order.overdue, (s.last + s.expect, s.version, name))
-            else:
-                self._entries -= 1
+        return self.order.victims(self.now, lambda priority: self._level(priority, raised),
+                                  self.now + self.unknown_return_s)
 
     def evict(self, n: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]] | None:
         if n <= 0:
@@ -469,7 +360,7 @@ class HintedCachePolicy(CachePolicy):
                 self._add_blocks(owner, -1)
         return out
 
-    def _candidates(self, s: _Session) -> Iterator[Hashable]:
+    def _candidates(self, s: Session) -> Iterator[Hashable]:
         """Its blocks from the first to leave: dead ones (not back in the live chain), then the
         chain's deepest (stale entries at the tails are dropped on the way; the lists are
         rebuilt when mostly stale)."""
