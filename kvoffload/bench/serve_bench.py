@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default="plain,cpu,cpu+disk",
                    help="comma-separated: plain, cpu, cpu+disk; a kvoffload one may end in :LOAD_MODE "
                         "(cpu+disk:never-recompute), then in @POLICY, the host tier's eviction policy: "
-                        "requests to cpu@hinted carry their hints (trace weka)")
+                        "requests to cpu@hinted carry their hints (WEKA's traces)")
     p.add_argument("--also-vs", action="append", default=[], metavar="CONFIG",
                    help="ratios against this configuration too (e.g. cpu:async, beside plain)")
     p.add_argument("--throttle-tier", default=None, metavar="MEDIUM:BW:LATENCY",
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                         "with the package), or WEKA's Claude Code sessions (their .tar.gz) replayed with their callers' "
                         "hints (--conversations, --turns each)")
     p.add_argument("--time-scale", type=float, default=0.05,
-                   help="trace weka: replay time per trace second (0.05: 20x faster than it happened)")
+                   help="WEKA's traces: replay time per trace second (0.05: 20x faster than it happened)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--plot", default=None, help="write the TTFT plots here (PNG)")
