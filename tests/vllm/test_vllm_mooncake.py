@@ -27,6 +27,7 @@ def _tiers(master):
 @pytest.mark.parametrize("tp", [1, 2])
 def test_second_vllm_process_is_served_from_the_shared_tier(model, master, tp):
     plain = run_job({"model": model, "rounds": 1, "tp": tp})
+    assert master.alive(), master.log_tail()
     first = run_job({"model": model, "kv_transfer_config": ktc(_tiers(master)), "rounds": 1, "tp": tp})
     assert first[0]["tokens"] == plain[0]["tokens"] and all(c == 0 for c in first[0]["cached"])
     second = run_job({"model": model, "kv_transfer_config": ktc(_tiers(master)), "rounds": 1, "tp": tp})
