@@ -287,7 +287,7 @@ class OffloadConfig:
             try:
                 return cls.from_dict(value)
             except RecursionError:
-                raise ConfigError("kv_offload: config nested too deeply; see the schema in the README") from None
+                raise ConfigError("kv_offload: config nested too deeply; see docs/configuration.md") from None
         raise ConfigError(f"kv_offload: {type(value).__name__} is not a config; pass OffloadConfig, a YAML path or a dict")
 
     # ---- derived values ------------------------------------------------------------------

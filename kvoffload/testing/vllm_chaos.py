@@ -3,7 +3,7 @@ disconnect at random moments, sampled ``n=2`` requests with their own seeds, pre
 (device only, and with ``reset_external``) while loads are in flight, and disk records flipped
 or fs records flipped, truncated, deleted and swapped under the running server, under either
 ``kv_load_failure_policy``. Under ``recompute`` the server runs without chunked prefill: vLLM
-0.32's CPU build dies on a seeded request whose prefill is split (see the README).
+0.32's CPU build dies on a seeded request whose prefill is split (see docs/production.md).
 
 Checks: the server stays up; every completed response equals plain vLLM's (same prompt, same
 sampling); under ``fail`` a request may fail, cleanly; once traffic stops and the device

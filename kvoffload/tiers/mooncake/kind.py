@@ -68,8 +68,8 @@ class MooncakeTier(TierKind):
     def build_manager(self) -> SharedStoreTier:
         if not self._tagger.authenticated:
             logger.warning("kvoffload: %s (mooncake) has no auth secret: any client of the store can plant KV that "
-                           "this engine serves; set auth.secret_file or auth.secret_env (see the README's security "
-                           "notes)", self.ctx.key)
+                           "this engine serves; set auth.secret_file or auth.secret_env (see docs/production.md, "
+                           "Security)", self.ctx.key)
         else:
             logger.info("kvoffload: %s (mooncake): records authenticated with %s, secret id %s", self.ctx.key,
                         self._tagger.algorithm, self._tagger.key_id)
