@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kvoffload import cli
-from kvoffload.config import OffloadConfig
+from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.examples import resolve_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,3 +188,30 @@ def test_every_extra_a_pip_command_names_exists():
         for m in re.finditer(r"(?:kvoffload|\.)\[([\w,-]+)\]", cmd):
             named.update(m.group(1).split(","))
     assert named and named <= extras, named - extras
+
+
+CPU = {"medium": "cpu", "capacity": "1MiB"}
+SECTIONS = {
+    "": {"zz": 1},
+    "transfer": {"tiers": [CPU], "transfer": {"zz": 1}},
+    "metrics": {"tiers": [CPU], "metrics": {"zz": 1}},
+    "hints": {"tiers": [CPU], "hints": {"zz": 1}},
+    "auth": {"tiers": [CPU], "auth": {"zz": 1}},
+    "cpu tier": {"tiers": [{**CPU, "zz": 1}]},
+    "disk tier": {"tiers": [CPU, {"medium": "disk", "capacity": "1MiB", "zz": 1}]},
+    "fs tier": {"tiers": [CPU, {"medium": "fs", "path": "/nonexistent", "zz": 1}]},
+    "mooncake tier": {"tiers": [CPU, {"medium": "mooncake", "master": "127.0.0.1:1", "zz": 1}]},
+}
+
+
+@pytest.mark.parametrize("section", list(SECTIONS))
+def test_every_config_key_is_documented_with_its_value(section):
+    """The configuration pages show every key the config accepts as a YAML key (with a value
+    and its default or meaning beside it); the keys come from the config's own error for an
+    unknown one, so a key added to the code and not to the docs fails here."""
+    with pytest.raises(ConfigError, match="unknown key") as err:
+        OffloadConfig.from_dict(SECTIONS[section])
+    keys = str(err.value).split("allowed keys here: ")[1].split(", ")
+    shown = "\n".join(body for _, body in _blocks("yaml"))
+    missing = [k for k in keys if not re.search(rf"^\s*(- )?{k}:", shown, re.M) and f"{k}:" not in shown]
+    assert not missing, f"{section or 'top level'}: {missing} not in any YAML block of the docs"
