@@ -9,6 +9,22 @@
 layout beyond the bytes it is handed.
 """
 
-from kvoffload_ext.copies import copy_block_groups, copy_blocks
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvoffload_ext.copies import copy_block_groups, copy_blocks
 
 __all__ = ["copy_block_groups", "copy_blocks"]
+
+
+def __getattr__(name: str) -> Any:
+    """``copy_blocks`` and ``copy_block_groups`` import torch on first use, not here: the
+    scheduler half imports ``kvoffload_ext.ledger`` through this package and stays tensor-free
+    (a missing torch used to surface as "native ledger not built")."""
+    if name in __all__:
+        from kvoffload_ext import copies
+
+        return getattr(copies, name)
+    raise AttributeError(f"module 'kvoffload_ext' has no attribute {name!r}")

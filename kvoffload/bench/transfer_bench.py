@@ -20,7 +20,7 @@ from kvoffload.bench.measure import Sample, add_reps, bench_parser, interleaved,
 from kvoffload.transfer.device_host_handler import host_copy_groups
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
-from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
+from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE
 from kvoffload_ext import copy_block_groups
 from kvoffload_ext.copies.cpu_copy import COPY_THREADS, copy_ranges_cpu
 

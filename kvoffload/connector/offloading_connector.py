@@ -25,15 +25,16 @@ from kvoffload.connector.base import (
 )
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
-from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
 from kvoffload.kv_events import KVEvent
 from kvoffload.kv_info import EngineKVInfo
 from kvoffload.offload.spec import OffloadingSpecFactory
-from kvoffload.transfer.handler import TransferResult
-from kvoffload.transfer.layout import KVCaches
+from kvoffload.transfer.result import TransferResult
 
 if TYPE_CHECKING:
     import torch
+
+    from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+    from kvoffload.transfer.layout import KVCaches
 
 #: What a connector is built from: the engine's config (its ``kv_offload`` section is read) or
 #: the offload config itself, in any form ``OffloadConfig.coerce`` takes.
@@ -52,7 +53,9 @@ class OffloadingConnector(KVConnectorBase):
         self.connector_worker: OffloadingConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = OffloadingConnectorScheduler(self.spec)
-        else:
+        else:  # imported here: the scheduler role (its own process in vLLM) never loads torch for it
+            from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+
             self.connector_worker = OffloadingConnectorWorker(self.spec)
 
     # ---- worker side ---------------------------------------------------------------------

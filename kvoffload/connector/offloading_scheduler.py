@@ -33,7 +33,7 @@ from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.chain_of_tiers import as_chain
 from kvoffload.offload.spec import OffloadingSpec
-from kvoffload.transfer.handler import TransferResult
+from kvoffload.transfer.result import TransferResult
 
 logger = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.transfer_stats import DirectionStatsDict, TransferStats
 from kvoffload.offload.spec import OffloadingSpec
-from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
+from kvoffload.transfer.handler import OffloadingHandler, TransferRouter
 from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layout import CanonicalKVCache, KVCaches, canonicalize
-from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
+from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE, TransferResult
 
 
 @dataclass(slots=True)

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from kvoffload.metrics import BYTES_BUCKETS, SECONDS_BUCKETS
-from kvoffload.transfer.handler import TransferResult
-from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE
+from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE, TransferResult
 
 
 def _bucket(buckets: tuple[float, ...], value: float) -> int:

@@ -26,7 +26,8 @@ from vllm.v1.kv_offload.base import (
 from kvoffload.transfer.device_host_handler import DeviceHostHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache, LayoutError
-from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, make_stream_pool
+from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE
+from kvoffload.transfer.streams import make_stream_pool
 
 logger = logging.getLogger("vllm.kvoffload")
 

@@ -24,11 +24,11 @@ import torch
 from kvoffload.offload.abstract import LoadStoreSpec, Medium
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.tiers.tiered_spec import TieredOffloadingSpec
-from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvoffload.transfer.handler import OffloadingHandler
 from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.result import DEVICE_TO_HOST, TransferResult, TransferSpec
 from kvoffload.transfer.secondary_handler import copy_direction
-from kvoffload.transfer.streams import DEVICE_TO_HOST
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.offload.native_ledger import wants_native, with_slots
 from kvoffload.registry import PolicyRef
 from kvoffload.tiers.base import TierKind
-from kvoffload.transfer.handler import BlockTransferError
+from kvoffload.transfer.result import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
 
 #: The test-only medium: registered here, named nowhere outside kvoffload.testing.

@@ -16,11 +16,6 @@ from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.registry import TIER_KINDS
 from kvoffload.tiers.base import TierContext, TierKind
-from kvoffload.transfer.device_host_handler import DeviceHostHandler
-from kvoffload.transfer.host_buffer import HostBlockBuffer
-from kvoffload.transfer.secondary_handler import SecondaryTierHandler
-from kvoffload.transfer.slot_fence import SlotFences
-from kvoffload.transfer.streams import make_stream_pool
 from kvoffload.transfer.tier_io import TierIO
 
 
@@ -74,7 +69,14 @@ class TieredOffloadingSpec(OffloadingSpec):
 
     def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
         """Device <-> host handlers over a CanonicalKVCache, then one handler per secondary tier
-        (host → tier, tier above → tier, tier → device)."""
+        (host → tier, tier above → tier, tier → device). The worker half's modules (torch) are
+        imported here: the scheduler process builds this spec too, for its manager alone."""
+        from kvoffload.transfer.device_host_handler import DeviceHostHandler
+        from kvoffload.transfer.host_buffer import HostBlockBuffer
+        from kvoffload.transfer.secondary_handler import SecondaryTierHandler
+        from kvoffload.transfer.slot_fence import SlotFences
+        from kvoffload.transfer.streams import make_stream_pool
+
         if kv_caches.page_bytes * self.block_size_factor != self.offloaded_block_bytes:
             raise ValueError(
                 f"KV layout gives {kv_caches.page_bytes} bytes per engine block but the engine declared "

@@ -13,13 +13,14 @@ from collections.abc import Callable
 import numpy as np
 
 from kvoffload.offload.mediums import GPULoadStoreSpec
-from kvoffload.transfer.handler import TrackedJobsHandler, TransferSpec
+from kvoffload.transfer.handler import TrackedJobsHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layered_store import LayeredStore
 from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE, TransferSpec
 from kvoffload.transfer.slot_fence import SlotFences
-from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, StreamPool
+from kvoffload.transfer.streams import StreamPool
 from kvoffload_ext import copy_block_groups
 from kvoffload_ext.copies import CopyGroup
 

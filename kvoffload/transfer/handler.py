@@ -7,55 +7,20 @@ import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 
 from kvoffload.offload.abstract import LoadStoreSpec
 from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layered_store import StoreAborted
+from kvoffload.transfer.result import (
+    BlockTransferError,
+    LoadCancelled,
+    StoreSkipped,
+    TransferResult,
+    TransferSpec,
+)
 from kvoffload.transfer.streams import JobHandle
 
 logger = logging.getLogger(__name__)
-
-TransferSpec = tuple[LoadStoreSpec, LoadStoreSpec]
-
-
-@dataclass(frozen=True, slots=True)
-class TransferResult:
-    job_id: int
-    success: bool
-    nbytes: int
-    seconds: float
-    direction: str
-    #: Source slots found corrupt, misplaced or unreadable: the scheduler drops them.
-    bad_block_ids: tuple[int, ...] = ()
-    #: The copy failed with an I/O error (the tier's health counts these).
-    io_error: bool = False
-    #: Bad source blocks by reason ("checksum", "auth", "key", "format", "missing"), for the
-    #: kvoffload_tier_rejected_blocks_total{tier,reason} counter.
-    rejected: tuple[tuple[str, int], ...] = ()
-    #: A store the tier did not take (backpressure): not an error, nothing was written.
-    skipped: bool = False
-    #: A load given up at the scheduler's word (slower than recomputing): nothing was written.
-    cancelled: bool = False
-
-
-class StoreSkipped(Exception):
-    """A store not submitted because its tier is too slow now (StoreBackpressure)."""
-
-
-class LoadCancelled(Exception):
-    """A load given up before it wrote the device blocks (the scheduler half's call)."""
-
-
-class BlockTransferError(Exception):
-    """A copy failed at known source slots; ``io``: an I/O error, else bad data or key."""
-
-    def __init__(self, message: str, slots: list[int], io: bool = False, reasons: dict[str, int] | None = None) -> None:
-        super().__init__(message)
-        self.slots = slots
-        self.io = io
-        self.reasons = reasons or {}
-
 
 class OffloadingHandler(ABC):
     """Moves blocks between two media. Never raises for a failed copy: it reports it."""

@@ -29,9 +29,10 @@ import torch
 from kvoffload.offload.abstract import BlockHash, Medium, SlotIds
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec, KeyedLoadStoreSpec
 from kvoffload.transfer.backpressure import StoreBackpressure
-from kvoffload.transfer.handler import BlockTransferError, LoadCancelled, StoreSkipped, TrackedJobsHandler, TransferSpec
+from kvoffload.transfer.handler import TrackedJobsHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
+from kvoffload.transfer.result import BlockTransferError, LoadCancelled, StoreSkipped, TransferSpec
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import DirectionLanes, JobHandle, failed_handle
 from kvoffload.transfer.tier_io import TierIO

@@ -18,8 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-DEVICE_TO_HOST = "device_to_host"
-HOST_TO_DEVICE = "host_to_device"
+from kvoffload.transfer.result import DEVICE_TO_HOST
 
 
 class JobHandle(ABC):

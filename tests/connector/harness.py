@@ -9,8 +9,9 @@ from kvoffload.connector.offloading_connector import OffloadingConnector
 from kvoffload.engine.outputs import ModelRunnerOutput
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo
-from kvoffload.transfer.handler import OffloadingHandler, TransferResult, TransferRouter
+from kvoffload.transfer.handler import OffloadingHandler, TransferRouter
 from kvoffload.transfer.layer_progress import LayerProgress
+from kvoffload.transfer.result import TransferResult
 from tests.engine.helpers import make_scheduler
 
 #: The fake model's attention layers.

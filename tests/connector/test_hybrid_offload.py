@@ -130,7 +130,7 @@ def test_a_store_reading_a_released_sliding_block_is_flushed_before_the_block_is
     assert meta.flush_jobs == {sliding_job.job_id}  # the worker waits for it before s writes block 6
     assert sched.stats.store_flushes == 1
     # Once the store landed, reusing its blocks needs no flush.
-    from kvoffload.transfer.handler import TransferResult
+    from kvoffload.transfer.result import TransferResult
     sched.update_connector_output([TransferResult(j.job_id, True, 400, 0.001, "device_to_host") for j in (full_job, sliding_job)])
     assert not sched.build_connector_meta(_step(new=[("t", ([12], [7]))], scheduled={"t": 4})).flush_jobs
 

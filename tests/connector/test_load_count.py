@@ -8,7 +8,7 @@ from kvoffload.connector.jobs import JobKind
 from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
-from kvoffload.transfer.handler import TransferResult
+from kvoffload.transfer.result import TransferResult
 
 
 def _sched():

@@ -13,7 +13,8 @@ from kvoffload.testing.faults import flip_every_disk_record
 from kvoffload.transfer.device_host_handler import DeviceHostHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
-from kvoffload.transfer.streams import HOST_TO_DEVICE, CUDAStreamPool
+from kvoffload.transfer.result import HOST_TO_DEVICE
+from kvoffload.transfer.streams import CUDAStreamPool
 from kvoffload.workload import ChatWorkload, run_chat_workload
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -13,7 +13,7 @@ from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
 from kvoffload.tiers.disk.tier import DiskOffloadingManager, tier_file
-from kvoffload.transfer.handler import TransferResult
+from kvoffload.transfer.result import TransferResult
 
 
 def _sched(world_size):

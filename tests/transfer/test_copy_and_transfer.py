@@ -8,7 +8,8 @@ from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.transfer.device_host_handler import DeviceHostHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
-from kvoffload.transfer.streams import DEVICE_TO_HOST, HOST_TO_DEVICE, CPUStreamPool
+from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE
+from kvoffload.transfer.streams import CPUStreamPool
 from kvoffload_ext import copy_block_groups, copy_blocks
 
 

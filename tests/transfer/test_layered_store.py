@@ -14,7 +14,8 @@ from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.transfer.device_host_handler import DeviceHostHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
-from kvoffload.transfer.streams import DEVICE_TO_HOST, CPUStreamPool
+from kvoffload.transfer.result import DEVICE_TO_HOST
+from kvoffload.transfer.streams import CPUStreamPool
 from tests.transfer.test_copy_and_transfer import drain, page
 
 NAMES = ("model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn")

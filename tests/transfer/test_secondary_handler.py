@@ -69,7 +69,7 @@ class FailingReads(MemoryIO):
     """Reads fail with an I/O error, then find a record of another block (two causes)."""
 
     def read(self, slots, keys, out):
-        from kvoffload.transfer.handler import BlockTransferError
+        from kvoffload.transfer.result import BlockTransferError
 
         self.reads += 1
         raise BlockTransferError("memory tier: boom", list(slots), io=self.reads <= 2)

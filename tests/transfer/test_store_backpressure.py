@@ -121,7 +121,7 @@ def test_a_load_never_waits_for_queued_stores_of_its_tier():
 
 def test_skipped_stores_are_not_counted_as_failed_copies():
     from kvoffload.connector.transfer_stats import TransferStats
-    from kvoffload.transfer.handler import TransferResult
+    from kvoffload.transfer.result import TransferResult
 
     stats = TransferStats()
     stats.record(TransferResult(1, False, 0, 0.0, "host_to_fs", skipped=True))

@@ -12,7 +12,7 @@ from kvoffload.auth import RecordTagger
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.safe_files import open_file
 from kvoffload.tiers.disk.format import RECORD_HEADER, DiskLayout, key_bytes, parse_record_header, record_header
-from kvoffload.transfer.handler import BlockTransferError
+from kvoffload.transfer.result import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
 
 

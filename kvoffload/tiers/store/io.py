@@ -26,7 +26,7 @@ from kvoffload.tiers.store.keys import StoreKeys
 from kvoffload.tiers.store.kv_store import KeyValueStore
 from kvoffload.tiers.store.record import HEADER_BYTES, check_header, make_header, write_header
 from kvoffload.tiers.store.staging import StagingArena
-from kvoffload.transfer.handler import BlockTransferError
+from kvoffload.transfer.result import BlockTransferError
 from kvoffload.transfer.tier_io import TierIO
 
 

@@ -384,7 +384,7 @@ def test_the_worker_opens_its_file_once_across_threads_and_never_after_close(tmp
     import threading
 
     from kvoffload.tiers.disk.io import DiskIO
-    from kvoffload.transfer.handler import BlockTransferError
+    from kvoffload.transfer.result import BlockTransferError
 
     layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
     mgr = DiskOffloadingManager(tmp_path, layout)

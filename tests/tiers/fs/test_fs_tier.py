@@ -25,7 +25,7 @@ from kvoffload.tiers.fs.directory import FsDirectory
 from kvoffload.tiers.fs.store import FsStore
 from kvoffload.tiers.store.io import StoreIO
 from kvoffload.tiers.store.keys import StoreKeys
-from kvoffload.transfer.handler import BlockTransferError
+from kvoffload.transfer.result import BlockTransferError
 from tests.tiers.fs.fs_job import fs_offload, run_rounds
 
 JOB = Path(__file__).with_name("fs_job.py")

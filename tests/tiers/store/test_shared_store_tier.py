@@ -18,7 +18,7 @@ from kvoffload.tiers.store.keys import StoreKeys, UnkeyableHashError, hash_text
 from kvoffload.tiers.store.lookups import StoreLookups
 from kvoffload.tiers.store.record import HEADER_BYTES, check_record, write_header
 from kvoffload.tiers.store.tier import SharedStoreTier
-from kvoffload.transfer.handler import BlockTransferError
+from kvoffload.transfer.result import BlockTransferError
 from tests.tiers.store.store_double import UNREACHABLE, DictStore
 
 KEYS = StoreKeys.of("digestA", 16, 256, 1)
