@@ -20,16 +20,23 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.measure import Sample, add_reps, bench_parser, positive_int, preamble
-from kvoffload.bench.serve_runs import RunResult, TurnResult, run_once, tokens_by_turn
+from kvoffload.bench.measure import add_reps, bench_parser, positive_int, preamble
+from kvoffload.bench.serve_configs import (
+    config_names,
+    configurations,
+    effective_differences,
+    offload_config,
+    sends_hints,
+    tier_sets,
+)
+from kvoffload.bench.serve_report import plot, report
+from kvoffload.bench.serve_runs import RunResult, TurnResult, run_once
 from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace, weka
-from kvoffload.config import OffloadConfig
 from kvoffload.errors import ConfigError
 from kvoffload.testing.vllm_server import VllmServer
 from kvoffload.traces import SAMPLE_TRACE, resolve_trace
@@ -51,194 +58,7 @@ def write_model(path: Path, layers: int, hidden: int, heads: int, kv_heads: int,
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
-def tier_sets(cpu: str, disk: str, workdir: Path) -> dict[str, list[dict[str, Any]]]:
-    """The tiers of each kvoffload configuration (the same for both engines)."""
-    return {
-        "cpu": [{"medium": "cpu", "capacity": cpu}],
-        "cpu+disk": [{"medium": "cpu", "capacity": cpu},
-                     {"medium": "disk", "path": str(workdir / "disk"), "capacity": disk, "write_through": True}],
-    }
 
-
-def sends_hints(name: str) -> bool:
-    """Whether a configuration's requests carry their hints: those whose host tier evicts by
-    the hinted policy (``cpu@hinted``); the same policy without hints is ``prefix_value``."""
-    return name.partition("@")[2] == "hinted"
-
-
-def offload_config(name: str, tiers: dict[str, list[dict[str, Any]]], throttled: bool,
-                   hints: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """kvoffload's config of a configuration named ``TIERS[:LOAD_MODE][@POLICY]``
-    (``cpu+disk:never-recompute``, ``cpu@hinted``: the host tier's eviction policy); None for
-    ``plain``. ``throttled``: the tiers' I/O is slowed as ``--throttle-tier`` says
-    (``kvoffload.testing.throttle``). ``hints``: the config's ``hints`` section."""
-    if name == "plain":
-        return None
-    base, _, policy = name.partition("@")
-    tier_name, _, mode = base.partition(":")
-    if tier_name not in tiers or (policy == "" and "@" in name):
-        raise ValueError(f"--configs: {name!r}; use plain, cpu, cpu+disk (each may end in :auto, :async or "
-                         ":never-recompute, then in @POLICY, e.g. cpu@hinted)")
-    config: dict[str, Any] = {"tiers": tiers[tier_name]}
-    if mode:
-        config["load_mode"] = mode
-    if mode or policy:
-        # Each server owns its disk directory: the same tiers in another mode get their own.
-        suffix = "-".join(x for x in (mode, policy) if x)
-        config["tiers"] = [{**t, "path": f"{t['path']}-{suffix}"} if "path" in t else t for t in tiers[tier_name]]
-    if policy:
-        config["tiers"] = [{**config["tiers"][0], "eviction_policy": policy}, *config["tiers"][1:]]
-    if hints:
-        config["hints"] = hints
-    if throttled:
-        config.update(spec_name="ThrottledOffloadingSpec", spec_module_path="kvoffload.testing.throttle")
-    OffloadConfig.from_dict(config)  # a bad load mode fails here, in one line, before any server starts
-    return config
-
-
-def configurations(names: list[str], cpu: str, disk: str, workdir: Path, throttled: bool = False,
-                   hints: dict[str, Any] | None = None) -> dict[str, dict[str, Any] | None]:
-    """vLLM's ``--kv-transfer-config`` of each configuration named (None: plain vLLM)."""
-    tiers = tier_sets(cpu, disk, workdir)
-    out: dict[str, dict[str, Any] | None] = {}
-    for name in names:
-        config = offload_config(name, tiers, throttled, hints)
-        out[name] = None if config is None else {
-            "kv_connector": "KVOffloadConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"config": config}}
-    return out
-
-
-def config_names(spec: str) -> list[str]:
-    """The ``--configs`` list, duplicates dropped. "plain-default" is read as "plain": it named
-    plain vLLM with its hybrid allocator on while the connector turned it off; the connector is
-    HMA-aware now, so plain vLLM's defaults equal the kvoffload servers' effective config."""
-    return list(dict.fromkeys("plain" if n == "plain-default" else n for n in spec.split(",")))
-
-
-def effective_differences(model: str, engine_kwargs: dict[str, Any],
-                          kv_configs: dict[str, dict[str, Any] | None]) -> list[str]:
-    """vLLM's effective engine config for each configuration, built the way ``vllm serve``
-    builds it, compared with plain vLLM's field by field: one line per differing field."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    def build(kv: dict[str, Any] | None) -> Any:
-        return EngineArgs(model=model, skip_tokenizer_init=True, enforce_eager=True, seed=0,
-                          kv_transfer_config=kv, **engine_kwargs).create_engine_config()
-
-    base = build(None)
-    inert = set() if _has_several_kv_kinds(base.model_config) else {("scheduler_config", "disable_hybrid_kv_cache_manager")}
-    diffs: list[str] = []
-    for name, kv in kv_configs.items():
-        cfg = build(kv)
-        for section in ("scheduler_config", "cache_config", "parallel_config", "model_config", "compilation_config",
-                        "load_config", "device_config"):
-            a, b = getattr(base, section), getattr(cfg, section)
-            for key in vars(a):
-                if (section, key) in inert:
-                    continue
-                try:
-                    same = bool(getattr(a, key) == getattr(b, key, None))
-                except Exception:  # noqa: BLE001 - fields without a usable ==: not compared
-                    continue
-                if not same:
-                    line = f"{name}: {section}.{key}={getattr(b, key, None)!r} (plain: {getattr(a, key)!r})"
-                    diffs.append(line)
-    return diffs
-
-
-def _has_several_kv_kinds(model_config: Any) -> bool:
-    """Whether the model has more than one kind of KV cache (sliding window beside full
-    attention, or Mamba state). Only then does vLLM's hybrid allocator change anything, so
-    only then is a difference in ``disable_hybrid_kv_cache_manager`` a difference in the
-    engine: one CI machine resolved it to True for plain vLLM on a full-attention model."""
-    hf = model_config.hf_text_config
-    kinds = set(getattr(hf, "layer_types", None) or [])
-    return bool(model_config.is_hybrid or len(kinds) > 1 or getattr(hf, "sliding_window", None))
-
-
-# ---- driving a workload --------------------------------------------------------------------
-# ---- report --------------------------------------------------------------------------------
-FIGURES = [("ttft_p50_ms", "TTFT p50 (ms)", True), ("ttft_p95_ms", "TTFT p95 (ms)", True),
-           ("ttft_p99_ms", "TTFT p99 (ms)", True), ("ret_ttft_p50_ms", "returning-turn TTFT p50 (ms)", True),
-           ("ret_ttft_p95_ms", "returning-turn TTFT p95 (ms)", True), ("itl_mean_ms", "inter-token mean (ms)", True),
-           ("req_per_s", "requests/s", False), ("out_tok_per_s", "output tokens/s", False)]
-
-
-def report(runs: dict[str, list[RunResult]], engine: str = "vLLM",
-           references: tuple[str, ...] = ("plain",)) -> tuple[str, dict[str, Any]]:
-    """The figures of each configuration, and run-by-run ratios against each reference
-    configuration present (plain vLLM; ``--also-vs`` adds one, e.g. the asynchronous loads)."""
-    names = list(runs)
-    lines: list[str] = []
-    out: dict[str, Any] = {"configs": {}}
-    header = f"{'':32}" + "".join(f"{n:>22}" for n in names)
-    lines.append(header)
-    plain = runs.get("plain")
-    for key, label, lower_is_better in FIGURES:
-        samples = {n: Sample(tuple(r.figures().get(key, 0.0) for r in rs)) for n, rs in runs.items()}
-        if not any(s.median for s in samples.values()):
-            continue
-        lines.append(f"{label:32}" + "".join(f"{samples[n].fmt('.1f'):>22}" for n in names))
-        for ref in (r for r in references if r in runs):
-            ratios = {}
-            for n in names:
-                if n == ref:
-                    continue
-                # Run by run; "x better": reference/ours for latencies, ours/reference for rates.
-                ratios[n] = (samples[ref].ratio(samples[n]) if lower_is_better else samples[n].ratio(samples[ref]))
-            lines.append(f"{f'  vs {ref} (x better)':32}" + "".join(
-                f"{(ratios[n].fmt('.2f') + 'x') if n in ratios else '':>22}" for n in names))
-            for n, r in ratios.items():
-                out["configs"].setdefault(n, {})[f"{key}_vs_{ref}"] = list(r.values)
-        for n, s in samples.items():
-            out["configs"].setdefault(n, {})[key] = list(s.values)
-    for n, rs in runs.items():
-        hits: dict[str, float] = {}
-        for run in rs:
-            for k, v in run.hits.items():
-                hits[k] = hits.get(k, 0) + v / len(rs)
-        lines.append(f"{'prefix hit tokens/run ' + n:31} " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(hits.items())))
-        out["configs"].setdefault(n, {})["hit_tokens_per_run"] = hits
-    if plain is not None:
-        for n, rs in runs.items():
-            if n == "plain":
-                continue
-            same = sum(tokens_by_turn(a) == tokens_by_turn(b) for a, b in zip(plain, rs))
-            lines.append(f"tokens identical to plain {engine:6} {n}: {same}/{len(rs)} runs")
-            out["configs"][n]["identical_runs"] = same
-    return "\n".join(lines), out
-
-
-def plot(runs: dict[str, list[RunResult]], path: Path, workload: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, rs in runs.items():
-        t = sorted(x * 1e3 for r in rs for x in r.ttfts())
-        axes[0].plot(t, [(i + 1) / len(t) for i in range(len(t))], label=name)
-        by_turn: dict[int, list[float]] = {}
-        for r in rs:
-            for tr in r.turns:
-                if tr.completion.ttft is not None:
-                    by_turn.setdefault(tr.turn, []).append(tr.completion.ttft * 1e3)
-        turns = sorted(by_turn)
-        axes[1].plot([k + 1 for k in turns], [statistics.median(by_turn[k]) for k in turns], marker="o", label=name)
-        axes[1].set_xticks([k + 1 for k in turns])
-    axes[0].set(title=f"TTFT CDF ({workload})", xlabel="time to first token (ms)", ylabel="fraction of requests")
-    axes[1].set(title="median TTFT by turn", xlabel="turn", ylabel="ms")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# ---- CLI -----------------------------------------------------------------------------------
 def cache_geometry(wl: Workload, block: int, device_fraction: float) -> tuple[int, int, int]:
     """(max_model_len, working set in blocks, device cache in blocks) for ``block``-token
     blocks: the device cache holds ``device_fraction`` of the working set, and at least one

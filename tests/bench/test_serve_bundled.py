@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from kvoffload.bench import serve_bench
+from kvoffload.bench import serve_bench, serve_configs
 from kvoffload.bench.serve_bundled import run_bundled
 from kvoffload.bench.serve_workloads import chat
 from kvoffload.engine.config import EngineConfig
@@ -164,19 +164,19 @@ def test_a_stuck_engine_fails_the_run_instead_of_hanging(monkeypatch):
 
 
 def test_configuration_names_read_plain_default_as_plain_and_refuse_unknown_ones(tmp_path):
-    names = serve_bench.config_names("plain,plain-default,cpu,cpu")
+    names = serve_configs.config_names("plain,plain-default,cpu,cpu")
     assert names == ["plain", "cpu"]
-    configs = serve_bench.configurations(names, "1GB", "2GB", tmp_path)
+    configs = serve_configs.configurations(names, "1GB", "2GB", tmp_path)
     assert configs["plain"] is None
     assert configs["cpu"]["kv_connector"] == "KVOffloadConnector"
     assert configs["cpu"]["kv_connector_extra_config"]["config"]["tiers"][0]["medium"] == "cpu"
     with pytest.raises(ValueError, match="'gpu'; use plain, cpu, cpu"):
-        serve_bench.configurations(["gpu"], "1GB", "2GB", tmp_path)
-    slow = serve_bench.configurations(["cpu+disk:never-recompute"], "1GB", "2GB", tmp_path, throttled=True)
+        serve_configs.configurations(["gpu"], "1GB", "2GB", tmp_path)
+    slow = serve_configs.configurations(["cpu+disk:never-recompute"], "1GB", "2GB", tmp_path, throttled=True)
     config = slow["cpu+disk:never-recompute"]["kv_connector_extra_config"]["config"]
     assert config["load_mode"] == "never-recompute" and config["spec_name"] == "ThrottledOffloadingSpec"
     with pytest.raises(ConfigError, match="load_mode: 'sometimes' is not a load mode"):
-        serve_bench.configurations(["cpu:sometimes"], "1GB", "2GB", tmp_path)
+        serve_configs.configurations(["cpu:sometimes"], "1GB", "2GB", tmp_path)
 
 
 @pytest.mark.parametrize("hf, hybrid, expected", [
@@ -189,6 +189,6 @@ def test_configuration_names_read_plain_default_as_plain_and_refuse_unknown_ones
 def test_the_hybrid_allocator_setting_is_compared_only_where_it_changes_the_engine(hf, hybrid, expected):
     from types import SimpleNamespace
 
-    from kvoffload.bench.serve_bench import _has_several_kv_kinds
+    from kvoffload.bench.serve_configs import _has_several_kv_kinds
 
     assert _has_several_kv_kinds(SimpleNamespace(hf_text_config=SimpleNamespace(**hf), is_hybrid=hybrid)) is expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.bench import serve_bench
+from kvoffload.bench import serve_bench, serve_configs
 from kvoffload.bench.serve_bundled import run_bundled
 from kvoffload.bench.serve_workloads import weka
 from kvoffload.engine.config import EngineConfig
@@ -70,18 +70,18 @@ def test_only_hinted_configurations_get_the_hints(tmp_path):
 
 
 def test_policy_suffixes_and_the_hints_clock_in_configurations(tmp_path):
-    configs = serve_bench.configurations(["cpu@hinted", "cpu+disk:async@lru", "cpu@prefix_value"], "1GB", "2GB",
+    configs = serve_configs.configurations(["cpu@hinted", "cpu+disk:async@lru", "cpu@prefix_value"], "1GB", "2GB",
                                          tmp_path, hints={"clock_speed": 20.0})
     hinted = configs["cpu@hinted"]["kv_connector_extra_config"]["config"]
     assert hinted["tiers"][0]["eviction_policy"] == "hinted" and hinted["hints"] == {"clock_speed": 20.0}
     tiers = configs["cpu+disk:async@lru"]["kv_connector_extra_config"]["config"]["tiers"]
     assert tiers[0]["eviction_policy"] == "lru" and tiers[1]["path"].endswith("disk-async-lru")
-    assert [serve_bench.sends_hints(n) for n in ("plain", "cpu", "cpu@prefix_value", "cpu@hinted")] == \
+    assert [serve_configs.sends_hints(n) for n in ("plain", "cpu", "cpu@prefix_value", "cpu@hinted")] == \
         [False, False, False, True]
     with pytest.raises(ConfigError, match="eviction_policy: unknown eviction policy 'mru'"):
-        serve_bench.configurations(["cpu@mru"], "1GB", "2GB", tmp_path)
+        serve_configs.configurations(["cpu@mru"], "1GB", "2GB", tmp_path)
     with pytest.raises(ValueError, match="'cpu@'; use plain, cpu"):
-        serve_bench.configurations(["cpu@"], "1GB", "2GB", tmp_path)
+        serve_configs.configurations(["cpu@"], "1GB", "2GB", tmp_path)
 
 
 def test_the_cli_replays_weka_with_and_without_hints(tmp_path, capsys):
