@@ -130,14 +130,17 @@ def test_nothing_outside_testing_names_a_test_only_medium():
         assert not found, f"{path.relative_to(ROOT)} names {found}"
 
 
-#: The packages of the offload stack, held to small files and classes that do their own work.
+#: The packages of the offload stack, held to classes that do their own work.
 SIZED_PACKAGES = ("connector", "offload", "tiers", "transfer")
 
 
-def test_no_file_of_the_offload_stack_over_400_lines():
-    """Files past ~400 lines mix concepts (the scheduler half was 686 before its split)."""
-    long = {str(p.relative_to(ROOT)): n for pkg in SIZED_PACKAGES
-            for p in (ROOT / pkg).rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+def test_no_file_over_400_lines():
+    """Files past ~400 lines mix concepts (the scheduler half was 686 before its split; the
+    config 540, the serving benchmark 538): anywhere in kvoffload, the native code's Python
+    and the policies alike."""
+    roots = (ROOT, ROOT.parent / "kvoffload_ext", ROOT.parent / "policies")
+    long = {str(p.relative_to(ROOT.parent)): n for root in roots
+            for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}
 
 

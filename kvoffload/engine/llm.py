@@ -21,9 +21,9 @@ from kvoffload.engine.model_config import BUILTIN_MODELS, ModelConfig
 from kvoffload.engine.model_runner import ModelRunner
 from kvoffload.engine.outputs import RequestOutput
 from kvoffload.engine.request import Request, RequestStatus
+from kvoffload.engine.request_fits import check_fits
 from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler import Scheduler
-from kvoffload.engine.single_type_manager import cdiv
 from kvoffload.engine.stats import EngineStats
 from kvoffload.engine.tokenizer import ByteTokenizer
 from kvoffload.metrics import MetricsServer
@@ -147,32 +147,7 @@ class LLM:
         token_ids = self._to_token_ids(prompt)
         if not token_ids:
             raise ValueError(f"request {rid!r}: empty prompt; give at least one token")
-        if len(token_ids) >= cfg.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt has {len(token_ids)} tokens, max_model_len={cfg.max_model_len} "
-                "leaves no room to generate; shorten the prompt or raise max_model_len"
-            )
-        need = cdiv(min(len(token_ids) + params.max_tokens, cfg.max_model_len), cfg.block_size)
-        if need > cfg.num_gpu_blocks - 1:
-            raise ValueError(
-                f"request {rid!r}: needs {need} KV blocks but num_gpu_blocks={cfg.num_gpu_blocks} "
-                f"holds {cfg.num_gpu_blocks - 1}; raise num_gpu_blocks or lower max_tokens"
-            )
-        width = max(params.n, params.beam_width)
-        if width > cfg.max_num_seqs:
-            name = "n" if params.n > 1 else "beam_width"
-            raise ValueError(f"request {rid!r}: {name}={width} sequences never run at once with max_num_seqs="
-                             f"{cfg.max_num_seqs}; lower {name} or raise max_num_seqs")
-        if params.beam_width:
-            # Beams advance together: all of them (shared prompt, own outputs) must fit at once.
-            prompt_blocks = len(token_ids) // cfg.block_size
-            group = prompt_blocks + params.beam_width * (need - prompt_blocks)
-            if group > cfg.num_gpu_blocks - 1:
-                raise ValueError(
-                    f"request {rid!r}: beam_width={params.beam_width} needs {group} KV blocks at once but "
-                    f"num_gpu_blocks={cfg.num_gpu_blocks} holds {cfg.num_gpu_blocks - 1}; lower beam_width or "
-                    "max_tokens, or raise num_gpu_blocks"
-                )
+        check_fits(rid, len(token_ids), params, cfg)
         return token_ids
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, priority: int = 0,

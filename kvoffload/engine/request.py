@@ -107,3 +107,28 @@ class Request:
         elif self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
             self.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return self.is_finished
+
+    def fork(self, child_id: str, params: SamplingParams | None = None) -> Request:
+        """A running copy of this request under ``child_id`` (parallel samples, beams): same
+        prompt, output so far, hashes and progress; ``params`` replaces its sampling."""
+        child = Request(
+            request_id=child_id,
+            prompt_token_ids=list(self.prompt_token_ids),
+            sampling_params=params or self.sampling_params,
+            block_size=self.block_size,
+            eos_token_id=self.eos_token_id,
+            priority=self.priority,
+            cache_salt=self.cache_salt,
+            extra_keys=self.extra_keys,
+            kv_transfer_params=self.kv_transfer_params,
+            seed=self.seed,
+        )
+        child.output_token_ids = list(self.output_token_ids)
+        child.all_token_ids = list(self.all_token_ids)
+        child.block_hashes = list(self.block_hashes)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.num_cached_tokens = self.num_cached_tokens
+        child.arrival_time = self.arrival_time
+        child.first_token_time = self.first_token_time
+        child.status = RequestStatus.RUNNING
+        return child

@@ -17,6 +17,7 @@ from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.output_builder import OutputBuilder, request_seed
 from kvoffload.engine.outputs import ModelRunnerOutput
+from kvoffload.engine.preemption import release_preempted
 from kvoffload.engine.remote_loads import LoadOutcome, PendingLoad, RemoteLoads
 from kvoffload.engine.request import Request, RequestStatus
 from kvoffload.engine.sampling_params import SamplingParams
@@ -266,21 +267,8 @@ class Scheduler:
         return []
 
     def _preempt(self, request: Request, to_back: bool = False) -> None:
-        request.swapped_tokens = 0
-        request.computed_before_preemption = max(request.computed_before_preemption, request.num_computed_tokens)
-        # A copy-on-write planned this step for this request never runs: swap out the source.
-        redirect = self.kv_cache_manager.cancel_copy_on_write(request.request_id)
-        if self.preemption_mode == "swap" and self.connector is not None:
-            groups = self.kv_cache_manager.get_block_ids(request.request_id)
-            ids = tuple([redirect.get(b, b) for b in group] for group in groups)
-            if self.connector.swap_out(request, ids):
-                request.swapped_tokens = request.num_computed_tokens
-                self.stats.swapped_out_tokens += request.num_computed_tokens
-        self.kv_cache_manager.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
-        self.stats.preemptions += 1
+        release_preempted(request, self.kv_cache_manager, self.connector if self.preemption_mode == "swap" else None,
+                          self.stats)
         if to_back:
             self.waiting.append(request)
         else:
@@ -311,14 +299,7 @@ class Scheduler:
         self.stats.steps += 1
         for rid, n in output.num_scheduled_tokens.items():
             request = self.requests[rid]
-            is_decode = request.num_output_tokens > 0 and request.num_computed_tokens == request.num_tokens - 1
-            if is_decode:
-                self.stats.decode_tokens += n
-            else:
-                self.stats.prefill_tokens_computed += n
-                # Only tokens whose KV existed before a preemption count as recomputed.
-                lost = min(request.num_computed_tokens + n, request.computed_before_preemption)
-                self.stats.recomputed_after_preemption += max(0, lost - request.num_computed_tokens)
+            self.stats.count_scheduled(request, n)
             request.num_computed_tokens += n
 
     # ---- results ------------------------------------------------------------------------
@@ -379,26 +360,7 @@ class Scheduler:
 
     def fork_request(self, parent: Request, child_id: str, params: SamplingParams | None = None) -> Request:
         """A running copy of ``parent`` sharing all its blocks (copy-on-write on the next write)."""
-        child = Request(
-            request_id=child_id,
-            prompt_token_ids=list(parent.prompt_token_ids),
-            sampling_params=params or parent.sampling_params,
-            block_size=parent.block_size,
-            eos_token_id=parent.eos_token_id,
-            priority=parent.priority,
-            cache_salt=parent.cache_salt,
-            extra_keys=parent.extra_keys,
-            kv_transfer_params=parent.kv_transfer_params,
-            seed=parent.seed,
-        )
-        child.output_token_ids = list(parent.output_token_ids)
-        child.all_token_ids = list(parent.all_token_ids)
-        child.block_hashes = list(parent.block_hashes)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.num_cached_tokens = parent.num_cached_tokens
-        child.arrival_time = parent.arrival_time
-        child.first_token_time = parent.first_token_time
-        child.status = RequestStatus.RUNNING
+        child = parent.fork(child_id, params)
         self.kv_cache_manager.fork(parent, child)
         self.requests[child_id] = child
         self.running.append(child)
