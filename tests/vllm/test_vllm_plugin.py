@@ -6,6 +6,8 @@ locally with transformers, nothing is downloaded. Prompts are 300 tokens: two fu
 vLLM blocks each.
 """
 
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -24,6 +26,43 @@ JOB = Path(__file__).with_name("vllm_job.py")
 
 
 def run_job(spec: dict, log: list | None = None) -> list[dict]:
+    if "kv_transfer_config" not in spec and log is None and not spec.get("metrics") and os.environ.get(PLAIN_RUNS):
+        return _plain_run(spec, Path(os.environ[PLAIN_RUNS]))
+    return _run_job(spec, log)
+
+
+#: Where plain vLLM's outputs are kept for the session (tests/vllm/conftest.py sets it).
+PLAIN_RUNS = "KVOFFLOAD_TEST_PLAIN_RUNS"
+_digests: dict[str, str] = {}
+
+
+def _plain_run(spec: dict, where: Path) -> list[dict]:
+    """Plain vLLM (no connector) is the reference most tests compare with, and the same job in
+    every module that asks for it: it runs once a session (all xdist workers share the file; a
+    job asking for fewer rounds gets the first rounds of a longer one, which are the same)."""
+    model = spec["model"]
+    if model not in _digests:
+        h = hashlib.sha256(JOB.read_bytes())
+        for f in sorted(Path(model).iterdir()):
+            h.update(f.name.encode() + f.read_bytes())
+        _digests[model] = h.hexdigest()
+    rounds = spec.get("rounds", 2)
+    same = {k: v for k, v in spec.items() if (k, v) != ("tp", 1)}  # tp 1 is the default
+    key = json.dumps({**same, "model": _digests[model], "rounds": None}, sort_keys=True)
+    path = where / hashlib.sha256(key.encode()).hexdigest()[:24]
+    where.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits for the run, then reads it
+        if path.exists():
+            stored = json.loads(path.read_text())
+            if len(stored) >= rounds:
+                return stored[:rounds]
+        result = _run_job({**spec, "rounds": max(rounds, 2)})
+        path.write_text(json.dumps(result))
+    return result[:rounds]
+
+
+def _run_job(spec: dict, log: list | None = None) -> list[dict]:
     env = {**os.environ, **spec.pop("env", {})}
     if spec.get("tp", 1) > 1:  # one OpenMP thread set per rank on vLLM's CPU backend
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(spec["tp"]))
@@ -54,9 +93,16 @@ def plain(model):
     return run_job({"model": model})
 
 
-def test_by_name_serves_second_round_from_cpu_tier(model, plain):
+@pytest.fixture(scope="module")
+def by_name(model):
+    """The connector by name over a CPU tier, two rounds and its counters: one vLLM start for
+    the tests that read it."""
     log: list[str] = []
-    rounds = run_job({"model": model, "kv_transfer_config": ktc(CPU)}, log)
+    return run_job({"model": model, "kv_transfer_config": ktc(CPU), "metrics": ["kvoffload_"]}, log), log
+
+
+def test_by_name_serves_second_round_from_cpu_tier(by_name, plain):
+    rounds, log = by_name
     # vLLM's CPU backend: one (num_blocks, 2, 128, 64) bf16 tensor per layer (K/V, block size 128,
     # 2 heads x 32); canonicalised to one block-major view per layer, 2 x 32 KiB per block.
     assert re.search(r"2 KV tensors like \(\d+, 2, 128, 64\) torch.bfloat16 -> 2 block views, 65536 bytes", "\n".join(log))
@@ -91,17 +137,6 @@ def test_second_process_hits_first_process_disk_cache(model, plain, tmp_path):
     assert sum(c >= 256 for c in second[0]["cached"]) >= 2
 
 
-def test_write_through_disk_tier_persists_everything_across_processes(model, plain, tmp_path):
-    # The usual shape: a CPU tier that holds the whole working set. With write_through every
-    # stored block also goes to disk, so a fresh process hits all three prompts.
-    tiers = [{"medium": "cpu", "capacity": "64MiB"},
-             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
-    run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 1})
-    second = run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 1})
-    assert second[0]["tokens"] == plain[0]["tokens"]
-    assert all(c >= 256 for c in second[0]["cached"])
-
-
 def test_tensor_parallel_restart_on_a_disk_tier_serves_each_rank_its_own_shard(model, tmp_path):
     # Both ranks once wrote one record file, so a restarted engine loaded rank 0's shard into
     # rank 1. Each rank now owns its own file; a record counts only if every rank's is intact.
@@ -117,21 +152,27 @@ def test_tensor_parallel_restart_on_a_disk_tier_serves_each_rank_its_own_shard(m
     assert all(c >= 256 for c in second[0]["cached"])
 
 
-@pytest.mark.parametrize("mode", ["auto", "layerwise"])
-def test_corrupt_disk_records_are_recomputed_not_served_or_wedged(model, plain, tmp_path, mode):
-    # Every record of the first process is flipped on disk: the second process's loads all fail
-    # their checksum; vLLM is told which blocks (get_block_ids_with_load_errors) and recomputes:
-    # the requests waiting for an asynchronous load (auto: a disk tier not yet timed), or those
-    # that ran in the step of their layer-wise load (layerwise).
+def test_write_through_disk_tier_persists_everything_and_corrupt_records_are_recomputed(model, plain, tmp_path):
+    # The usual shape: a CPU tier that holds the whole working set. With write_through every
+    # stored block also goes to disk, so a fresh process hits all three prompts.
     tiers = [{"medium": "cpu", "capacity": "64MiB"},
              {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
-    cfg = ktc(tiers, kv_load_failure_policy="recompute", extra={"config": {"tiers": tiers, "load_mode": mode}})
-    run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1})
-    assert flip_every_disk_record(tmp_path) >= 6
-    log: list = []
-    second = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1}, log)
+    run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 1})
+    second = run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 1})
     assert second[0]["tokens"] == plain[0]["tokens"]
-    assert any("disk_to_device copy failed" in line and "checksum" in line for line in log)
+    assert all(c >= 256 for c in second[0]["cached"])
+    # Then every record on disk is flipped: the next process's loads all fail their checksum;
+    # vLLM is told which blocks (get_block_ids_with_load_errors) and recomputes: the requests
+    # waiting for an asynchronous load (auto: a disk tier not yet timed), or those that ran in
+    # the step of their layer-wise load (layerwise). Each process writes its recomputed blocks
+    # through again, so each mode finds a disk of fresh records to flip.
+    for mode in ("auto", "layerwise"):
+        assert flip_every_disk_record(tmp_path) >= 6, mode
+        cfg = ktc(tiers, kv_load_failure_policy="recompute", extra={"config": {"tiers": tiers, "load_mode": mode}})
+        log: list = []
+        got = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1}, log)
+        assert got[0]["tokens"] == plain[0]["tokens"], mode
+        assert any("disk_to_device copy failed" in line and "checksum" in line for line in log), mode
 
 
 @pytest.mark.parametrize("mode", ["layerwise", "async", "never-recompute"])
@@ -196,8 +237,8 @@ def test_offloading_spec_route_negative_control(model, plain):
     assert rounds[1]["tokens"] != plain[1]["tokens"]
 
 
-def test_kvoffload_counters_reach_vllms_metrics(model):
-    rounds = run_job({"model": model, "kv_transfer_config": ktc(CPU), "metrics": ["kvoffload_"]})
+def test_kvoffload_counters_reach_vllms_metrics(by_name):
+    rounds, _ = by_name
     metrics = rounds[-1]["metrics"]
     cached = sum(rounds[1]["cached"])  # round 2 after reset_prefix_cache: every cached token came from the tier
     assert cached >= 3 * 256

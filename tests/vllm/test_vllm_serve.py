@@ -136,14 +136,18 @@ def test_vllm_serve_spec_route_feeds_vllms_offload_metrics(model, serve):
     assert m[("vllm:kv_offload_cpu_allocation_size_count", ())] >= 3
 
 
-def test_vllm_serve_passes_request_hints_to_the_policy(model, serve, tmp_path):
+def test_vllm_serve_passes_request_hints_to_the_policy_and_survives_hostile_ones(model, serve, tmp_path):
     """``kv_transfer_params={"kvoffload": {...}}`` in the OpenAI body reaches the hinted policy in
     the engine core: counted at each request's lookup and finish, logged by the policy at debug
-    level; a bad hint is one warning and the request is served as without it."""
-    config = {"tiers": [{"medium": "cpu", "capacity": "64MiB", "eviction_policy": "hinted"}],
-              # Every token of the tiny model's vocabulary counts as a tool-call token here: each
-              # finish is read as a tool call (the output tokens reach the connector at the finish).
-              "hints": {"tool_call_token_ids": list(range(512)), "tool_return_s": 7, "max_priority": 1}}
+    level; a bad hint is one warning and the request is served as without it. Then, on the same
+    server, arbitrary JSON in every hint field (Hypothesis): every request is answered (200, or
+    vLLM's own 400 for what its JSON layer refuses), served with the tokens of the same prompt
+    unhinted, and the server keeps serving plain requests afterwards."""
+    # A small tier (hostile hints below must evict under the policy); every token of the tiny
+    # model's vocabulary counts as a tool-call token: each finish is read as a tool call (the
+    # output tokens reach the connector at the finish); the operator lets clients raise priority.
+    config = {"tiers": [{"medium": "cpu", "capacity": "2MiB", "eviction_policy": "hinted"}],
+              "hints": {"tool_call_token_ids": list(range(512)), "tool_return_s": 7, "max_priority": 1000}}
     base = serve({"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
                   "kv_connector_extra_config": {"config": config}}, env={"KVOFFLOAD_LOG_LEVEL": "debug"})
 
@@ -176,21 +180,10 @@ def test_vllm_serve_passes_request_hints_to_the_policy(model, serve, tmp_path):
     assert log.count("back in 7.0 s, priority 0") == 3
     assert log.count("hint priority='high'") == 1 and log.count("hint session=''") == 1
 
-
-def test_vllm_serve_survives_hostile_hints(model, serve):
-    """Arbitrary JSON in every hint field of the OpenAI body (Hypothesis), on a server whose
-    operator lets clients raise their priority: every request is answered (200, or vLLM's own
-    400 for what its JSON layer refuses), served with the tokens of the same prompt unhinted, and
-    the server keeps serving plain requests afterwards."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    config = {"tiers": [{"medium": "cpu", "capacity": "2MiB", "eviction_policy": "hinted"}],
-              "hints": {"max_priority": 1000}}
-    base = serve({"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
-                  "kv_connector_extra_config": {"config": config}})
-
-    def complete(prompt: list[int], params: object = None) -> tuple[int, list[int] | None]:
+    def complete_any(prompt: list[int], params: object = None) -> tuple[int, list[int] | None]:
         body = {"model": model, "prompt": prompt, "max_tokens": 3, "temperature": 0, "return_token_ids": True}
         if params is not None:
             body["kv_transfer_params"] = {"kvoffload": params}
@@ -202,7 +195,7 @@ def test_vllm_serve_survives_hostile_hints(model, serve):
         except urllib.error.HTTPError as exc:
             return exc.code, None
 
-    plain = [complete(p)[1] for p in PROMPTS]
+    plain_all = [complete_any(p)[1] for p in PROMPTS]
     leaf = st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats() | st.text(max_size=30)
     value = st.recursive(leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
                          max_leaves=8) | st.text(min_size=300, max_size=5000)
@@ -213,14 +206,14 @@ def test_vllm_serve_survives_hostile_hints(model, serve):
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.integers(0, len(PROMPTS) - 1), hint)
     def flood(i: int, h: object) -> None:
-        status, tokens = complete(PROMPTS[i], h)
+        status, tokens = complete_any(PROMPTS[i], h)
         statuses.append(status)
         assert status in (200, 400)
         if status == 200:
-            assert tokens == plain[i]
+            assert tokens == plain_all[i]
 
     flood()
     assert statuses.count(200) > len(statuses) // 2  # most hostile hints reach kvoffload, not only vLLM's checks
-    assert [complete(p)[1] for p in PROMPTS] == plain
+    assert [complete_any(p)[1] for p in PROMPTS] == plain_all
     m = _metrics(base)
     assert m[("kvoffload_lookups_total", ())] > 0
