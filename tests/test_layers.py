@@ -173,9 +173,11 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-#: Attributes a class may call through: the C ledger is the native tier's implementation
-#: itself (each method a binding of one C call), not an object between the tier and its work.
-NATIVE_BINDINGS = {"_core"}
+#: Attributes a class may call through: the C ledger is the native slot table's implementation
+#: itself (each method a binding of one C call), and a ledger tier's slot table is its ledger
+#: (one object behind one interface, Python or C, chosen when the tier is built): the tier
+#: answers its reads from it and adds the contract, events, I/O health and report around it.
+NATIVE_BINDINGS = {"_core", "slots"}
 
 
 def _forwards(fn: ast.FunctionDef) -> bool:
@@ -203,3 +205,18 @@ def test_no_pass_through_class():
                     if len(forwarded) >= 4:
                         passing.append(f"{path.relative_to(ROOT.parent)}: {node.name} forwards {forwarded}")
     assert passing == []
+
+
+def test_no_constructor_tricks():
+    """A class is what its ``class`` statement says: no ``__new__`` choosing another class, no
+    class made at run time with ``type(name, bases, namespace)`` (the tiers once generated
+    ``Native<Class>`` subclasses; the slot table is now an object the tier owns)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "__new__":
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} defines __new__")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+                    and len(node.args) == 3):
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} makes a class with type()")
+    assert found == []

@@ -1,7 +1,7 @@
 """CPUOffloadingManager: the host-memory tier, a LedgerTier over CPU slots.
 
 ``CPUOffloadingManager(num_blocks, cache_policy, enable_events)`` is the public constructor
-(SPEC §6). Its ledger is the native one for the policies the C ledger implements, where it is
+(SPEC §6). Its slot table is the native one for the policies the C ledger implements, where it is
 built, and the Python one for any other policy (``native`` forces either).
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 from kvoffload.offload.abstract import BlockNotReadyError
 from kvoffload.offload.ledger_tier import MAX_QUEUED_EVENTS, LedgerTier
 from kvoffload.offload.mediums import CPULoadStoreSpec
-from kvoffload.offload.native_ledger import wants_native, with_slots
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.registry import PolicyRef
 
@@ -18,10 +17,6 @@ __all__ = ["MAX_QUEUED_EVENTS", "BlockNotReadyError", "CPUOffloadingManager"]
 
 
 class CPUOffloadingManager(LedgerTier):
-    def __new__(cls, num_blocks: int, cache_policy: str | PolicyRef | CachePolicy = "lru",
-                enable_events: bool = False, block_size: int = 0, native: bool | None = None) -> CPUOffloadingManager:
-        return super().__new__(with_slots(cls, wants_native(cache_policy, native)))
-
     def __init__(
         self,
         num_blocks: int,
@@ -32,4 +27,4 @@ class CPUOffloadingManager(LedgerTier):
     ) -> None:
         """``native``: None = the native ledger when it is built and runs ``cache_policy``,
         False = the Python ledger, True = the native one or NativeLedgerUnavailableError."""
-        super().__init__(num_blocks, cache_policy, CPULoadStoreSpec, block_size, enable_events)
+        super().__init__(num_blocks, cache_policy, CPULoadStoreSpec, block_size, enable_events, native=native)

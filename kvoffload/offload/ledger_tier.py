@@ -1,38 +1,22 @@
 """LedgerTier: a tier whose slots this process owns (host memory, a local disk file, the test
-tiers), keeping them itself in a slot-indexed ledger: which hash is in which slot, ready or
-being written, pinned by how many loads; its CachePolicy says which slots go first.
-
-The tier *is* its ledger (no object between them): this class keeps it in Python, for any
-CachePolicy (the reference implementation); ``NativeSlots`` (``native_ledger.py``) keeps the
-same ledger in C for the policies it implements, put before a tier class when that tier is
-built on it (``with_slots``). A call from the chain reaches the policy (or the C ledger)
-through this one object. Slot ids: never-used ids first in increasing order, then freed ids
-last-freed-first. Tensor-free, like everything scheduler-side.
+tiers). It keeps the manager contract, its events, its I/O health and its report; which hash is
+in which slot, and which slot goes first, is its ``SlotTable``: the C one for the policies the
+native ledger implements (where it is built), the Python one for any other CachePolicy, chosen
+when the tier is built (``make_slot_table``). A call from the chain reaches the policy through
+the tier and its table. Tensor-free, like everything scheduler-side.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
-
-from kvoffload.offload.abstract import (
-    BlockHash,
-    BlockNotReadyError,
-    LoadStoreSpec,
-    OffloadingEvent,
-    PrepareStoreOutput,
-    as_list,
-)
-from kvoffload.offload.block_status import BlockLedger
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput, as_list
 from kvoffload.offload.event_queue import EventQueue
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy
-from kvoffload.offload.policy_registry import create_policy
+from kvoffload.offload.slot_table import LedgerSnapshot, SlotTable
+from kvoffload.offload.slots import make_slot_table
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
 from kvoffload.offload.tier_report import TierReport
@@ -44,36 +28,14 @@ logger = logging.getLogger("kvoffload")
 MAX_QUEUED_EVENTS = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class StoreSlots:
-    """What ``allocate`` did: the hashes that were absent and the slots they now occupy (not
-    ready), and the victims evicted to make room, with the slots they held."""
-
-    new: list[BlockHash]
-    slots: Sequence[int]
-    evicted: list[BlockHash]
-    evicted_slots: list[int]
-
-
-class LedgerSnapshot(Protocol):
-    """The ledger's state in the Python ledger's shape, for tests and debugging: hash → slot,
-    slot → hash, and the ref counts (-1 being written, 0 ready, n > 0 pinned by n loads)."""
-
-    @property
-    def index(self) -> dict[BlockHash, int]: ...
-
-    @property
-    def hashes(self) -> list[BlockHash | None]: ...
-
-    @property
-    def ref_cnt(self) -> npt.NDArray[np.int32]: ...
-
-
 class LedgerTier(Tier):
     def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy, spec_type: type[LoadStoreSpec],
-                 block_size: int = 0, enable_events: bool = False, retry_after_s: float | None = None) -> None:
+                 block_size: int = 0, enable_events: bool = False, retry_after_s: float | None = None,
+                 native: bool | None = None) -> None:
         """``retry_after_s``: a tier whose copies can fail (a file) keeps I/O health and goes out
-        of service that long after errors in a row; None = it cannot fail (host memory)."""
+        of service that long after errors in a row; None = it cannot fail (host memory).
+        ``native``: None = the native slot table when it is built and runs ``cache_policy``,
+        False = the Python one, True = the native one or NativeLedgerUnavailableError."""
         if capacity < 1:
             raise ValueError(f"num_blocks={capacity}: a tier needs at least one block")
         self.spec_type = spec_type
@@ -84,7 +46,7 @@ class LedgerTier(Tier):
         self.num_corrupt = 0
         self._events: EventQueue[OffloadingEvent] | None = EventQueue(
             MAX_QUEUED_EVENTS, f"{self.medium} tier", "call take_events() regularly") if enable_events else None
-        self._init_slots(capacity, cache_policy)
+        self.slots: SlotTable = make_slot_table(capacity, cache_policy, self.medium, native)
 
     def describe(self) -> str:
         """How log lines name this tier."""
@@ -101,13 +63,13 @@ class LedgerTier(Tier):
     # ---- the manager contract, over the slot primitives below -----------------------------
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         hashes = as_list(block_hashes)
-        return self.slot_spec(self.pin(hashes), hashes)
+        return self.slot_spec(self.slots.pin(hashes), hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
-        self.unpin(as_list(block_hashes))
+        self.slots.unpin(as_list(block_hashes))
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
-        out = self.allocate(block_hashes)
+        out = self.slots.allocate(block_hashes)
         if out is None:
             return None
         if out.evicted:
@@ -115,7 +77,7 @@ class LedgerTier(Tier):
         return PrepareStoreOutput(out.new, self.slot_spec(out.slots, out.new), out.evicted, out.evicted_slots)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
-        done = self.complete(block_hashes, success)
+        done = self.slots.complete(block_hashes, success)
         if success:
             self._emit(done, removed=False)
 
@@ -123,19 +85,19 @@ class LedgerTier(Tier):
         return self._events.take() if self._events is not None else []
 
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
-        return self.store_miss(block_hashes)
+        return self.slots.store_miss(block_hashes)
 
     def slot_spec(self, slots: Sequence[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
         return self.spec_type.for_blocks(slots, block_hashes)
 
     def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Forget ready, unpinned blocks (found corrupt); returns the hashes dropped."""
-        dropped = self.forget_ready(block_hashes)
+        dropped = self.slots.forget_ready(block_hashes)
         self._emit(dropped, removed=True)
         return dropped
 
     def drop_slots(self, slots: list[int]) -> int:
-        hashes = [h for h in map(self.hash_at, slots) if h is not None]
+        hashes = [h for h in map(self.slots.hash_at, slots) if h is not None]
         n = len(self.drop(hashes))
         self.num_corrupt += n
         return n
@@ -150,234 +112,57 @@ class LedgerTier(Tier):
 
     @property
     def num_free_blocks(self) -> int:
-        return self.num_free
+        return self.slots.num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_used
+        return self.slots.num_used
 
     def report(self) -> TierReport:
-        pinned, writing = self.busy()
+        pinned, writing = self.slots.busy()
         health = self.health
-        return TierReport(self.medium, self.num_used, self.num_blocks, pinned, writing,
+        return TierReport(self.medium, self.slots.num_used, self.num_blocks, pinned, writing,
                           in_service=self.in_service, corrupt_blocks=self.num_corrupt,
                           io_errors=health.num_io_errors if health else 0,
                           outages=health.num_outages if health else 0)
 
-    # ---- the slot primitives: the Python ledger (NativeSlots overrides every one) -----------
-    def _init_slots(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy) -> None:
-        self.book = BlockLedger(capacity)
-        self._policy = create_policy(cache_policy, capacity)
-        self._policy.bind_ledger(self.book)
-        self._hints_failed = False
-        self._num_allocated = 0
-        self._free_list: list[int] = []
+    # ---- the tier and manager contract's reads, from the slot table ----------------------
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        return self.slots.lookup(block_hashes)
 
-    def debug_snapshot(self) -> LedgerSnapshot:
-        """The ledger's state (tests, debugging; the native ledger's is a copy)."""
-        return self.book
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.slots.touch(block_hashes)
+
+    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
+        self.slots.refresh(block_hashes)
+
+    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
+        self.slots.hint(block_hashes, hint)
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        return self.slots.contains(block_hash)
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        return self.slots.is_ready(block_hash)
+
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        return self.slots.is_pending(block_hash)
+
+    def slot_of(self, block_hash: BlockHash) -> int | None:
+        return self.slots.slot_of(block_hash)
+
+    def hash_at(self, slot: int) -> BlockHash | None:
+        return self.slots.hash_at(slot)
+
+    def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
+        """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
+        self.slots.restore(entries)
 
     @property
     def policy(self) -> object:
         """The eviction policy's state (the CachePolicy, or a view of the native one)."""
-        return self._policy
+        return self.slots.policy
 
-    @property
-    def num_free(self) -> int:
-        return len(self._free_list) + self.capacity - self._num_allocated
-
-    @property
-    def num_used(self) -> int:
-        return len(self.book.index)
-
-    def _take_slots(self, n: int) -> list[int]:
-        fresh = min(n, self.capacity - self._num_allocated)
-        slots = list(range(self._num_allocated, self._num_allocated + fresh))
-        self._num_allocated += fresh
-        reused = n - fresh
-        if reused:
-            free = self._free_list
-            slots.extend(free[: -reused - 1 : -1])  # last freed first
-            del free[-reused:]
-        return slots
-
-    def _free(self, block_hash: BlockHash, slot: int) -> None:
-        del self.book.index[block_hash]
-        self.book.hashes[slot] = None
-        self.book.refs[slot] = 0  # a free slot counts as neither read nor written
-        self._free_list.append(slot)
-
-    def _slots_of(self, block_hashes: list[BlockHash]) -> list[int]:
-        index = self.book.index
-        try:
-            return list(map(index.__getitem__, block_hashes))
-        except KeyError as exc:
-            raise BlockNotReadyError(f"block {exc.args[0]!r} is not stored in the {self.medium} tier") from None
-
-    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        index_get = self.book.index.get
-        refs = self.book.refs
-        hits = 0
-        for block_hash in block_hashes:
-            slot = index_get(block_hash)
-            if slot is None or refs[slot] < 0:
-                break
-            hits += 1
-        return hits
-
-    def pin(self, block_hashes: list[BlockHash]) -> Sequence[int]:
-        """Slots of ready blocks, each pinned once more; raises BlockNotReadyError, pinning
-        nothing, when one is absent or being written."""
-        slots = self._slots_of(block_hashes)
-        refs = self.book.refs
-        for h, slot in zip(block_hashes, slots):
-            if refs[slot] < 0:
-                raise BlockNotReadyError(f"block {h!r} is still being written; lookup() before prepare_load()")
-        for slot in slots:
-            refs[slot] += 1
-        return slots
-
-    def unpin(self, block_hashes: list[BlockHash]) -> None:
-        """Release one pin of each block; ValueError, changing nothing, for a block not pinned."""
-        slots = self._slots_of(block_hashes)
-        refs = self.book.refs
-        for h, slot in zip(block_hashes, slots):
-            if refs[slot] <= 0:
-                raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
-        for slot in slots:
-            refs[slot] -= 1
-
-    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        self._policy.touch_hashes(list(block_hashes))
-
-    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
-        """Recency without reuse (see CachePolicy.refresh)."""
-        self._policy.refresh_hashes(list(block_hashes))
-
-    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
-        """Hints are advice, given from a request's lookup and finish: a policy whose ``hint``
-        raises (a user's policy; the shipped ones never do) must not fail the request, so the
-        error is logged once, with its cause, and the tier stops giving hints to that policy
-        (a half-applied hint may have left it unable to take more); it still orders blocks by
-        its other calls."""
-        if self._hints_failed:
-            return
-        try:
-            self._policy.hint(block_hashes, hint)
-        except Exception:  # user code at a boundary: any error is the policy's
-            self._hints_failed = True
-            logger.exception("kvoffload: eviction policy %s raised in hint(): hints are off for the %s tier from "
-                             "now on (its blocks are still ordered by the policy's other calls); fix the policy's "
-                             "hint() or use a shipped policy", type(self._policy).__name__, self.medium)
-
-    def store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
-        """Show the policy the absent hashes about to be stored (ghost hits); returns them."""
-        index = self.book.index
-        missing = [h for h in block_hashes if h not in index]
-        if missing:
-            self.touch(missing)  # absent hashes: only ghost lists react
-        return missing
-
-    def allocate(self, block_hashes: Iterable[BlockHash]) -> StoreSlots | None:
-        """Slots for the absent hashes, inserted being written, evicting (never a pinned,
-        written or offered block) when the free slots are too few; None and no change at all
-        when eviction cannot free enough."""
-        hashes = list(dict.fromkeys(block_hashes))
-        book = self.book
-        index = book.index
-        new = [h for h in hashes if h not in index]
-        if new:
-            new = self._policy.admitted(new)
-        need = len(new) - self.num_free
-        evicted: list[BlockHash] = []
-        evicted_slots: list[int] = []
-        if need > 0:
-            if need > self.capacity:
-                return None
-            victims = self._policy.evict_slots(need, set(hashes))
-            if victims is None:
-                return None
-            slot_hashes = book.hashes
-            evicted = [slot_hashes[slot] for slot in victims]
-            for block_hash in evicted:
-                del index[block_hash]
-            for slot in victims:
-                slot_hashes[slot] = None
-            self._free_list.extend(victims)
-            evicted_slots = list(victims)
-        slots = self._take_slots(len(new))
-        refs, slot_hashes = book.refs, book.hashes
-        for block_hash, slot in zip(new, slots):
-            index[block_hash] = slot
-            slot_hashes[slot] = block_hash
-            refs[slot] = -1
-        self._policy.insert_slots(slots)
-        return StoreSlots(new, slots, evicted, evicted_slots)
-
-    def complete(self, block_hashes: Iterable[BlockHash], success: bool) -> list[BlockHash]:
-        """Blocks being written become ready (or are freed on failure); returns those changed."""
-        index_get = self.book.index.get
-        refs = self.book.refs
-        done: list[BlockHash] = []
-        for block_hash in dict.fromkeys(block_hashes):
-            slot = index_get(block_hash)
-            if slot is None or refs[slot] != -1:
-                continue
-            done.append(block_hash)
-            if success:
-                refs[slot] = 0
-            else:
-                self._policy.remove_slots([slot])
-                self._free(block_hash, slot)
-        return done
-
-    def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
-        """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
-        if self.book.index or self._num_allocated:
-            raise ValueError("restore() needs an empty ledger")
-        entries = sorted(entries, key=lambda e: e[1])
-        used = {slot for _, slot in entries}
-        top = max(used) + 1 if used else 0
-        self._num_allocated = top
-        self._free_list = [s for s in range(top - 1, -1, -1) if s not in used]  # lowest popped first
-        book = self.book
-        for block_hash, slot in entries:
-            book.index[block_hash] = slot
-            book.hashes[slot] = block_hash
-            book.refs[slot] = 0
-        self._policy.insert_slots([slot for _, slot in entries])
-
-    def forget_ready(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
-        """Forget ready, unpinned blocks, without an event; returns those forgotten."""
-        dropped = []
-        for block_hash in block_hashes:
-            slot = self.book.index.get(block_hash)
-            if slot is None or self.book.refs[slot] != 0:
-                continue
-            self._policy.remove_slots([slot])
-            self._free(block_hash, slot)
-            dropped.append(block_hash)
-        return dropped
-
-    def hash_at(self, slot: int) -> BlockHash | None:
-        return self.book.hashes[slot]
-
-    def slot_of(self, block_hash: BlockHash) -> int | None:
-        return self.book.index.get(block_hash)
-
-    def contains(self, block_hash: BlockHash) -> bool:
-        return block_hash in self.book.index
-
-    def is_ready(self, block_hash: BlockHash) -> bool:
-        slot = self.book.index.get(block_hash)
-        return slot is not None and self.book.refs[slot] >= 0
-
-    def is_pending(self, block_hash: BlockHash) -> bool:
-        slot = self.book.index.get(block_hash)
-        return slot is not None and self.book.refs[slot] < 0
-
-    def busy(self) -> tuple[int, int]:
-        """Blocks pinned by loads, and blocks being written."""
-        refs = self.book.ref_cnt[: self._num_allocated]
-        return int((refs > 0).sum()), int((refs < 0).sum())
-
+    def debug_snapshot(self) -> LedgerSnapshot:
+        """The slot table's state (tests, debugging; the native table's is a copy)."""
+        return self.slots.debug_snapshot()

@@ -1,11 +1,11 @@
-"""NativeSlots: a LedgerTier's ledger in C (``kvoffload_ext.ledger._ledger``) for "lru", "arc",
+"""NativeSlotTable: a tier's slot table in C (``kvoffload_ext.ledger._ledger``) for "lru", "arc",
 "arc_classic" and "prefix_value".
 
-The same contract, slots, eviction order and ghost lists as the Python ledger; one C call per
+The same contract, slots, eviction order and ghost lists as the Python table; one C call per
 run of hashes instead of Python work per hash. A tier is built on it for those names when the
-extension was built at install time (``wants_native``, ``with_slots``); the Python ledger stays
-the reference and the fallback (``native=False``, ``KVOFFLOAD_NO_NATIVE=1``, a policy object,
-or no compiler at install).
+extension was built at install time (``wants_native``, ``make_slot_table``); the Python table
+stays the reference and the fallback (``native=False``, ``KVOFFLOAD_NO_NATIVE=1``, a policy
+object, or no compiler at install).
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ import logging
 import os
 from array import array
 from collections.abc import Iterable, Sequence
-from functools import cache
-from typing import TypeVar, cast
 
 from kvoffload.errors import ConfigError, require_positive
 from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, as_list
 from kvoffload.offload.hints import BlockHint
-from kvoffload.offload.ledger_tier import LedgerTier, StoreSlots
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 from kvoffload.offload.policy import CachePolicy
+from kvoffload.offload.slot_table import SlotTable, StoreSlots
 from kvoffload.registry import PolicyRef
 
 try:
@@ -39,9 +37,6 @@ logger = logging.getLogger(__name__)
 NATIVE_POLICIES = {"lru": 1, "arc": 2, "arc_classic": 3, "prefix_value": 4}
 
 _warned = False
-
-T = TypeVar("T", bound=LedgerTier)
-
 
 class NativeLedgerUnavailableError(ConfigError):
     """native=True was asked for but the extension is not built."""
@@ -78,12 +73,13 @@ def wants_native(cache_policy: object, native: bool | None) -> bool:
     return True
 
 
-class NativeSlots(LedgerTier):
-    """A LedgerTier whose ledger is the C one: put before a tier class (``with_slots``), it
-    overrides every slot primitive; the tier's own code is unchanged."""
+class NativeSlotTable(SlotTable):
+    """The slot table in C: every primitive one call into the extension."""
 
-    def _init_slots(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy) -> None:
+    def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy, medium: str) -> None:
         wants_native(cache_policy, native=True)  # raises unless the extension runs this policy
+        self.capacity = capacity
+        self.medium = medium  # for error messages
         require_positive("ledger capacity", capacity)
         name = cache_policy.name if isinstance(cache_policy, PolicyRef) else cache_policy
         assert isinstance(name, str)  # wants_native accepts names only
@@ -178,16 +174,3 @@ class NativeSlots(LedgerTier):
 
     def busy(self) -> tuple[int, int]:
         return self._core.busy()
-
-
-def with_slots(cls: type[T], native: bool) -> type[T]:
-    """``cls`` keeping its ledger in C (``native``: one subclass per tier class, made once) or
-    in Python (``cls`` itself)."""
-    return _native_variant(cls) if native else cls
-
-
-@cache
-def _native_variant(cls: type[T]) -> type[T]:
-    name = f"Native{cls.__name__}"  # e.g. NativeCPUOffloadingManager, as reprs show it
-    variant = type(name, (NativeSlots, cls), {"__module__": cls.__module__, "__qualname__": name, "__doc__": cls.__doc__})
-    return cast("type[T]", variant)

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from kvoffload.offload.abstract import BlockHash, Medium
 from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
-from kvoffload.offload.native_ledger import wants_native, with_slots
 from kvoffload.registry import PolicyRef
 from kvoffload.tiers.base import TierKind
 from kvoffload.transfer.result import BlockTransferError
@@ -31,10 +30,6 @@ class RemoteLoadStoreSpec(KeyedLoadStoreSpec):
 
 
 class MemoryTierManager(LedgerTier):
-    def __new__(cls, num_blocks: int, cache_policy: str | PolicyRef = "lru", enable_events: bool = False,
-                block_size: int = 0, retry_after_s: float = 60.0) -> MemoryTierManager:
-        return super().__new__(with_slots(cls, wants_native(cache_policy, None)))
-
     def __init__(self, num_blocks: int, cache_policy: str | PolicyRef = "lru", enable_events: bool = False,
                  block_size: int = 0, retry_after_s: float = 60.0) -> None:
         super().__init__(num_blocks, cache_policy, RemoteLoadStoreSpec, block_size, enable_events, retry_after_s)

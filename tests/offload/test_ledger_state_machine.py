@@ -141,9 +141,9 @@ def code_path(request, monkeypatch):
 
 @pytest.mark.parametrize("machine", [LedgerMachine, ARCMachine], ids=["lru", "arc"])
 def test_ledger_matches_reference(machine, code_path):
-    from kvoffload.offload.native_ledger import NativeSlots
+    from kvoffload.offload.native_ledger import NativeSlotTable
 
-    assert isinstance(machine().mgr, NativeSlots) == (code_path == "native")
+    assert isinstance(machine().mgr.slots, NativeSlotTable) == (code_path == "native")
     _run(machine, steps=50, examples=40)
 
 

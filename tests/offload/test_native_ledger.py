@@ -15,7 +15,8 @@ import pytest
 
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload import native_ledger as nm
-from kvoffload.offload.native_ledger import NativeLedgerUnavailableError, NativeSlots, with_slots
+from kvoffload.offload.native_ledger import NativeLedgerUnavailableError, NativeSlotTable
+from kvoffload.offload.python_slots import PythonSlotTable
 
 needs_native = pytest.mark.skipif(not nm.native_available(), reason="native ledger not built")
 
@@ -70,7 +71,7 @@ def test_native_and_python_ledgers_agree_op_for_op(policy, capacity, universe):
     rng = random.Random(f"{policy}-{capacity}")
     native = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16)
     python = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16, native=False)
-    assert isinstance(native, NativeSlots) and not isinstance(python, NativeSlots)
+    assert isinstance(native.slots, NativeSlotTable) and not isinstance(python.slots, NativeSlotTable)
     pending: list[list[int]] = []
     pinned: list[list[int]] = []
     evicted = 0
@@ -171,7 +172,7 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
     monkeypatch.setattr(nm, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="kvoffload.offload.native_ledger"):
         first, second = CPUOffloadingManager(4, "lru"), CPUOffloadingManager(4, "arc")
-    assert not isinstance(first, NativeSlots) and not isinstance(second, NativeSlots)
+    assert not isinstance(first.slots, NativeSlotTable) and not isinstance(second.slots, NativeSlotTable)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "no module named kvoffload_ext.ledger._ledger" in lines[0] and "Python ledger" in lines[0]
     with pytest.raises(NativeLedgerUnavailableError, match=r"native=True but kvoffload_ext\.ledger\._ledger is not built .*pip install"):
@@ -181,13 +182,14 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
 def test_native_is_used_only_where_it_applies(monkeypatch):
     from kvoffload.offload import LRUCachePolicy
 
-    assert not isinstance(CPUOffloadingManager(4, LRUCachePolicy(4)), NativeSlots)  # a policy object
+    assert not isinstance(CPUOffloadingManager(4, LRUCachePolicy(4)).slots, NativeSlotTable)  # a policy object
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
         CPUOffloadingManager(4, "sieve", native=True)
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
-        with_slots(CPUOffloadingManager, True)(4, "sieve")  # the native class built directly
+        NativeSlotTable(4, "sieve", "CPU")  # the native table built directly
     monkeypatch.setenv("KVOFFLOAD_NO_NATIVE", "1")
-    assert type(CPUOffloadingManager(4, "lru")) is CPUOffloadingManager
+    tier = CPUOffloadingManager(4, "lru")
+    assert type(tier) is CPUOffloadingManager and type(tier.slots) is PythonSlotTable
 
 
 @needs_native

@@ -21,7 +21,6 @@ from kvoffload.errors import ConfigError
 from kvoffload.namespace import KVNamespace
 from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import DiskLoadStoreSpec
-from kvoffload.offload.native_ledger import wants_native, with_slots
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.registry import PolicyRef
@@ -139,11 +138,6 @@ def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
 class DiskOffloadingManager(LedgerTier):
     """The ledger is one for all ranks: slot s of every rank's file holds that rank's shard of
     the same block. Only a record intact in every rank's file is recovered on open."""
-
-    def __new__(cls, path: str | Path, layout: DiskLayout, cache_policy: str | PolicyRef | CachePolicy = "lru",
-                enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
-                namespace: KVNamespace | None = None) -> DiskOffloadingManager:
-        return super().__new__(with_slots(cls, wants_native(cache_policy, None)))
 
     def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | PolicyRef | CachePolicy = "lru",
                  enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
