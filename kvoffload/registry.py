@@ -87,9 +87,9 @@ POLICIES = Registry("eviction policy", "kvoffload.policies", "kvoffload.offload.
 })
 #: Kinds of secondary tier (the host tier, ``cpu``, is always first and is not a plugin).
 TIER_KINDS = Registry("tier medium", "kvoffload.tiers", "kvoffload.tiers.base:TierKind", {
-    "disk": "kvoffload.tiers.disk.kind:DiskTier",
-    "mooncake": "kvoffload.tiers.mooncake.kind:MooncakeTier",
-    "fs": "kvoffload.tiers.fs.kind:FsTier",
+    "disk": "kvoffload.tiers.disk.kind:DiskKind",
+    "mooncake": "kvoffload.tiers.mooncake.kind:MooncakeKind",
+    "fs": "kvoffload.tiers.fs.kind:FsKind",
 })
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
+from kvoffload.offload import CPUTier, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.abstract import LookupResult, PrefixLookup
 from kvoffload.offload.chain_of_tiers import ChainOfTiers, as_chain
 from kvoffload.offload.hints import BlockHint
@@ -64,12 +64,12 @@ def group_blocks(requests: Sequence[Sequence[Hashable]], factor: int) -> list[li
 
 
 def build_manager(policy: str | CachePolicy, capacity: int, store_threshold: int = 0,
-                  native: bool | None = None) -> tuple[CPUOffloadingManager | FilterReusedOffloadingManager,
-                                                       CPUOffloadingManager]:
+                  native: bool | None = None) -> tuple[CPUTier | FilterReusedOffloadingManager,
+                                                       CPUTier]:
     """The manager a replay drives (the reuse filter in front when ``store_threshold`` >= 2), and
     the tier behind it. By name, "lru", "arc" and "arc_classic" run on the native ledger where
     it is built."""
-    tier = CPUOffloadingManager(capacity, cache_policy=policy, native=native)
+    tier = CPUTier(capacity, cache_policy=policy, native=native)
     if store_threshold >= 2:
         return FilterReusedOffloadingManager(tier, store_threshold), tier
     return tier, tier

@@ -115,7 +115,7 @@ def test_each_tier_kind_lives_in_its_own_package():
 def test_nothing_outside_testing_names_a_test_only_medium():
     import kvoffload.testing.memory_tier as memory_tier
 
-    test_only = ("REMOTE", "RemoteLoadStoreSpec", "MemoryTier", "memory_tier")
+    test_only = ("REMOTE", "RemoteLoadStoreSpec", "MemoryKind", "memory_tier")
     assert memory_tier.REMOTE == "REMOTE"
     for path in ROOT.rglob("*.py"):
         if "testing" in path.relative_to(ROOT).parts:
@@ -220,3 +220,33 @@ def test_no_constructor_tricks():
                     and len(node.args) == 3):
                 found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} makes a class with type()")
     assert found == []
+
+
+def test_one_suffix_per_role():
+    """A tier's scheduler half is a ``…Tier``, a tier-kind plugin a ``…Kind`` (vLLM's own name,
+    ``CPUOffloadingManager``, stays as an alias of ``CPUTier``)."""
+    import importlib
+    import pkgutil
+
+    from kvoffload.offload.tier import Tier
+    from kvoffload.tiers.base import TierKind
+
+    for info in pkgutil.walk_packages([str(ROOT)], "kvoffload."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ImportError:  # the vLLM integrations, without vLLM
+            continue
+
+    def subclasses(cls: type) -> set[type]:
+        out = set(cls.__subclasses__())
+        return out.union(*(subclasses(c) for c in out)) if out else out
+
+    ours = lambda c: c.__module__.startswith("kvoffload.")  # noqa: E731
+    tiers = sorted(c.__name__ for c in subclasses(Tier) if ours(c))
+    kinds = sorted(c.__name__ for c in subclasses(TierKind) if ours(c))
+    assert {"CPUTier", "DiskTier", "FsTier", "LedgerTier", "SharedStoreTier"} <= set(tiers)
+    assert {"DiskKind", "FsKind", "MooncakeKind"} <= set(kinds)
+    assert [t for t in tiers if not t.endswith("Tier")] == []
+    assert [k for k in kinds if not k.endswith("Kind")] == []

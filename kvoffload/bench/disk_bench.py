@@ -11,7 +11,7 @@ import numpy as np
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble, sample
 from kvoffload.tiers.disk.format import RECORD_HEADER, DiskLayout, data_checksum, parse_record_header, record_header
-from kvoffload.tiers.disk.tier import DiskOffloadingManager
+from kvoffload.tiers.disk.tier import DiskTier
 
 
 def tier_io(path: str, block_bytes: int, total: int) -> tuple[float, float, float, float]:
@@ -20,7 +20,7 @@ def tier_io(path: str, block_bytes: int, total: int) -> tuple[float, float, floa
     fsync'd, as the tier's): what this file system gives at best, not O_DIRECT device speed."""
     n = max(4, total // block_bytes)
     layout = DiskLayout("bench", block_bytes, 16, n)
-    mgr = DiskOffloadingManager(path, layout)
+    mgr = DiskTier(path, layout)
     fd = mgr._fds[0]
     data = np.random.default_rng(0).integers(0, 255, block_bytes, dtype=np.uint8)
     slots = np.random.default_rng(1).permutation(n).tolist()
@@ -60,14 +60,14 @@ def tier_io(path: str, block_bytes: int, total: int) -> tuple[float, float, floa
 
 def recovery(path: str, num_blocks: int, block_bytes: int = 1024) -> float:
     layout = DiskLayout("recovery", block_bytes, 16, num_blocks)
-    mgr = DiskOffloadingManager(path, layout)
+    mgr = DiskTier(path, layout)
     data = memoryview(bytes(block_bytes))
     check = data_checksum(data)
     for slot in range(num_blocks):
         os.pwritev(mgr._fds[0], [record_header(slot, check), data], layout.offset(slot))
     mgr.close()
     t0 = time.perf_counter()
-    again = DiskOffloadingManager(path, layout)
+    again = DiskTier(path, layout)
     dt = time.perf_counter() - t0
     assert again.num_recovered == num_blocks
     again.close()

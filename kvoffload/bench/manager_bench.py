@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvoffload.bench.baseline_manager import TextbookManager
 from kvoffload.bench.ledger_replay import bytes_per_block, replay
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
-from kvoffload.offload import CPUOffloadingManager
+from kvoffload.offload import CPUTier
 from kvoffload.offload.native_ledger import NATIVE_POLICIES, native_available
 from kvoffload.traces import SAMPLE_TRACE, load_mooncake, resolve_trace, synthetic_prefix_workload
 
@@ -20,12 +20,12 @@ def run(name: str, requests: list[list[int]], capacity: int, reps: int = 3) -> N
     for policy in ("lru", "arc"):
         o_rates, b_rates = [], []
         for _ in range(reps):  # alternating, a fresh ledger each run
-            o_ops, o_hits, o_s = replay(CPUOffloadingManager(capacity, cache_policy=policy), requests)
+            o_ops, o_hits, o_s = replay(CPUTier(capacity, cache_policy=policy), requests)
             b_ops, b_hits, b_s = replay(TextbookManager(capacity, policy), requests)
             o_rates.append(o_ops / o_s / 1e6)
             b_rates.append(b_ops / b_s / 1e6)
         mem_n = min(capacity, 1_000_000)
-        o_mem = bytes_per_block(lambda n=mem_n, p=policy: CPUOffloadingManager(n, cache_policy=p), mem_n)
+        o_mem = bytes_per_block(lambda n=mem_n, p=policy: CPUTier(n, cache_policy=p), mem_n)
         b_mem = bytes_per_block(lambda n=mem_n, p=policy: TextbookManager(n, p), mem_n)
         o_rate, b_rate = Sample(tuple(o_rates)), Sample(tuple(b_rates))
         print(f"{policy:<6} {'kvoffload':<10} {o_rate.fmt():>16} {o_hits:11,} {o_mem:12.1f}")
@@ -44,7 +44,7 @@ def run_native_vs_python(name: str, requests: list[list[int]], capacity: int, re
         hits: dict[bool, int] = {}
         for _ in range(reps):
             for native in (True, False):
-                ops, hits[native], seconds = replay(CPUOffloadingManager(capacity, policy, native=native), requests)
+                ops, hits[native], seconds = replay(CPUTier(capacity, policy, native=native), requests)
                 rates[native].append(ops / seconds / 1e6)
         n, py = Sample(tuple(rates[True])), Sample(tuple(rates[False]))
         same = "identical" if hits[True] == hits[False] else "DIFFER"

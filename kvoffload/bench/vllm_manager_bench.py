@@ -23,7 +23,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUManage
 from kvoffload.bench.ledger_replay import replay as replay_native
 from kvoffload.bench.measure import interleaved
 from kvoffload.integrations.vllm_manager import KVOffloadManager
-from kvoffload.offload import CPUOffloadingManager
+from kvoffload.offload import CPUTier
 
 
 def as_keys(requests: list[list[int]]) -> list[list[bytes]]:
@@ -98,15 +98,15 @@ def run(name: str, requests: list[list[int]], reps: int, mem_blocks: int) -> Non
             return replay_vllm_protocol(VllmCPUManager(c, cache_policy=p), keys)[2] * 1e6 / refs
 
         def adapter_run(c: int = capacity, p: str = ours_policy) -> float:
-            mgr = KVOffloadManager(lambda: CPUOffloadingManager(c, cache_policy=p))
+            mgr = KVOffloadManager(lambda: CPUTier(c, cache_policy=p))
             return replay_vllm_protocol(mgr, keys)[2] * 1e6 / refs
 
         def api_run(c: int = capacity, p: str = ours_policy) -> float:
-            return replay_native(CPUOffloadingManager(c, cache_policy=p), keys)[2] * 1e6 / refs
+            return replay_native(CPUTier(c, cache_policy=p), keys)[2] * 1e6 / refs
 
         m = interleaved({"vllm": vllm_run, "api": api_run, "adapter": adapter_run}, reps)
         vllm_hits = replay_vllm_protocol(VllmCPUManager(capacity, cache_policy=vllm_policy), keys)[1]
-        our_hits = replay_native(CPUOffloadingManager(capacity, cache_policy=ours_policy), keys)[1]
+        our_hits = replay_native(CPUTier(capacity, cache_policy=ours_policy), keys)[1]
         case = f"{ours_policy} @{share:.0%}"
         v, a, d = m["vllm"], m["api"], m["adapter"]
         print(f"{case:<20}{v.fmt():>14}{a.fmt():>16}{(v.ratio(a)).fmt() + 'x':>14}{d.fmt():>14}"
@@ -115,7 +115,7 @@ def run(name: str, requests: list[list[int]], reps: int, mem_blocks: int) -> Non
     for policy in ("lru", "arc", "arc_classic"):
         theirs = bytes_per_block(partial(VllmCPUManager, mem_blocks, cache_policy="arc" if policy == "arc_classic" else policy),
                                  mem_blocks)
-        ours = bytes_per_block(partial(KVOffloadManager, partial(CPUOffloadingManager, mem_blocks, cache_policy=policy)),
+        ours = bytes_per_block(partial(KVOffloadManager, partial(CPUTier, mem_blocks, cache_policy=policy)),
                                mem_blocks)
         print(f"  {policy:<12} vLLM {theirs:7.1f}   kvoffload {ours:7.1f}   ({ours / theirs:.2f}x)")
 

@@ -28,7 +28,7 @@ from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.integrations.vllm import load_extra_config
 from kvoffload.integrations.vllm_manager import KVOffloadManager
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
-from kvoffload.offload.cpu_manager import CPUOffloadingManager
+from kvoffload.offload.cpu_manager import CPUTier
 from kvoffload.offload.empty_manager import EmptyOffloadingManager
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 
@@ -89,7 +89,7 @@ class KVOffloadSpec(OffloadingSpec):
         block_size = self.tokens_per_block[0] * self.blocks_per_chunk if self.tokens_per_block else 0
         if self.num_chunks == 0:  # no KV bytes on this worker: an empty cache, as vLLM's spec builds
             return EmptyOffloadingManager(block_size)
-        manager: KVOffloadingManager = CPUOffloadingManager(
+        manager: KVOffloadingManager = CPUTier(
             self.num_chunks,
             cache_policy=cfg.tiers[0].cache_policy,
             enable_events=self.kv_events_config.enable_kv_cache_events or cfg.metrics.events,

@@ -1,8 +1,9 @@
-"""CPUOffloadingManager: the host-memory tier, a LedgerTier over CPU slots.
+"""CPUTier: the host-memory tier, a LedgerTier over CPU slots.
 
-``CPUOffloadingManager(num_blocks, cache_policy, enable_events)`` is the public constructor
-(SPEC §6). Its slot table is the native one for the policies the C ledger implements, where it is
-built, and the Python one for any other policy (``native`` forces either).
+``CPUOffloadingManager(num_blocks, cache_policy, enable_events)``, vLLM's name for it, is the
+public constructor (SPEC §6): the same class. Its slot table is the native one for the
+policies the C ledger implements, where it is built, and the Python one for any other policy
+(``native`` forces either).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from kvoffload.offload.mediums import CPULoadStoreSpec
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.registry import PolicyRef
 
-__all__ = ["MAX_QUEUED_EVENTS", "BlockNotReadyError", "CPUOffloadingManager"]
+__all__ = ["MAX_QUEUED_EVENTS", "BlockNotReadyError", "CPUOffloadingManager", "CPUTier"]
 
 
-class CPUOffloadingManager(LedgerTier):
+class CPUTier(LedgerTier):
     def __init__(
         self,
         num_blocks: int,
@@ -28,3 +29,8 @@ class CPUOffloadingManager(LedgerTier):
         """``native``: None = the native ledger when it is built and runs ``cache_policy``,
         False = the Python ledger, True = the native one or NativeLedgerUnavailableError."""
         super().__init__(num_blocks, cache_policy, CPULoadStoreSpec, block_size, enable_events, native=native)
+
+
+#: vLLM's name for the host tier's scheduler half (``vllm.v1.kv_offload.cpu.manager``), where
+#: its users look for it.
+CPUOffloadingManager = CPUTier

@@ -142,7 +142,7 @@ def _offload(case: ChaosCase, path: str) -> dict[str, Any]:
     if case.remote_blocks and case.shared == "fs":
         tiers.append({"medium": "fs", "path": os.path.join(path, "fs"), "capacity": case.remote_blocks * block})
     elif case.remote_blocks:
-        tiers.append({"medium": "kvoffload.testing.memory_tier:MemoryTier", "capacity": case.remote_blocks * block,
+        tiers.append({"medium": "kvoffload.testing.memory_tier:MemoryKind", "capacity": case.remote_blocks * block,
                       "eviction_policy": case.policy})
     spec = ("SlowFaultyOffloadingSpec", "kvoffload.testing.chaos") if case.slow else (
         "FaultyOffloadingSpec", "kvoffload.testing.faults")

@@ -29,7 +29,7 @@ class RemoteLoadStoreSpec(KeyedLoadStoreSpec):
         return REMOTE
 
 
-class MemoryTierManager(LedgerTier):
+class MemoryTier(LedgerTier):
     def __init__(self, num_blocks: int, cache_policy: str | PolicyRef = "lru", enable_events: bool = False,
                  block_size: int = 0, retry_after_s: float = 60.0) -> None:
         super().__init__(num_blocks, cache_policy, RemoteLoadStoreSpec, block_size, enable_events, retry_after_s)
@@ -59,17 +59,17 @@ class MemoryIO(TierIO):
             self.reads += len(slots)
 
 
-class MemoryTier(TierKind):
+class MemoryKind(TierKind):
     medium = REMOTE
     spec_type = RemoteLoadStoreSpec
     #: The IO the last worker built, so a test can look inside.
     last_io: MemoryIO | None = None
 
-    def build_manager(self) -> MemoryTierManager:
+    def build_manager(self) -> MemoryTier:
         t = self.ctx.tier
-        return MemoryTierManager(self.ctx.num_slots, t.cache_policy, self.ctx.events, self.ctx.block_tokens)
+        return MemoryTier(self.ctx.num_slots, t.cache_policy, self.ctx.events, self.ctx.block_tokens)
 
     def build_io(self) -> MemoryIO:
         io = MemoryIO()
-        MemoryTier.last_io = io
+        MemoryKind.last_io = io
         return io

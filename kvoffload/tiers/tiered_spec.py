@@ -10,7 +10,7 @@ from kvoffload.errors import ConfigError
 from kvoffload.offload.abstract import LoadStoreSpec, Medium, OffloadingManager
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.chain_of_tiers import ChainOfTiers
-from kvoffload.offload.cpu_manager import CPUOffloadingManager
+from kvoffload.offload.cpu_manager import CPUTier
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 from kvoffload.offload.spec import OffloadingSpec
@@ -47,7 +47,7 @@ class TieredOffloadingSpec(OffloadingSpec):
 
     def _build_manager(self) -> OffloadingManager:
         cfg = self.config
-        cpu = CPUOffloadingManager(
+        cpu = CPUTier(
             self.num_blocks_per_tier()[0],
             cache_policy=cfg.tiers[0].cache_policy,
             enable_events=cfg.metrics.events,

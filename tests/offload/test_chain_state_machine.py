@@ -21,9 +21,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager
 from kvoffload.offload.chain_of_tiers import ChainOfTiers
 from kvoffload.offload.hints import RequestHint
-from kvoffload.testing.memory_tier import MemoryTierManager
+from kvoffload.testing.memory_tier import MemoryTier
 from kvoffload.tiers.disk.format import DiskLayout
-from kvoffload.tiers.disk.tier import DiskOffloadingManager
+from kvoffload.tiers.disk.tier import DiskTier
 
 HASHES = st.integers(min_value=0, max_value=9)
 LIVE_POLICIES = ["lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value", "hinted"]
@@ -39,10 +39,10 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
             super().__init__()
             self.dir = tempfile.mkdtemp(prefix="kvoffload-chain-")
             self.cpu = CPUOffloadingManager(cap["CPU"], policy)
-            self.disk = DiskOffloadingManager(self.dir, DiskLayout("chain", 64, 16, cap["DISK"]), policy)
+            self.disk = DiskTier(self.dir, DiskLayout("chain", 64, 16, cap["DISK"]), policy)
             self.tiers = {"CPU": self.cpu, "DISK": self.disk}
             if remote:
-                self.tiers["REMOTE"] = MemoryTierManager(cap["REMOTE"], policy)
+                self.tiers["REMOTE"] = MemoryTier(cap["REMOTE"], policy)
             chain = ChainOfTiers(*self.tiers.values(), write_through=[False, write_through][: len(cap) - 1])
             # The filter is the chain over the same tiers (it takes over the one it is given).
             self.mgr = FilterReusedOffloadingManager(chain, threshold) if threshold else chain

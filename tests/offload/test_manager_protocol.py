@@ -11,7 +11,7 @@ import pytest
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.chain_of_tiers import ChainOfTiers, as_chain
-from kvoffload.testing.memory_tier import MemoryTierManager
+from kvoffload.testing.memory_tier import MemoryTier
 
 PROTOCOL = sorted(name for name, fn in inspect.getmembers(TierChain, inspect.isfunction)
                   if not name.startswith("_"))
@@ -27,7 +27,7 @@ def test_the_small_contract_is_vllms():
 def test_the_reuse_filter_is_the_chain_with_stores_filtered():
     """Over a chain with a tier behind the host one, the filter is that chain (same tiers,
     demotions and all), overriding only what it filters."""
-    cpu, behind = CPUOffloadingManager(2), MemoryTierManager(8)
+    cpu, behind = CPUOffloadingManager(2), MemoryTier(8)
     chain = FilterReusedOffloadingManager(ChainOfTiers(cpu, behind), 2)
     assert chain.primary is cpu and chain.secondaries == [behind]
     overrides = {name for name, v in vars(FilterReusedOffloadingManager).items()

@@ -11,20 +11,20 @@ from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.abstract import LookupResult, Medium
 from kvoffload.offload.chain_of_tiers import ChainOfTiers
 from kvoffload.offload.mediums import DISK
-from kvoffload.testing.memory_tier import REMOTE, MemoryTier, MemoryTierManager
+from kvoffload.testing.memory_tier import REMOTE, MemoryKind, MemoryTier
 from kvoffload.tiers.disk.format import DiskLayout
-from kvoffload.tiers.disk.tier import DiskOffloadingManager
+from kvoffload.tiers.disk.tier import DiskTier
 from kvoffload.workload import ChatWorkload, run_chat_workload
 
-MEMORY = "kvoffload.testing.memory_tier:MemoryTier"
+MEMORY = "kvoffload.testing.memory_tier:MemoryKind"
 BLOCK_BYTES = 8192  # the tiny model at block size 16
 
 
 @pytest.fixture
 def chain(tmp_path):
     cpu = CPUOffloadingManager(2)
-    disk = DiskOffloadingManager(tmp_path, DiskLayout("chain", 64, 16, 2))
-    remote = MemoryTierManager(4)
+    disk = DiskTier(tmp_path, DiskLayout("chain", 64, 16, 2))
+    remote = MemoryTier(4)
     yield ChainOfTiers(cpu, disk, remote), cpu, disk, remote
     disk.close()
 
@@ -82,7 +82,7 @@ def test_a_block_on_its_way_into_a_lower_tier_is_a_miss_and_into_host_memory_a_w
 
 
 def test_write_through_copies_each_landing_block_down(tmp_path):
-    cpu, remote = CPUOffloadingManager(4), MemoryTierManager(4)
+    cpu, remote = CPUOffloadingManager(4), MemoryTier(4)
     mgr = ChainOfTiers(cpu, remote, write_through=[True])
     _store(mgr, [1, 2])
     (d,) = mgr.take_demotions()
@@ -91,7 +91,7 @@ def test_write_through_copies_each_landing_block_down(tmp_path):
 
 def test_one_tier_per_medium():
     with pytest.raises(ValueError, match="one tier per medium"):
-        ChainOfTiers(CPUOffloadingManager(2), MemoryTierManager(2), MemoryTierManager(2))
+        ChainOfTiers(CPUOffloadingManager(2), MemoryTier(2), MemoryTier(2))
     cfg = {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"name": "a", "medium": MEMORY, "capacity": "1MiB"},
                      {"name": "b", "medium": MEMORY, "capacity": "1MiB"}]}
     with pytest.raises(ConfigError, match=r"tiers\[2\].medium: a second .* tier; one tier per medium"):
@@ -128,7 +128,7 @@ def test_three_tier_chain_serves_identical_tokens_from_every_tier(tmp_path):
     assert tokens == baseline
     hits = stats["prefix_hit_tokens"]
     assert hits["disk"] > 0 and hits["remote"] > 0, hits  # (this workload never hits the CPU tier in time)
-    io = MemoryTier.last_io
+    io = MemoryKind.last_io
     assert io is not None and io.writes > 0 and io.reads > 0
     assert stats["transfer"]["disk_to_remote"]["jobs"] > 0 and stats["transfer"]["disk_to_remote"]["failed"] == 0
     assert stats["prefill_tokens_computed"] < base_stats["prefill_tokens_computed"]

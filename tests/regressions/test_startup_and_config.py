@@ -15,7 +15,7 @@ from kvoffload.engine import LLM, EngineConfig
 from kvoffload.offload.cpu_manager import MAX_QUEUED_EVENTS, CPUOffloadingManager
 from kvoffload.tiers.disk import format as disk_format
 from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
-from kvoffload.tiers.disk.tier import DiskOffloadingManager, DiskTierError
+from kvoffload.tiers.disk.tier import DiskTier, DiskTierError
 
 
 def _disk_cfg(path, capacity="8MiB"):
@@ -63,7 +63,7 @@ def test_unopenable_tier_file_and_a_second_owner_are_one_line_errors(tmp_path, m
 def test_reopening_a_large_sparse_tier_reads_only_the_records_present(tmp_path, monkeypatch):
     block = 64 * 1024
     layout = DiskLayout("big", block, 16, (64 << 30) // (block + 64))  # a 64 GiB tier
-    mgr = DiskOffloadingManager(tmp_path, layout)
+    mgr = DiskTier(tmp_path, layout)
     data = memoryview(bytes(block))
     slots = sorted(random.Random(0).sample(range(layout.num_slots), 1000))
     for key, slot in enumerate(slots):
@@ -72,7 +72,7 @@ def test_reopening_a_large_sparse_tier_reads_only_the_records_present(tmp_path, 
     reads = []
     real = os.pread
     monkeypatch.setattr(disk_format.os, "pread", lambda fd, n, off: reads.append(off) or real(fd, n, off))
-    again = DiskOffloadingManager(tmp_path, layout)
+    again = DiskTier(tmp_path, layout)
     assert again.num_recovered == 1000
     assert len(reads) <= 4 * 1000  # a few reads per record (filesystem extents), never one per slot
     again.close()

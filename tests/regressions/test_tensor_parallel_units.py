@@ -12,7 +12,7 @@ from kvoffload.connector.request_state import JobRecord, RequestOffloadState
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
-from kvoffload.tiers.disk.tier import DiskOffloadingManager, tier_file
+from kvoffload.tiers.disk.tier import DiskTier, tier_file
 from kvoffload.transfer.result import TransferResult
 
 
@@ -45,7 +45,7 @@ def test_a_job_completes_when_every_rank_reported_and_fails_if_any_failed(second
 
 def test_each_rank_owns_its_file_and_only_records_intact_in_all_are_recovered(tmp_path):
     layout = DiskLayout("tp", 64, 16, 8, world_size=2)
-    mgr = DiskOffloadingManager(tmp_path, layout)
+    mgr = DiskTier(tmp_path, layout)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         tier_file(tmp_path, layout.for_rank(r)).name for r in (0, 1)]
     data = memoryview(bytes(64))
@@ -56,7 +56,7 @@ def test_each_rank_owns_its_file_and_only_records_intact_in_all_are_recovered(tm
             value = key if not (rank == 1 and key == 11) else 99  # rank 1's slot 1 holds another block
             os.pwritev(fd, [record_header(value, data_checksum(data)), data], layout.offset(slot))
     mgr.close()
-    again = DiskOffloadingManager(tmp_path, layout)
+    again = DiskTier(tmp_path, layout)
     assert again.num_recovered == 1 and again.is_ready(10) and not again.contains(11) and not again.contains(12)
     again.close()
     assert DiskLayout("tp", 64, 16, 8).file_header() != layout.for_rank(1).file_header()

@@ -15,7 +15,7 @@ from kvoffload.offload.mediums import DISK, DiskLoadStoreSpec
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.disk.format import HEADER_BYTES, DiskLayout, parse_file_header
 from kvoffload.tiers.disk.io import DiskIO
-from kvoffload.tiers.disk.tier import DiskOffloadingManager, prepare_tier_dir, tier_file
+from kvoffload.tiers.disk.tier import DiskTier, prepare_tier_dir, tier_file
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ SHARE_TOLERANCE = 0.1
 _MIB = 1 << 20
 
 
-class DiskTier(TierKind):
+class DiskKind(TierKind):
     medium = DISK
     spec_type = DiskLoadStoreSpec
     option_keys = frozenset({"max_store_ms_per_mib"})
@@ -115,12 +115,12 @@ class DiskTier(TierKind):
         assert path is not None, "config validation requires a disk tier's path"
         return path
 
-    def build_manager(self) -> DiskOffloadingManager:
+    def build_manager(self) -> DiskTier:
         t = self.ctx.tier
         if t.capacity_share is not None:
             logger.info("kvoffload: disk tier at %s: capacity %s (%g%% of the free space there)", t.path,
                         format_bytes(self.layout().num_slots * self.ctx.block_bytes), 100 * t.capacity_share)
-        return DiskOffloadingManager(self._path(), self.layout(), t.cache_policy, self.ctx.events,
+        return DiskTier(self._path(), self.layout(), t.cache_policy, self.ctx.events,
                                      key=f"{self.ctx.key}.path", namespace=self.ctx.namespace)
 
     def build_io(self) -> DiskIO:

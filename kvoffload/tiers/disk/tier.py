@@ -1,4 +1,4 @@
-"""DiskOffloadingManager: the block ledger of a local-disk tier that survives restarts.
+"""DiskTier: the block ledger of a local-disk tier that survives restarts.
 
 Scheduler-side and tensor-free: a LedgerTier over disk slots, like the host tier, plus the
 file: created and preallocated on first use, locked against a second concurrent owner, and
@@ -135,7 +135,7 @@ def prepare_tier_dir(path: str | Path, key: str = "tiers[1].path") -> Path:
     return p
 
 
-class DiskOffloadingManager(LedgerTier):
+class DiskTier(LedgerTier):
     """The ledger is one for all ranks: slot s of every rank's file holds that rank's shard of
     the same block. Only a record intact in every rank's file is recovered on open."""
 

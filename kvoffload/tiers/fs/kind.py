@@ -5,7 +5,7 @@ directories (``paths:``, one per drive) with blocks spread over them by key.
 It is a shared store made of files (FsStore), so it reuses what every shared tier has: lookups
 asked once per request on a background thread (StoreLookups: a slow file system costs misses,
 never a stalled step), keyed and checksummed records (StoreIO, the same records as Mooncake's),
-the remote ledger (FsTierManager, which reports the whole directory's fill) and the chain's
+the remote ledger (FsTier, which reports the whole directory's fill) and the chain's
 fences, promotion and metrics. Written through by default: a process shares every block it
 computes, not only its CPU victims.
 """
@@ -24,7 +24,7 @@ from kvoffload.config import TierConfig, expand_path, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.fs.directory import FsDirectory
-from kvoffload.tiers.fs.manager import FsTierManager
+from kvoffload.tiers.fs.manager import FsTier
 from kvoffload.tiers.fs.options import OPTION_KEYS, FsOptions, parse_options
 from kvoffload.tiers.fs.spec import FS, FsLoadStoreSpec
 from kvoffload.tiers.fs.store import FsStore
@@ -60,7 +60,7 @@ def tier_roots(tier: TierConfig, key: str) -> list[str]:
     return resolved
 
 
-class FsTier(TierKind):
+class FsKind(TierKind):
     medium = FS
     spec_type = FsLoadStoreSpec
     option_keys = OPTION_KEYS
@@ -119,7 +119,7 @@ class FsTier(TierKind):
         return FsStore([FsDirectory(Path(r), share, HEADER_BYTES + c.block_bytes, f"{c.key}.path") for r in roots],
                        self.options.io_threads)
 
-    def build_manager(self) -> FsTierManager:
+    def build_manager(self) -> FsTier:
         store = self.store()
         # Temporaries of processes killed mid-write, and counts they left high: reclaimed once,
         # off the critical path (evictions reclaim them too, bucket by bucket).
@@ -127,7 +127,7 @@ class FsTier(TierKind):
         logger.info("kvoffload: %s (fs): %s, %s over %d bucket(s) per directory%s", self.ctx.key, store.name,
                     format_bytes(self.ctx.tier.capacity_bytes), len(store.directories[0].buckets),
                     f", records authenticated (secret id {self._tagger.key_id})" if self._tagger.authenticated else "")
-        return FsTierManager(store, self.keys(), HEADER_BYTES + self.ctx.block_bytes, self.ctx.num_slots,
+        return FsTier(store, self.keys(), HEADER_BYTES + self.ctx.block_bytes, self.ctx.num_slots,
                              self.options.retry_after_s, self.ctx.events, self.ctx.block_tokens)
 
     def build_io(self) -> StoreIO:

@@ -1,4 +1,4 @@
-"""FsTierManager: the remote ledger of an fs tier, which also keeps the directory's recency
+"""FsTier: the remote ledger of an fs tier, which also keeps the directory's recency
 true and reports its fill.
 
 - Recency: evictions keep the records used most recently (by mtime), but a block that every
@@ -34,7 +34,7 @@ USAGE_TTL_S = 5.0
 REFRESH_S = 1.0
 
 
-class FsTierManager(SharedStoreTier):
+class FsTier(SharedStoreTier):
     def __init__(self, store: FsStore, keys: StoreKeys, record_bytes: int, capacity_blocks: int,
                  retry_after_s: float, enable_events: bool = False, block_size: int = 0) -> None:
         super().__init__(FsLoadStoreSpec, StoreLookups(store, keys), capacity_blocks, retry_after_s, name=store.name,

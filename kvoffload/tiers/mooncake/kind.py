@@ -30,7 +30,7 @@ from kvoffload.tiers.store.tier import SharedStoreTier
 logger = logging.getLogger(__name__)
 
 
-class MooncakeTier(TierKind):
+class MooncakeKind(TierKind):
     medium = MOONCAKE
     spec_type = MooncakeLoadStoreSpec
     option_keys = OPTION_KEYS

@@ -13,7 +13,7 @@ import pytest
 from kvoffload.config import ConfigError
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.tiers.disk.format import RECORD_HEADER, DiskLayout
-from kvoffload.tiers.disk.tier import DiskOffloadingManager, DiskTierError, tier_file
+from kvoffload.tiers.disk.tier import DiskTier, DiskTierError, tier_file
 from kvoffload.workload import ChatWorkload, run_chat_workload
 
 WORKLOAD = ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12)
@@ -144,29 +144,29 @@ def _record_offsets(path):
 
 def test_other_layout_is_ignored_not_misread(tmp_path):
     a = DiskLayout("digest-a", BLOCK_BYTES, 16, 8)
-    mgr = DiskOffloadingManager(tmp_path, a)
+    mgr = DiskTier(tmp_path, a)
     out = mgr.prepare_store([b"x" * 16])
     mgr.complete_store(out.block_hashes_to_store)
     mgr.close()
     # Same directory, another model/layout digest: another file, nothing recovered.
     b = DiskLayout("digest-b", BLOCK_BYTES, 16, 8)
-    other = DiskOffloadingManager(tmp_path, b)
+    other = DiskTier(tmp_path, b)
     assert other.num_recovered == 0 and other.lookup([b"x" * 16]) == 0
     other.close()
     # A file whose header does not match this layout (renamed in place) starts empty.
     os.replace(tier_file(tmp_path, a), tier_file(tmp_path, b))
-    again = DiskOffloadingManager(tmp_path, b)
+    again = DiskTier(tmp_path, b)
     assert again.num_recovered == 0
     again.close()
 
 
 def test_second_owner_is_refused_while_first_is_open(tmp_path):
     layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
-    first = DiskOffloadingManager(tmp_path, layout)
+    first = DiskTier(tmp_path, layout)
     with pytest.raises(DiskTierError, match=rf"in use by process {os.getpid()} \(.*python.*\); stop that engine"):
-        DiskOffloadingManager(tmp_path, layout)
+        DiskTier(tmp_path, layout)
     first.close()
-    DiskOffloadingManager(tmp_path, layout).close()
+    DiskTier(tmp_path, layout).close()
 
 
 def test_refusal_names_the_process_holding_the_tier(tmp_path):
@@ -175,8 +175,8 @@ def test_refusal_names_the_process_holding_the_tier(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         from kvoffload.tiers.disk.format import DiskLayout
-        from kvoffload.tiers.disk.tier import DiskOffloadingManager
-        m = DiskOffloadingManager({str(tmp_path)!r}, DiskLayout("d", {BLOCK_BYTES}, 16, 4))
+        from kvoffload.tiers.disk.tier import DiskTier
+        m = DiskTier({str(tmp_path)!r}, DiskLayout("d", {BLOCK_BYTES}, 16, 4))
         print("ready", flush=True)
         time.sleep(60)
     """)
@@ -184,11 +184,11 @@ def test_refusal_names_the_process_holding_the_tier(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(DiskTierError, match=rf"in use by process {holder.pid} \(.*python.*-c"):
-            DiskOffloadingManager(tmp_path, DiskLayout("d", BLOCK_BYTES, 16, 4))
+            DiskTier(tmp_path, DiskLayout("d", BLOCK_BYTES, 16, 4))
     finally:
         holder.kill()
         holder.wait()
-    DiskOffloadingManager(tmp_path, DiskLayout("d", BLOCK_BYTES, 16, 4)).close()  # released with the process
+    DiskTier(tmp_path, DiskLayout("d", BLOCK_BYTES, 16, 4)).close()  # released with the process
 
 
 def test_missing_or_unwritable_path_is_a_config_error(tmp_path):
@@ -262,7 +262,7 @@ def test_sigkill_mid_write_recovers_completed_blocks_only(tmp_path):
     complete = [off for off in _record_offsets(layout_path) if off != torn_offset]
     digest = os.path.basename(layout_path).split("-")[1]
     layout = DiskLayout(digest, BLOCK_BYTES, 16, 64 * 2**20 // BLOCK_BYTES)
-    mgr = DiskOffloadingManager(tmp_path, layout)
+    mgr = DiskTier(tmp_path, layout)
     assert mgr.num_recovered >= len(complete) >= 30
     # Every recovered block's data passes its checksum, except the torn one, which a read rejects.
     from kvoffload.tiers.disk.format import data_checksum, parse_record_header
@@ -325,7 +325,7 @@ def test_a_tier_larger_than_the_free_space_warns_at_start_up(tmp_path, monkeypat
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(2**30, 2**30 - 2**20, 2**20))
     layout = DiskLayout("d", BLOCK_BYTES, 16, 4096)  # 32 MiB of records, 1 MiB free
     with caplog.at_level("WARNING", logger="kvoffload"):
-        DiskOffloadingManager(tmp_path, layout).close()
+        DiskTier(tmp_path, layout).close()
     (line,) = [r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()]
     assert "capacity 32.25 MiB exceeds the 1.0" in line and "lower the tier's capacity" in line
 
@@ -340,7 +340,7 @@ def test_the_worker_never_creates_the_tier_file_and_opens_the_locked_one(tmp_pat
     path = tier_file(tmp_path, layout)
     worker = DiskIO(layout, path)
     assert not path.exists()  # nothing created before the scheduler half locks it
-    mgr = DiskOffloadingManager(tmp_path, layout)
+    mgr = DiskTier(tmp_path, layout)
     entries, _ = list_files(tmp_path)
     removed, refused = clear_files(entries)
     assert removed == [] and len(refused) == 1  # locked from its creation on
@@ -369,12 +369,12 @@ def test_a_clear_between_open_and_lock_is_noticed_and_the_file_opened_again(tmp_
         return real(fd, op)
 
     monkeypatch.setattr(fcntl, "flock", clear_first)
-    mgr = DiskOffloadingManager(tmp_path, layout)
+    mgr = DiskTier(tmp_path, layout)
     monkeypatch.setattr(fcntl, "flock", real)
     assert len(calls) == 2  # the first lock held a deleted file: opened and locked again
     assert os.fstat(mgr._fds[0]).st_ino == os.stat(path).st_ino
     with pytest.raises(DiskTierError, match="in use by"):
-        DiskOffloadingManager(tmp_path, layout)
+        DiskTier(tmp_path, layout)
     mgr.close()
 
 
@@ -387,7 +387,7 @@ def test_the_worker_opens_its_file_once_across_threads_and_never_after_close(tmp
     from kvoffload.transfer.result import BlockTransferError
 
     layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
-    mgr = DiskOffloadingManager(tmp_path, layout)
+    mgr = DiskTier(tmp_path, layout)
     worker = DiskIO(layout, tier_file(tmp_path, layout))
     before = len(os.listdir("/proc/self/fd"))
     block = memoryview(bytearray(BLOCK_BYTES))

@@ -1,4 +1,4 @@
-"""FsTierManager: a hit in any tier keeps the block's record recent in the shared directory
+"""FsTier: a hit in any tier keeps the block's record recent in the shared directory
 (at most once a second per block, off the caller's thread), and reports give the directory's
 fill as every process left it."""
 
@@ -14,7 +14,7 @@ from kvoffload.auth import RecordTagger
 from kvoffload.tiers.fs import manager as manager_module
 from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.directory import FsDirectory
-from kvoffload.tiers.fs.manager import FsTierManager
+from kvoffload.tiers.fs.manager import FsTier
 from kvoffload.tiers.fs.store import FsStore
 from kvoffload.tiers.store.io import StoreIO
 from kvoffload.tiers.store.keys import StoreKeys
@@ -29,14 +29,14 @@ def _setup(root: Path):
                  8 * (BLOCK + 64), RecordTagger())
     data = np.zeros((2, BLOCK), dtype=np.uint8)
     io.write([data[0].data, data[1].data], [0, 1], [b"a" * 16, b"b" * 16])
-    return store, keys, FsTierManager(store, keys, BLOCK + 64, 64, 10.0)
+    return store, keys, FsTier(store, keys, BLOCK + 64, 64, 10.0)
 
 
 def _mtime(store: FsStore, keys: StoreKeys, h: bytes) -> int:
     return os.stat(store.place(keys.key(h, 0))[1]).st_mtime_ns
 
 
-def _settle(mgr: FsTierManager) -> None:
+def _settle(mgr: FsTier) -> None:
     mgr._toucher.submit(lambda: None).result()  # the refresh thread has run what was queued
 
 
