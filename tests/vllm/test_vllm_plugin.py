@@ -162,17 +162,26 @@ def test_write_through_disk_tier_persists_everything_and_corrupt_records_are_rec
     assert second[0]["tokens"] == plain[0]["tokens"]
     assert all(c >= 256 for c in second[0]["cached"])
     # Then every record on disk is flipped: the next process's loads all fail their checksum;
-    # vLLM is told which blocks (get_block_ids_with_load_errors) and recomputes: the requests
-    # waiting for an asynchronous load (auto: a disk tier not yet timed), or those that ran in
-    # the step of their layer-wise load (layerwise). Each process writes its recomputed blocks
-    # through again, so each mode finds a disk of fresh records to flip.
-    for mode in ("auto", "layerwise"):
-        assert flip_every_disk_record(tmp_path) >= 6, mode
-        cfg = ktc(tiers, kv_load_failure_policy="recompute", extra={"config": {"tiers": tiers, "load_mode": mode}})
-        log: list = []
-        got = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1}, log)
-        assert got[0]["tokens"] == plain[0]["tokens"], mode
-        assert any("disk_to_device copy failed" in line and "checksum" in line for line in log), mode
+    # vLLM is told which blocks (get_block_ids_with_load_errors) and recomputes the requests
+    # waiting for an asynchronous load (auto: a disk tier not yet timed).
+    _corrupt_then_read(model, plain, tiers, tmp_path, "auto")
+
+
+def test_corrupt_disk_records_under_layerwise_loads_are_recomputed(model, plain, tmp_path):
+    # The requests that ran in the step of their layer-wise load recompute.
+    tiers = [{"medium": "cpu", "capacity": "64MiB"},
+             {"medium": "disk", "path": str(tmp_path), "capacity": "64MiB", "write_through": True}]
+    run_job({"model": model, "kv_transfer_config": ktc(tiers), "rounds": 1})
+    _corrupt_then_read(model, plain, tiers, tmp_path, "layerwise")
+
+
+def _corrupt_then_read(model, plain, tiers, path, mode):
+    assert flip_every_disk_record(path) >= 6
+    cfg = ktc(tiers, kv_load_failure_policy="recompute", extra={"config": {"tiers": tiers, "load_mode": mode}})
+    log: list = []
+    got = run_job({"model": model, "kv_transfer_config": cfg, "rounds": 1}, log)
+    assert got[0]["tokens"] == plain[0]["tokens"]
+    assert any("disk_to_device copy failed" in line and "checksum" in line for line in log)
 
 
 @pytest.mark.parametrize("mode", ["layerwise", "async", "never-recompute"])
