@@ -13,13 +13,14 @@ PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 def tiers(kind, tmp_path, master=None):
     """``never-recompute``: these tests count a tenant's hits, so every hit is loaded; under
     ``auto`` a busy machine's slow store read can be given up for recomputing (correct, but
-    then a hit fewer: a CI run beside other jobs counted 192 of 288)."""
+    then a hit fewer: a CI run beside other jobs counted 192 of 288); and no store is skipped
+    for running late (``max_store_ms_per_mib``)."""
     cpu = {"medium": "cpu", "capacity": "4MiB"}
     if kind == "cpu":
         return {"tiers": [cpu]}
     if kind == "disk":
         return {"tiers": [cpu, {"medium": "disk", "path": str(tmp_path), "capacity": "16MiB", "write_through": True,
-                                "load_mode": "never-recompute"}]}
+                                "load_mode": "never-recompute", "max_store_ms_per_mib": 60000}]}
     return {"tiers": [cpu, master.tier(segment=0, local_buffer="16MiB", load_mode="never-recompute")]}
 
 

@@ -18,9 +18,15 @@ from kvoffload.tiers.disk.format import RECORD_HEADER, parse_file_header
 PROMPTS = [[(i * 37 + j) % 250 + 1 for j in range(160)] for i in range(6)]
 
 
+#: These tests count the records a run leaves: no store may be skipped because a busy machine
+#: (CI running tests two at a time beside installs) made it run late.
+PATIENT = {"max_store_ms_per_mib": 60000}
+
+
 def _config(tmp_path, auth_env: str | None = None):
     cfg = {"tiers": [{"medium": "cpu", "capacity": "1MiB"},
-                     {"medium": "disk", "capacity": "4MiB", "path": str(tmp_path / "cache"), "write_through": True}]}
+                     {"medium": "disk", "capacity": "4MiB", "path": str(tmp_path / "cache"), "write_through": True,
+                      **PATIENT}]}
     if auth_env:
         cfg["auth"] = {"secret_env": auth_env}
     path = tmp_path / "tiers.yaml"
@@ -125,7 +131,8 @@ def test_clear_with_a_config_without_a_disk_tier_touches_no_other_cache(tmp_path
     monkeypatch.setenv("KVOFFLOAD_CACHE_DIR", str(tmp_path / "user-cache"))
     user_cfg = tmp_path / "user.yaml"
     user_cfg.write_text(yaml.safe_dump({"tiers": [{"medium": "cpu", "capacity": "1MiB"},
-                                                  {"medium": "disk", "capacity": "4MiB", "write_through": True}]}))
+                                                  {"medium": "disk", "capacity": "4MiB", "write_through": True,
+                                                   **PATIENT}]}))
     _fill(user_cfg).close()
     before = _tier_files(tmp_path / "user-cache")
     assert any(p.endswith(".kvdata") for p in before) and any(p.endswith(".namespace.json") for p in before)
