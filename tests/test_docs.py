@@ -92,9 +92,8 @@ def _offline(data: dict, tmp_path: Path) -> dict:
     tmp_path, sizes that fit; the keys and their values' kinds stay the documented ones."""
     for i, tier in enumerate(data.get("tiers") or []):
         if tier.get("medium") in ("disk", "fs"):
-            for key in ("path",):
-                if key in tier:
-                    tier[key] = str(tmp_path / f"t{i}")
+            if "path" in tier:
+                tier["path"] = str(tmp_path / f"t{i}")
             if "paths" in tier:
                 tier["paths"] = [str(tmp_path / f"t{i}-{j}") for j in range(len(tier["paths"]))]
             if isinstance(tier.get("capacity"), str) and not tier["capacity"].endswith("%"):

@@ -8,7 +8,6 @@ the tier and its table. Tensor-free, like everything scheduler-side.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput, as_list
@@ -21,8 +20,6 @@ from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.registry import PolicyRef
-
-logger = logging.getLogger("kvoffload")
 
 #: Undrained events kept per tier before the oldest are dropped.
 MAX_QUEUED_EVENTS = 10_000

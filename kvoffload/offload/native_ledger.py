@@ -78,8 +78,7 @@ class NativeSlotTable(SlotTable):
 
     def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy, medium: str) -> None:
         wants_native(cache_policy, native=True)  # raises unless the extension runs this policy
-        self.capacity = capacity
-        self.medium = medium  # for error messages
+        super().__init__(capacity, medium)
         require_positive("ledger capacity", capacity)
         name = cache_policy.name if isinstance(cache_policy, PolicyRef) else cache_policy
         assert isinstance(name, str)  # wants_native accepts names only

@@ -19,8 +19,7 @@ logger = logging.getLogger("kvoffload")
 
 class PythonSlotTable(SlotTable):
     def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy, medium: str) -> None:
-        self.capacity = capacity
-        self.medium = medium  # for error messages
+        super().__init__(capacity, medium)
         self.book = BlockLedger(capacity)
         self._policy = create_policy(cache_policy, capacity)
         self._policy.bind_ledger(self.book)

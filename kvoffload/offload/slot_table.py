@@ -49,7 +49,9 @@ class LedgerSnapshot(Protocol):
 class SlotTable(ABC):
     """The slot primitives a ledger tier's manager contract is written over."""
 
-    capacity: int
+    def __init__(self, capacity: int, medium: str) -> None:
+        self.capacity = capacity
+        self.medium = medium  # names the tier in error messages
 
     @property
     @abstractmethod
