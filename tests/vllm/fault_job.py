@@ -14,6 +14,7 @@ and cached tokens, and the scheduler's free device blocks before and after.
 import json
 import os
 import sys
+import time
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -55,8 +56,9 @@ def main(spec: dict) -> None:
     params = SamplingParams(max_tokens=8, temperature=0)
     results = []
     for r, round_spec in enumerate(spec["rounds"]):
-        if r and spec.get("reset_between", True):
-            llm.reset_prefix_cache()
+        if r and spec.get("reset_between", True) and not llm.reset_prefix_cache():
+            # It refuses while blocks are held: a round served from stale device KV would test nothing.
+            raise SystemExit(f"round {r}: vLLM refused to reset its prefix cache (blocks still held)")
         free_before = pool.get_num_free_blocks()
         abort_mode["on"] = "" if round_spec.get("abort", "none") == "none" else round_spec["abort"]
         aborted.clear()
@@ -74,10 +76,15 @@ def main(spec: dict) -> None:
                                             "cached": out.num_cached_tokens or 0}
             if aborted:  # tell the front end, as the API server does on a disconnect
                 engine.output_processor.abort_requests(list(aborted), internal=True)
-        for _ in range(50):  # let delayed frees and stores drain
-            if not scheduler.has_requests() and not scheduler.has_finished_requests():
-                break
+        # Let delayed frees, stores and write-through copies drain: by time, not by a count of
+        # steps (an idle step takes microseconds, a starved machine's disk write much longer:
+        # 50 steps once ended a round with every store still in flight).
+        deadline = time.monotonic() + 120
+        while scheduler.has_requests():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"round {r}: the connector's copies did not drain in 120 s")
             engine.step()
+            time.sleep(0.001)
         results.append({"ids": ids, "done": done, "aborted": sorted(a.rsplit("-", 1)[0] for a in aborted),
                         "free_before": free_before,
                         "free_after": pool.get_num_free_blocks(), "requests_left": len(scheduler.requests)})
