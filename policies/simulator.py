@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 from kvoffload.offload import CPUTier, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.abstract import LookupResult, PrefixLookup
-from kvoffload.offload.chain_of_tiers import ChainOfTiers, as_chain
 from kvoffload.offload.hints import BlockHint
+from kvoffload.offload.host_tier_chain import HostTierChain, as_chain
 from kvoffload.offload.policy import CachePolicy, OfflinePolicy
 
 
@@ -142,13 +142,13 @@ def replay(
                      written, evicted, seconds, windows)
 
 
-class OpRecorder(ChainOfTiers):
+class OpRecorder(HostTierChain):
     """The chain of one over a live manager's host tier, recording every call of the small
     contract, so a run can be replayed exactly."""
 
     def __init__(self, backing: OffloadingManager) -> None:
         chain = as_chain(backing)
-        if type(chain) is not ChainOfTiers or chain.secondaries:
+        if type(chain) is not HostTierChain or chain.secondaries:
             raise TypeError(f"OpRecorder records a chain of one tier; got {type(backing).__name__}")
         super().__init__(chain.primary)
         self.ops: list[tuple[str, list[Hashable], bool]] = []

@@ -223,8 +223,9 @@ def test_no_constructor_tricks():
 
 
 def test_one_suffix_per_role():
-    """A tier's scheduler half is a ``…Tier``, a tier-kind plugin a ``…Kind`` (vLLM's own name,
-    ``CPUOffloadingManager``, stays as an alias of ``CPUTier``)."""
+    """A tier's scheduler half is a ``…Tier``, a tier-kind plugin a ``…Kind``, a chain of tiers a
+    ``…TierChain`` (vLLM's own names, ``CPUOffloadingManager`` and ``FilterReusedOffloadingManager``,
+    stay where vLLM users look for them)."""
     import importlib
     import pkgutil
 
@@ -250,3 +251,11 @@ def test_one_suffix_per_role():
     assert {"DiskKind", "FsKind", "MooncakeKind"} <= set(kinds)
     assert [t for t in tiers if not t.endswith("Tier")] == []
     assert [k for k in kinds if not k.endswith("Kind")] == []
+    # A chain is a …TierChain (the reuse filter keeps vLLM's name); no class is a "book".
+    from kvoffload.offload.chain import TierChain
+    chains = sorted(c.__name__ for c in subclasses(TierChain) if ours(c))
+    assert {"EmptyTierChain", "HostTierChain"} <= set(chains)
+    assert [c for c in chains if not c.endswith("TierChain")] == ["FilterReusedOffloadingManager"]
+    books = [n for path in ROOT.rglob("*.py") for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.ClassDef) and "Book" in n.name]
+    assert [b.name for b in books] == []

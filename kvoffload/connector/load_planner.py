@@ -16,12 +16,12 @@ from typing import cast
 
 from kvoffload.connector.base import EngineRequest
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
-from kvoffload.connector.hint_book import HintBook
+from kvoffload.connector.hint_relay import HintRelay
 from kvoffload.connector.jobs import JobKind
 from kvoffload.connector.load_cost import LoadChoice, LoadCostModel, LoadDecision, Segment
 from kvoffload.connector.request_state import RequestOffloadState
 from kvoffload.connector.reset_guard import ResetGuard
-from kvoffload.connector.scheduler_book import Planner, SchedulerBook
+from kvoffload.connector.scheduler_records import Planner, SchedulerRecords
 from kvoffload.connector.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash, LookupResult, Medium
 from kvoffload.offload.chain import TierChain
@@ -31,48 +31,31 @@ logger = logging.getLogger(__name__)
 
 
 class LoadPlanner(Planner):
-    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
-                 reset_guard: ResetGuard, cost: LoadCostModel, hints: HintBook) -> None:
-        super().__init__(book, manager, groups, stats, reset_guard)
+    def __init__(self, records: SchedulerRecords, manager: TierChain, groups: GroupGeometry,
+                 stats: SchedulerSideStats, reset_guard: ResetGuard, cost: LoadCostModel, hints: HintRelay) -> None:
+        super().__init__(records, manager, groups, stats, reset_guard)
         #: Decides, per hit, how much of it to load (the rest is recomputed).
         self.cost = cost
         #: Gives a request's hint with the blocks its first lookup touches.
         self.hints = hints
-        #: Requests whose decision was counted (a waiting request is looked up every step).
-        self._decided: set[str] = set()
-        #: Requests whose last lookup answered a synchronous load (their plan is marked so).
-        self._sync: set[str] = set()
-        #: Per request looked up and not yet planned: the tier each found key is in, so the plan
-        #: pins where the lookup found (one question per hash and tier, not two).
-        self._found: dict[str, dict[BlockHash, Medium]] = {}
-        #: Requests whose blocks were touched: once per request (a waiting request is looked
-        #: up every step, and each look is not a reuse).
-        self._touched: set[str] = set()
 
-    def forget(self, rid: str) -> None:
-        """The request finished: drop what its lookups left."""
-        self._found.pop(rid, None)
-        self._touched.discard(rid)
-        self._decided.discard(rid)
-        self._sync.discard(rid)
-
-    def hit_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def hit_tokens(self, request: EngineRequest, state: RequestOffloadState,
+                   num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens past the engine's own ``num_computed_tokens`` the tiers can load (None: ask
         again next step), as the engine's ``get_num_new_matched_tokens`` answers."""
-        book, groups = self.book, self.groups
-        size = book.offloaded_block_size
+        records, groups = self.records, self.groups
+        size = records.offloaded_block_size
         num_blocks = request.num_tokens // size
-        hashes = book.offload_hashes(request, 0, num_blocks)
-        rid = request.request_id
-        if rid not in self._touched:
-            self._touched.add(rid)
+        hashes = records.offload_hashes(request, 0, num_blocks)
+        if not state.touched:
+            state.touched = True
             useful = groups.useful_keys(hashes)  # a sliding group: the window a hit at the end needs
             for keys in useful:
                 self.manager.touch(keys)
-            self.hints.looked_up(request, useful)
+            self.hints.looked_up(request, state, useful)
         start = num_computed_tokens // size
-        self._found.pop(rid, None)
-        self._sync.discard(rid)
+        state.found = None
+        state.sync_answer = False
         if start >= len(hashes):
             return 0, False
         self.stats.lookups += 1
@@ -97,7 +80,7 @@ class LoadPlanner(Planner):
             end = sliding_end
         if end <= start:
             return 0, False
-        decided = self._decide(request, hashes, start, end, found_media)
+        decided = self._decide(request, state, hashes, start, end, found_media)
         if decided is None:
             return None, False
         end, sync = decided
@@ -107,16 +90,15 @@ class LoadPlanner(Planner):
         if num_hit_tokens <= 0:
             return 0, False
         loads = self._group_loads(hashes[start:end], start, end)
-        if not all(book.blocks_being_loaded.isdisjoint(keys) for _, keys in loads):
+        if not all(records.blocks_being_loaded.isdisjoint(keys) for _, keys in loads):
             self.stats.lookups_deferred += 1
             return None, False  # another request is loading these blocks: ask again later
-        self._found[rid] = found_media
-        if sync:
-            self._sync.add(rid)
+        state.found = found_media
+        state.sync_answer = sync
         return num_hit_tokens, not sync
 
-    def _decide(self, request: EngineRequest, hashes: list[BlockHash], start: int, end: int,
-                found_media: dict[BlockHash, Medium]) -> tuple[int, bool] | None:
+    def _decide(self, request: EngineRequest, state: RequestOffloadState, hashes: list[BlockHash], start: int,
+                end: int, found_media: dict[BlockHash, Medium]) -> tuple[int, bool] | None:
         """Where the hit [start, end) should end (the cost model's cut), and whether it loads
         synchronously (None: ask again). Only a one-group model loads synchronously (vLLM's
         recovery from a failed synchronous load handles one group), and only a hit that leaves
@@ -132,7 +114,7 @@ class LoadPlanner(Planner):
                 segments[-1] = Segment(medium, segments[-1].blocks + 1)
             else:
                 segments.append(Segment(medium, 1))
-        sync_possible = groups.num_groups == 1 and end * self.book.offloaded_block_size < request.num_tokens
+        sync_possible = groups.num_groups == 1 and end * self.records.offloaded_block_size < request.num_tokens
         choice = self.cost.choose(segments, sync_possible)
         cut = start + choice.blocks
         if cut < end and groups.sliding_groups:
@@ -140,13 +122,13 @@ class LoadPlanner(Planner):
             if sliding_end is None:
                 return None
             cut = sliding_end
-        self._count(request.request_id, choice, end - start)
+        self._count(request.request_id, state, choice, end - start)
         return cut, choice.sync
 
-    def _count(self, rid: str, choice: LoadChoice, blocks: int) -> None:
-        if rid in self._decided:
+    def _count(self, rid: str, state: RequestOffloadState, choice: LoadChoice, blocks: int) -> None:
+        if state.decision_counted:
             return
-        self._decided.add(rid)
+        state.decision_counted = True
         label = choice.decision.value
         if choice.decision is LoadDecision.LOAD:
             label = "layerwise" if choice.sync else "async"
@@ -193,9 +175,9 @@ class LoadPlanner(Planner):
     def plan(self, request: EngineRequest, state: RequestOffloadState, num_local: int, num_external: int) -> None:
         """The loads of ``num_external`` tokens after ``num_local`` local hits, into the blocks
         the engine allocated (``state.block_ids``)."""
-        book = self.book
+        records = self.records
         rid = request.request_id
-        size, block_size, f = book.offloaded_block_size, book.block_size, book.factor
+        size, block_size, f = records.offloaded_block_size, records.block_size, records.factor
         full_tokens = num_local + num_external
         if full_tokens % size or num_external % block_size:
             raise AssertionError(
@@ -204,37 +186,37 @@ class LoadPlanner(Planner):
             )
         start = num_local // size
         end = full_tokens // size
-        hashes = book.offload_hashes(request, start, end)
+        hashes = records.offload_hashes(request, start, end)
         jobs = []
         first_engine = num_local // block_size
         promote_from = end
         loading: list[BlockHash] = []
-        found = self._found.pop(rid, {})
+        found, state.found = state.found or {}, None
         for g, (offset, keys) in enumerate(self._group_loads(hashes, start, end)):
             block_ids = state.block_ids[g]
             media = [found.get(k) for k in keys]
             known = None if None in media else cast("list[Medium]", media)
-            book.events.describe(request, g, enumerate(keys, offset))
+            records.events.describe(request, g, enumerate(keys, offset))
             for spec, seg_keys in self.manager.prepare_load_segments(keys, known):
                 lo = max(offset * f, first_engine)
                 hi = (offset + len(seg_keys)) * f
                 while lo < hi and block_ids[lo] == NULL_BLOCK_ID:
                     lo += 1  # left of a sliding window: the engine keeps no block there
-                job = book.new_job(JobKind.LOAD, rid, seg_keys, spec, GPULoadStoreSpec(block_ids[lo:hi]),
+                job = records.new_job(JobKind.LOAD, rid, seg_keys, spec, GPULoadStoreSpec(block_ids[lo:hi]),
                                    hit_tokens=(hi - lo) * block_size if g == 0 else 0)
                 jobs.append(job)
                 medium = str(spec.medium())
                 self.cost.load_planned(medium, job.job_id, len(seg_keys),
-                                       cancellable=rid not in self._sync and self.cost.cancellable(medium))
+                                       cancellable=not state.sync_answer and self.cost.cancellable(medium))
                 if spec.medium() is not Medium.CPU:
                     promote_from = min(promote_from, offset)  # re-stored into the CPU tier from the device
                 offset += len(seg_keys)
             loading += keys
-        book.reqs_to_load[rid] = jobs
-        if rid in self._sync:
-            self._sync.discard(rid)
-            book.sync_loads.add(rid)
+        records.next_step.reqs_to_load[rid] = jobs
+        if state.sync_answer:
+            state.sync_answer = False
+            records.next_step.sync_loads.add(rid)
             state.sync_load = True
         state.loading = loading
-        book.blocks_being_loaded.update(loading)
+        records.blocks_being_loaded.update(loading)
         state.next_stored = max(state.next_stored, promote_from)

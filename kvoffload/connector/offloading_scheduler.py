@@ -2,7 +2,7 @@
 
 Offloaded blocks may span ``block_size_factor`` engine blocks; offloaded block i is keyed by
 the chained hash of its last engine block (which covers the whole prefix up to it). This class
-answers the engine's calls and keeps the request and job records (``SchedulerBook``); the plans
+answers the engine's calls and keeps the request and job records (``SchedulerRecords``); the plans
 are the planners': loads (``LoadPlanner``), stores (``StorePlanner``), swap-mode preemption
 (``SwapPlanner``).
 """
@@ -16,22 +16,22 @@ from dataclasses import replace
 
 from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, StepPlan
 from kvoffload.connector.group_keys import GroupGeometry
-from kvoffload.connector.hint_book import HintBook
+from kvoffload.connector.hint_relay import HintRelay
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.kv_event_book import ExternalHash, KVEventBook, RequestTags
+from kvoffload.connector.kv_event_translator import ExternalHash, KVEventTranslator, RequestTags
 from kvoffload.connector.load_cost import LoadCostModel
 from kvoffload.connector.load_planner import LoadPlanner
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.request_state import JobRecord
 from kvoffload.connector.reset_guard import ResetGuard
-from kvoffload.connector.scheduler_book import SchedulerBook
+from kvoffload.connector.scheduler_records import SchedulerRecords
 from kvoffload.connector.scheduler_stats import ConnectorStatsDict, SchedulerSideStats, connector_stats
 from kvoffload.connector.store_planner import StorePlanner
 from kvoffload.connector.swap_planner import SwapPlanner
 from kvoffload.kv_events import KVEvent
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.chain import TierChain
-from kvoffload.offload.chain_of_tiers import as_chain
+from kvoffload.offload.host_tier_chain import as_chain
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.result import TransferResult
 
@@ -68,21 +68,20 @@ class OffloadingConnectorScheduler:
         self.world_size = spec.kv_info.world_size
         self.groups = GroupGeometry(spec.kv_info.group_windows, self.block_size, self.factor)
         self.stats = SchedulerSideStats()
-        events = KVEventBook(spec.config.metrics.events, self.block_size, self.factor, request_tags, external_hash)
-        self.book = SchedulerBook(self.block_size, self.factor, request_salt, events)
+        events = KVEventTranslator(spec.config.metrics.events, self.block_size, self.factor, request_tags,
+                                   external_hash)
+        self.records = SchedulerRecords(self.block_size, self.factor, request_salt, events)
         #: After a reset: which requests read device KV older than it (they store nothing).
         self.reset_guard = ResetGuard()
-        shared = (self.book, self.manager, self.groups, self.stats, self.reset_guard)
+        shared = (self.records, self.manager, self.groups, self.stats, self.reset_guard)
         #: Per tier load timings and the engine's forward timings: how much of each hit to load.
         self.cost = LoadCostModel(spec.config.tier_load_modes(), self.offloaded_block_size,
                                   spec.offloaded_block_bytes * self.world_size, give_up=give_up_loads)
         #: Requests' hints (session, expected return, priority, lease), given to the policies.
-        self.hints = HintBook(self.manager, spec.config.hints, self.stats, request_salt=request_salt)
+        self.hints = HintRelay(self.manager, spec.config.hints, self.stats, request_salt=request_salt)
         self.loads = LoadPlanner(*shared, self.cost, self.hints)
         self.stores = StorePlanner(*shared)
         self.swaps = SwapPlanner(*shared)
-        #: Tokens the engine found on the device at the last lookup (where its loads start).
-        self._local_tokens: dict[str, int] = {}
         #: Results of jobs some ranks have reported and others not yet.
         self._partial: dict[int, list[TransferResult]] = {}
 
@@ -96,13 +95,12 @@ class OffloadingConnectorScheduler:
         engine's own device reset may fail (requests hold blocks) without the connector being
         told: ``ResetGuard`` keeps blocks computed from device KV older than the reset out of
         the tiers either way."""
-        self.book.key_salt = os.urandom(16)
-        for state in self.book.requests.values():
-            state.next_stored = 1 << 62
+        self.records.key_salt = os.urandom(16)
+        for state in self.records.requests.values():
             state.swapped = None
-        self.reset_guard.reset(self.book.requests)
+        self.reset_guard.reset(self.records.requests.values())
         self._absorb_events()  # what happened before the reset, under the old keys
-        self.book.events.reset()
+        self.records.events.reset()
         self.stats.resets += 1
         logger.info("kvoffload: offload cache reset (reset %d): blocks stored before it are never served again",
                     self.stats.resets)
@@ -113,30 +111,29 @@ class OffloadingConnectorScheduler:
         """Per KV-cache group, a finished request's keys a hit would need: its prompt's (stored
         before, or now) and its output's whose KV was computed (the last sampled token never ran)."""
         tokens = max(request.num_tokens - len(request.output_token_ids), request.num_computed_tokens)
-        return self.groups.useful_keys(self.book.offload_hashes(request, 0, tokens // self.offloaded_block_size))
+        return self.groups.useful_keys(self.records.offload_hashes(request, 0, tokens // self.offloaded_block_size))
 
     def get_num_new_matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
-        state = self.book.requests.get(request.request_id)
-        if state is not None and state.swapped is not None:
+        state = self.records.state(request.request_id)
+        if state.swapped is not None:
             restorable = self.swaps.restorable(request, num_computed_tokens)
             if restorable:
                 return restorable, True
             state.swapped = None  # evicted meanwhile: the plain path decides
-        self._local_tokens[request.request_id] = num_computed_tokens
-        return self.loads.hit_tokens(request, num_computed_tokens)
+        state.local_tokens = num_computed_tokens
+        return self.loads.hit_tokens(request, state, num_computed_tokens)
 
     def update_state_after_alloc(self, request: EngineRequest, blocks: AllocatedBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
-        state = self.book.state(rid)
+        state = self.records.state(rid)
         state.request = request
         state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
-        local = self._local_tokens.pop(rid, None)
+        local, state.local_tokens = state.local_tokens, None
         # Local prefix hits: what the lookup was told, else (an engine that skipped the lookup:
         # one full-attention group) the blocks that already carry a hash.
         num_local = local if local is not None else sum(
             1 for b in blocks.blocks[0] if b.block_hash is not None) * self.block_size
-        if self.reset_guard.admit(rid, state.block_ids, num_local // self.block_size):
-            state.next_stored = 1 << 62  # it reads device KV from before a reset: nothing of it is stored
+        self.reset_guard.admit(state, state.block_ids, num_local // self.block_size)
         if num_external_tokens == 0:
             return
         if state.swapped is not None:
@@ -151,36 +148,34 @@ class OffloadingConnectorScheduler:
     def has_pending_work(self) -> bool:
         """Jobs in flight, demotions the manager queued that no step has planned yet, or finished
         requests whose blocks the next step's report releases (their copies ended before it)."""
-        return bool(self.book.jobs) or self.manager.has_pending_demotions() or bool(self.book.delayed)
+        return bool(self.records.jobs) or self.manager.has_pending_demotions() or bool(self.records.next_step.await_finish)
 
     def _plan_demotions(self) -> list[TransferJob]:
-        return [self.book.new_job(JobKind.DEMOTE, None, d.block_hashes, d.src, d.dst)
+        return [self.records.new_job(JobKind.DEMOTE, None, d.block_hashes, d.src, d.dst)
                 for d in self.manager.take_demotions()]
 
     def build_connector_meta(self, scheduler_output: StepPlan) -> OffloadingConnectorMetadata:
-        book = self.book
+        records = self.records
         allocated = self.stores.follow_blocks(scheduler_output)
         # Stores still reading a block the engine handed out again must land before it is written.
-        flush = {j for b in allocated if b in book.fenced for j in book.fenced[b]} if book.fenced else set()
+        fenced = records.fenced
+        flush = {j for b in allocated if b in fenced for j in fenced[b]} if fenced else set()
         self.stats.store_flushes += len(flush)
         reqs_to_store = self.stores.plan(scheduler_output)
+        step = records.take_next_step()
         meta = OffloadingConnectorMetadata(
             flush_jobs=flush,
-            reqs_to_load=book.reqs_to_load,
-            sync_loads=book.sync_loads,
+            reqs_to_load=step.reqs_to_load,
+            sync_loads=step.sync_loads,
             reqs_to_store=reqs_to_store,
             preempted_req_ids=set(scheduler_output.preempted_req_ids),
             demotions=self._plan_demotions(),
-            swap_out=book.swap_out,
-            await_finish=book.delayed,
+            swap_out=step.swap_out,
+            await_finish=step.await_finish,
             num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
         meta.cancel_loads = set(self.cost.overdue())
         self.cost.end_step()
-        book.reqs_to_load = {}
-        book.sync_loads = set()
-        book.swap_out = {}
-        book.delayed = set()
         return meta
 
     # ---- completions -------------------------------------------------------------------------
@@ -191,12 +186,12 @@ class OffloadingConnectorScheduler:
                 self.cost.observe_step(result.tokens, result.seconds)
                 continue
             if isinstance(result, LoadReading):
-                record = self.book.jobs.get(result.job_id)
+                record = self.records.jobs.get(result.job_id)
                 if record is not None:
                     self.cost.load_reading(record.medium, result.job_id, result.seconds)
                 continue
             job_id = result.job_id
-            if job_id not in self.book.jobs:
+            if job_id not in self.records.jobs:
                 continue
             if self.world_size > 1:
                 # Every rank reports each job; it is done when the last rank is, and failed if any failed.
@@ -206,15 +201,15 @@ class OffloadingConnectorScheduler:
                     continue
                 del self._partial[job_id]
                 result = _merge(parts)
-            self._complete(self.book.jobs.pop(job_id), result)
+            self._complete(self.records.jobs.pop(job_id), result)
         self._absorb_events()
 
     def _complete(self, job: JobRecord, result: TransferResult) -> None:
         kind, hashes = job.kind, job.block_hashes
-        book = self.book
-        if book.fence_of_job:
-            book.unfence(job.job.job_id)
-        state = book.requests.get(job.req_id) if job.req_id is not None else None
+        records = self.records
+        if records.fence_of_job:
+            records.unfence(job.job.job_id)
+        state = records.requests.get(job.req_id) if job.req_id is not None else None
         if kind is JobKind.DEMOTE:
             self.manager.complete_demotion(hashes, result.success, job.medium)
             self._record_io(job.medium, result, write=True)
@@ -223,7 +218,7 @@ class OffloadingConnectorScheduler:
                 self.stats.tier_stores_skipped[job.medium.lower()] += len(hashes)
         elif kind is JobKind.LOAD:
             self.manager.complete_load(hashes, job.medium)
-            book.blocks_being_loaded.difference_update(hashes)
+            records.blocks_being_loaded.difference_update(hashes)
             if state is not None:
                 state.loads_in_flight -= 1
                 if not state.loads_in_flight:
@@ -258,7 +253,7 @@ class OffloadingConnectorScheduler:
             else:
                 self.stats.stores_failed += len(hashes)
         if state is not None and state.finished and not state.busy:
-            del book.requests[job.req_id]  # type: ignore[arg-type]
+            records.drop(job.req_id)  # type: ignore[arg-type]
 
     def _record_io(self, medium: str, result: TransferResult, write: bool = False) -> None:
         if result.success or result.io_error:
@@ -274,35 +269,30 @@ class OffloadingConnectorScheduler:
         as finished-*sending* (``await_finish``). Reporting both would free it twice.
         """
         rid = request.request_id
-        self.hints.finished(request, lambda: self._finished_keys(request))
-        self._local_tokens.pop(rid, None)
-        self.loads.forget(rid)
-        self.reset_guard.forget(rid)
-        state = self.book.requests.get(rid)
-        if state is None:
-            return False, None
+        state = self.records.state(rid)
+        self.hints.finished(request, state, lambda: self._finished_keys(request))
         # Planned loads are sent anyway: the worker's finished-receiving report is what frees
         # the request's blocks in the engine, so the load must reach the worker.
         delay = state.busy
         if delay:
             if state.loading is None or state.sync_load:  # a synchronous load is never reported received
-                self.book.delayed.add(rid)
+                self.records.next_step.await_finish.add(rid)
             state.request, state.block_ids, state.swapped, state.finished = None, [], None, True
         else:
-            del self.book.requests[rid]
+            self.records.drop(rid)
         return delay, None
 
     def _absorb_events(self) -> None:
         """Every step: the tiers' events become KV events while the blocks' descriptions are
         at hand (and the tiers' own queues stay short)."""
-        if self.book.events.enabled:
-            self.book.events.absorb(self.manager.take_events(), self.book.keys_in_flight)
+        if self.records.events.enabled:
+            self.records.events.absorb(self.manager.take_events(), self.records.keys_in_flight)
 
     def take_events(self) -> list[KVEvent]:
         """KV events in vLLM's schema since the last call (``kvoffload.kv_events``)."""
         self._absorb_events()
-        return self.book.events.take()
+        return self.records.events.take()
 
     def stats_dict(self) -> ConnectorStatsDict:
-        return connector_stats(self.stats, self.manager.report(), len(self.book.jobs),
+        return connector_stats(self.stats, self.manager.report(), len(self.records.jobs),
                                self.manager.has_pending_demotions(), self.cost.gauges())

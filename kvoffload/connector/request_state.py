@@ -1,4 +1,10 @@
-"""RequestOffloadState: everything the scheduler half tracks about one request, in one record."""
+"""RequestOffloadState: everything the scheduler half knows of one request, in one record.
+
+A record is made at the request's first lookup (or allocation) and dropped in one place
+(``SchedulerRecords.drop``): when the engine finishes the request, or, if copies still read or
+fill its blocks then, when the last of them lands. No planner keeps a table of its own keyed by
+request, so nothing can outlive the request (tests count the scheduler half's tables).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from dataclasses import dataclass, field
 from kvoffload.connector.base import EngineRequest
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.offload.abstract import BlockHash, Medium
+from kvoffload.offload.hints import RequestHint
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,8 +25,32 @@ class SwapRecord:
     tail_key: BlockHash | None  # the key its partial last block was stored under (None: no tail)
 
 
+@dataclass(frozen=True, slots=True)
+class TenantHint:
+    """A request's parsed hint and the tenant its session is scoped to."""
+
+    hint: RequestHint
+    tenant: bytes
+
+
 @dataclass(slots=True)
 class RequestOffloadState:
+    # ---- lookups (before the engine allocates) ---------------------------------------------
+    #: Its blocks were touched and its hint given (once: a waiting request is looked up every
+    #: step, and each look is not a reuse).
+    touched: bool = False
+    #: Its hint was read from the request (``hint`` is what it said: None for no hint).
+    hint_read: bool = False
+    hint: TenantHint | None = None
+    #: The load decision for its hit was counted (once per request).
+    decision_counted: bool = False
+    #: Tokens the engine found on the device at the last lookup (where its loads start).
+    local_tokens: int | None = None
+    #: The last lookup answered a synchronous (layer-wise) load.
+    sync_answer: bool = False
+    #: The tier each key the last lookup found is in (the plan pins where the lookup found).
+    found: dict[BlockHash, Medium] | None = None
+    # ---- allocated ---------------------------------------------------------------------------
     #: The engine's request (None until it is allocated, and after it finished).
     request: EngineRequest | None = None
     #: Its device block ids per KV-cache group, in order (engine blocks, not offloaded slots;
@@ -27,6 +58,9 @@ class RequestOffloadState:
     block_ids: list[list[int]] = field(default_factory=list)
     #: Offloaded blocks below this index are stored or being stored (the store cursor).
     next_stored: int = 0
+    #: It read device KV computed before the last offload-cache reset: nothing of it is stored
+    #: (``ResetGuard``), and it is not swapped out at preemption.
+    stale_kv: bool = False
     #: Hashes of the load in flight (None when none is), so the engine keeps its blocks.
     loading: list[BlockHash] | None = None
     #: Its load jobs planned and not yet completed (``loading`` clears when this reaches 0).
@@ -40,6 +74,11 @@ class RequestOffloadState:
     swapped: SwapRecord | None = None
     #: Finished by the engine while copies were still in flight: dropped once they land.
     finished: bool = False
+
+    @property
+    def allocated(self) -> bool:
+        """The engine allocated it blocks (it was not only looked up)."""
+        return self.request is not None or self.finished or bool(self.block_ids)
 
     @property
     def busy(self) -> bool:

@@ -19,44 +19,43 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvoffload.connector.group_keys import NULL_BLOCK_ID
+from kvoffload.connector.request_state import RequestOffloadState
 
 
 class ResetGuard:
+    """The device blocks filled since the last reset; whether a request is tainted is its
+    record's ``stale_kv``."""
+
     def __init__(self) -> None:
         self.active = False
         self._fresh: set[int] = set()
-        self._tainted: set[str] = set()
 
-    def reset(self, tracked: Iterable[str]) -> None:
-        """A new epoch: no device block is fresh, every request already tracked is tainted."""
+    def reset(self, tracked: Iterable[RequestOffloadState]) -> None:
+        """A new epoch: no device block is fresh, every request already allocated is tainted."""
         self.active = True
         self._fresh = set()
-        self._tainted = set(tracked)
+        for state in tracked:
+            if state.allocated:
+                state.stale_kv = True
 
-    def admit(self, rid: str, block_ids: list[list[int]], num_local_blocks: int) -> bool:
+    def admit(self, state: RequestOffloadState, block_ids: list[list[int]], num_local_blocks: int) -> bool:
         """A request allocated its blocks (per group; the first ``num_local_blocks`` engine
         blocks of each are local prefix hits): True when it is tainted."""
         if not self.active:
             return False
         hits = {b for ids in block_ids for b in ids[:num_local_blocks] if b != NULL_BLOCK_ID}
-        tainted = rid in self._tainted or not hits <= self._fresh
-        if tainted:
-            self._tainted.add(rid)
-        self.filled(rid, (b for ids in block_ids for b in ids[num_local_blocks:]))
-        return tainted
+        if not hits <= self._fresh:
+            state.stale_kv = True
+        self.filled(state, (b for ids in block_ids for b in ids[num_local_blocks:]))
+        return state.stale_kv
 
-    def filled(self, rid: str, block_ids: Iterable[int]) -> None:
-        """Blocks ``rid`` computes or loads into (new blocks of a running request too)."""
+    def filled(self, state: RequestOffloadState | None, block_ids: Iterable[int]) -> None:
+        """Blocks a request (``state``; None: one not tracked) computes or loads into (new blocks
+        of a running request too)."""
         if not self.active:
             return
         ids = {b for b in block_ids if b != NULL_BLOCK_ID}
-        if rid in self._tainted:
+        if state is not None and state.stale_kv:
             self._fresh -= ids
         else:
             self._fresh |= ids
-
-    def tainted(self, rid: str) -> bool:
-        return rid in self._tainted
-
-    def forget(self, rid: str) -> None:
-        self._tainted.discard(rid)

@@ -47,7 +47,7 @@ class SchedulerSideStats:
     #: What loading saved by the cost model's estimates, against recomputing the same tokens.
     estimated_saved_seconds: float = 0.0
     #: Requests that carried a usable hint; hints given to the tiers (at lookup and finish);
-    #: requests whose output held a tool-call token (``HintBook``).
+    #: requests whose output held a tool-call token (``HintRelay``).
     hinted_requests: int = 0
     hints_given: int = 0
     tool_call_finishes: int = 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from kvoffload.connector.base import StepPlan
 from kvoffload.connector.group_keys import NULL_BLOCK_ID
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.scheduler_book import Planner
+from kvoffload.connector.scheduler_records import Planner
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
 
@@ -25,23 +25,23 @@ class StorePlanner(Planner):
     def follow_blocks(self, so: StepPlan) -> set[int]:
         """Follow each request's device blocks; returns the block ids the engine handed out
         this step (new blocks, and copy-on-write targets)."""
-        book = self.book
+        records = self.records
         allocated: set[int] = set()
         #: Per request, the blocks it held before this step (the rest are fresh): only those
         #: can be stale. Requests not listed got no new blocks.
         sliding_ends: dict[str, list[int]] = {}
         for new in so.scheduled_new_reqs:
             ids = [list(g) for g in new.block_ids]
-            book.state(new.req_id).block_ids = ids
+            records.state(new.req_id).block_ids = ids
             sliding_ends[new.req_id] = [0] * len(ids)  # all its blocks are its own, fresh
             for g in ids:
                 allocated.update(g)
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
-            state = book.state(rid)
+            state = records.state(rid)
             if new_ids:
-                self.reset_guard.filled(rid, (b for g in new_ids for b in g))
+                self.reset_guard.filled(state, (b for g in new_ids for b in g))
             if cached.resumed_from_preemption[i]:
                 state.block_ids = [list(g) for g in new_ids] if new_ids else []
                 sliding_ends[rid] = [0] * len(state.block_ids)
@@ -54,10 +54,10 @@ class StorePlanner(Planner):
             for g in new_ids or ():
                 allocated.update(g)
         for rid, replacements in so.block_replacements.items():
-            replaced = book.requests.get(rid)
+            replaced = records.requests.get(rid)
             for gid, idx, block_id in replacements:
                 allocated.add(block_id)
-                self.reset_guard.filled(rid, (block_id,))
+                self.reset_guard.filled(replaced, (block_id,))
                 if replaced is not None:
                     replaced.block_ids[gid][idx] = block_id  # copy-on-write gave this request a private block
         allocated.discard(NULL_BLOCK_ID)
@@ -69,8 +69,10 @@ class StorePlanner(Planner):
         """A sliding-window group's block the engine released (out of the window) and handed
         out again this step holds another request's KV now: a store not planned yet must not
         read it (its position becomes the null block here; the copy is never made)."""
-        f = self.book.factor
-        for rid, state in self.book.requests.items():
+        f = self.records.factor
+        for rid, state in self.records.requests.items():
+            if state.stale_kv:
+                continue  # stores nothing
             for g in self.groups.sliding_groups:
                 if g >= len(state.block_ids):
                     continue
@@ -82,20 +84,20 @@ class StorePlanner(Planner):
 
     def plan(self, so: StepPlan) -> dict[str, list[TransferJob]]:
         """This step's store jobs, by request: the offloaded blocks filled up to the step's end."""
-        book, groups = self.book, self.groups
-        f = book.factor
+        records, groups = self.records, self.groups
+        f = records.factor
         reqs_to_store: dict[str, list[TransferJob]] = {}
         for rid, n in so.num_scheduled_tokens.items():
-            state = book.requests.get(rid)
-            if state is None or state.request is None:
-                continue
+            state = records.requests.get(rid)
+            if state is None or state.request is None or state.stale_kv:
+                continue  # stale: it read device KV from before a reset, nothing of it is stored
             request = state.request
             num_tokens = request.num_computed_tokens + n
-            num_blocks = min(num_tokens // book.offloaded_block_size, len(request.block_hashes) // f)
+            num_blocks = min(num_tokens // records.offloaded_block_size, len(request.block_hashes) // f)
             start = state.next_stored
             if num_blocks <= start:
                 continue
-            hashes = book.offload_hashes(request, start, num_blocks)
+            hashes = records.offload_hashes(request, start, num_blocks)
             jobs: list[TransferJob] = []
             complete = True
             for g in range(groups.num_groups):
@@ -116,15 +118,15 @@ class StorePlanner(Planner):
                 self.stats.evicted_blocks += len(out.block_hashes_evicted)
                 if not out.block_hashes_to_store:
                     continue
-                book.events.describe(request, g, ((index_of[h], h) for h in out.block_hashes_to_store))
+                records.events.describe(request, g, ((index_of[h], h) for h in out.block_hashes_to_store))
                 device_ids: list[int] = []
                 for h in out.block_hashes_to_store:
                     i = index_of[h]
                     device_ids.extend(block_ids[i * f : (i + 1) * f])
-                job = book.new_job(JobKind.STORE, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
+                job = records.new_job(JobKind.STORE, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
                                    out.store_spec)
                 if groups.windows[g] is not None:
-                    book.fence(job.job_id, device_ids)
+                    records.fence(job.job_id, device_ids)
                 jobs.append(job)
                 state.storing.update(out.block_hashes_to_store)
             if complete:

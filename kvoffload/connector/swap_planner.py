@@ -11,7 +11,7 @@ from kvoffload.connector.base import EngineRequest, GroupBlockIds
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, group_key
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.request_state import RequestOffloadState, SwapRecord
-from kvoffload.connector.scheduler_book import Planner
+from kvoffload.connector.scheduler_records import Planner
 from kvoffload.offload.abstract import BlockHash, PrepareStoreOutput
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
@@ -21,14 +21,14 @@ class SwapPlanner(Planner):
         """The first engine block ``group`` needs to resume after ``computed`` tokens (a sliding
         window's: the block of the first position the next token attends to)."""
         window = self.groups.windows[group]
-        return 0 if window is None else max(0, computed - window + 1) // self.book.block_size
+        return 0 if window is None else max(0, computed - window + 1) // self.records.block_size
 
     def _keys(self, request: EngineRequest, computed: int, tail: BlockHash | None,
               first: int = 0) -> list[tuple[int, int, list[BlockHash]]]:
         """Per group: (its first block, the index of the tail block, the keys of its blocks from
         there on and of its tail) for a request swapped out at ``computed`` tokens."""
-        full = computed // self.book.block_size
-        hashes = self.book.offload_hashes(request, 0, full)
+        full = computed // self.records.block_size
+        hashes = self.records.offload_hashes(request, 0, full)
         out = []
         for g in range(self.groups.num_groups):
             start = max(first, self._first_block(g, computed))
@@ -38,27 +38,27 @@ class SwapPlanner(Planner):
 
     def restorable(self, request: EngineRequest, num_computed_tokens: int) -> int:
         """Tokens a swapped-out request can restore exactly (every group's blocks it needs + the tail)."""
-        swapped = self.book.requests[request.request_id].swapped
+        swapped = self.records.requests[request.request_id].swapped
         assert swapped is not None
         for _, _, keys in self._keys(request, swapped.computed_tokens, swapped.tail_key):
-            if self.manager.lookup(keys) != len(keys) or not self.book.blocks_being_loaded.isdisjoint(keys):
+            if self.manager.lookup(keys) != len(keys) or not self.records.blocks_being_loaded.isdisjoint(keys):
                 return 0
         return max(0, swapped.computed_tokens - num_computed_tokens)
 
     def swap_out(self, request: EngineRequest, block_ids: GroupBlockIds) -> bool:
-        book = self.book
-        if book.factor != 1:
+        records = self.records
+        if records.factor != 1:
             return False  # a partial tail does not fit a multi-block offloaded slot
         rid = request.request_id
-        if self.reset_guard.tainted(rid):
+        state = records.state(rid)
+        if state.stale_kv:
             return False  # its KV is older than a reset: recompute it
         computed = request.num_computed_tokens
         if computed == 0:
             return False
         # The partial block has no chained hash; key it by request and length (16 bytes, so a
         # disk tier could hold it too).
-        tail = xxhash.xxh3_128(f"swap|{rid}|{computed}".encode()).digest() if computed % book.block_size else None
-        state = book.state(rid)
+        tail = xxhash.xxh3_128(f"swap|{rid}|{computed}".encode()).digest() if computed % records.block_size else None
         jobs = []
         for g, (start, full, keys) in enumerate(self._keys(request, computed, tail)):
             ids = list(block_ids[g])[start : full + (tail is not None)]
@@ -71,24 +71,24 @@ class SwapPlanner(Planner):
                 index_of = {h: i for i, h in enumerate(keys)}
                 jobs.append(self._store_job(state, rid, out, [ids[index_of[h]] for h in out.block_hashes_to_store]))
         else:
-            book.swap_out[rid] = jobs
+            records.next_step.swap_out[rid] = jobs
             state.swapped = SwapRecord(computed, tail)
-            state.next_stored = max(state.next_stored, computed // book.block_size)
+            state.next_stored = max(state.next_stored, computed // records.block_size)
             self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
             return True
         if jobs:
-            book.swap_out[rid] = jobs
+            records.next_step.swap_out[rid] = jobs
         return False
 
     def _store_job(self, state: RequestOffloadState, rid: str, out: PrepareStoreOutput,
                    device_ids: list[int]) -> TransferJob:
         state.storing.update(out.block_hashes_to_store)
-        return self.book.new_job(JobKind.SWAP_OUT, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
+        return self.records.new_job(JobKind.SWAP_OUT, rid, out.block_hashes_to_store, GPULoadStoreSpec(device_ids),
                                  out.store_spec)
 
     def plan_swap_in(self, request: EngineRequest, state: RequestOffloadState, num_local: int,
                      num_external: int) -> None:
-        book = self.book
+        records = self.records
         rid = request.request_id
         assert state.swapped is not None
         computed, tail = state.swapped.computed_tokens, state.swapped.tail_key
@@ -96,16 +96,16 @@ class SwapPlanner(Planner):
         assert num_local + num_external == computed, "swap-in must restore exactly what was swapped out"
         jobs = []
         loading: list[BlockHash] = []
-        for g, (start, full, keys) in enumerate(self._keys(request, computed, tail, num_local // book.block_size)):
+        for g, (start, full, keys) in enumerate(self._keys(request, computed, tail, num_local // records.block_size)):
             device_ids = state.block_ids[g][start : full + (tail is not None)]
             # Swapped blocks may have been demoted meanwhile: load each tier's run on its own.
             offset = 0
             for spec, seg in self.manager.prepare_load_segments(keys):
-                jobs.append(book.new_job(JobKind.LOAD, rid, seg, spec,
+                jobs.append(records.new_job(JobKind.LOAD, rid, seg, spec,
                                          GPULoadStoreSpec(device_ids[offset : offset + len(seg)])))
                 offset += len(seg)
             loading += keys
-        book.reqs_to_load[rid] = jobs
+        records.next_step.reqs_to_load[rid] = jobs
         state.loading = loading
-        book.blocks_being_loaded.update(loading)
+        records.blocks_being_loaded.update(loading)
         self.stats.blocks_swapped_in += len(loading)

@@ -37,8 +37,8 @@ from kvoffload.config import HintsConfig
 from kvoffload.offload.abstract import Medium as KVMedium
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
-from kvoffload.offload.chain_of_tiers import as_chain
 from kvoffload.offload.hints import RequestHint, parse_hint, tenant_digest
+from kvoffload.offload.host_tier_chain import as_chain
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from kvoffload.integrations.vllm import load_extra_config
 from kvoffload.integrations.vllm_manager import KVOffloadManager
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
 from kvoffload.offload.cpu_manager import CPUTier
-from kvoffload.offload.empty_manager import EmptyOffloadingManager
+from kvoffload.offload.empty_chain import EmptyTierChain
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 
 SPEC_NAME = "KVOffloadSpec"
@@ -88,7 +88,7 @@ class KVOffloadSpec(OffloadingSpec):
         cfg = self.offload_config
         block_size = self.tokens_per_block[0] * self.blocks_per_chunk if self.tokens_per_block else 0
         if self.num_chunks == 0:  # no KV bytes on this worker: an empty cache, as vLLM's spec builds
-            return EmptyOffloadingManager(block_size)
+            return EmptyTierChain(block_size)
         manager: KVOffloadingManager = CPUTier(
             self.num_chunks,
             cache_policy=cfg.tiers[0].cache_policy,

@@ -4,8 +4,10 @@ The small ``OffloadingManager`` (lookup, prepare/complete load and store, touch,
 is vLLM's contract and all a single ledger needs. The chain's own operations (lookups that say
 why they stopped, loads in per-tier segments, demotions, dropping corrupt records, I/O health,
 a typed report) live here, each with a default for a chain that has nothing to do there (no
-demotions, no records to find corrupt), written over the small contract. The chain over tiers
-is ``ChainOfTiers``; a lone tier becomes a chain of one (``as_chain``).
+demotions, no records to find corrupt), written over the small contract. Every chain is a
+``…TierChain``: ``HostTierChain`` (the host tier in front of the slower ones) is the one specs
+build, ``EmptyTierChain`` the one with nothing to offload; a lone tier becomes a chain of one
+(``as_chain``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Hints are client input on a shared server: every field may be hostile (a 5,000-d
 NaN, a megabyte of text, a nested object, another tenant's session name). ``RequestHint``
 refuses anything outside the documented bounds when it is built, and ``parse_hint`` is total:
 whatever it is given, it returns a valid hint or None and logs a bounded number of warnings.
-Sessions are scoped to a tenant by the scheduler half (``HintBook``), never by name alone.
+Sessions are scoped to a tenant by the scheduler half (``HintRelay``), never by name alone.
 """
 
 from __future__ import annotations

@@ -20,16 +20,16 @@ logger = logging.getLogger("kvoffload")
 class PythonSlotTable(SlotTable):
     def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy, medium: str) -> None:
         super().__init__(capacity, medium)
-        self.book = BlockLedger(capacity)
+        self.ledger = BlockLedger(capacity)
         self._policy = create_policy(cache_policy, capacity)
-        self._policy.bind_ledger(self.book)
+        self._policy.bind_ledger(self.ledger)
         self._hints_failed = False
         self._num_allocated = 0
         self._free_list: list[int] = []
 
     def debug_snapshot(self) -> LedgerSnapshot:
         """The ledger's state (tests, debugging; the native ledger's is a copy)."""
-        return self.book
+        return self.ledger
 
     @property
     def policy(self) -> object:
@@ -42,7 +42,7 @@ class PythonSlotTable(SlotTable):
 
     @property
     def num_used(self) -> int:
-        return len(self.book.index)
+        return len(self.ledger.index)
 
     def _take_slots(self, n: int) -> list[int]:
         fresh = min(n, self.capacity - self._num_allocated)
@@ -56,21 +56,21 @@ class PythonSlotTable(SlotTable):
         return slots
 
     def _free(self, block_hash: BlockHash, slot: int) -> None:
-        del self.book.index[block_hash]
-        self.book.hashes[slot] = None
-        self.book.refs[slot] = 0  # a free slot counts as neither read nor written
+        del self.ledger.index[block_hash]
+        self.ledger.hashes[slot] = None
+        self.ledger.refs[slot] = 0  # a free slot counts as neither read nor written
         self._free_list.append(slot)
 
     def _slots_of(self, block_hashes: list[BlockHash]) -> list[int]:
-        index = self.book.index
+        index = self.ledger.index
         try:
             return list(map(index.__getitem__, block_hashes))
         except KeyError as exc:
             raise BlockNotReadyError(f"block {exc.args[0]!r} is not stored in the {self.medium} tier") from None
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        index_get = self.book.index.get
-        refs = self.book.refs
+        index_get = self.ledger.index.get
+        refs = self.ledger.refs
         hits = 0
         for block_hash in block_hashes:
             slot = index_get(block_hash)
@@ -83,7 +83,7 @@ class PythonSlotTable(SlotTable):
         """Slots of ready blocks, each pinned once more; raises BlockNotReadyError, pinning
         nothing, when one is absent or being written."""
         slots = self._slots_of(block_hashes)
-        refs = self.book.refs
+        refs = self.ledger.refs
         for h, slot in zip(block_hashes, slots):
             if refs[slot] < 0:
                 raise BlockNotReadyError(f"block {h!r} is still being written; lookup() before prepare_load()")
@@ -94,7 +94,7 @@ class PythonSlotTable(SlotTable):
     def unpin(self, block_hashes: list[BlockHash]) -> None:
         """Release one pin of each block; ValueError, changing nothing, for a block not pinned."""
         slots = self._slots_of(block_hashes)
-        refs = self.book.refs
+        refs = self.ledger.refs
         for h, slot in zip(block_hashes, slots):
             if refs[slot] <= 0:
                 raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
@@ -126,7 +126,7 @@ class PythonSlotTable(SlotTable):
 
     def store_miss(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Show the policy the absent hashes about to be stored (ghost hits); returns them."""
-        index = self.book.index
+        index = self.ledger.index
         missing = [h for h in block_hashes if h not in index]
         if missing:
             self.touch(missing)  # absent hashes: only ghost lists react
@@ -137,8 +137,8 @@ class PythonSlotTable(SlotTable):
         written or offered block) when the free slots are too few; None and no change at all
         when eviction cannot free enough."""
         hashes = list(dict.fromkeys(block_hashes))
-        book = self.book
-        index = book.index
+        ledger = self.ledger
+        index = ledger.index
         new = [h for h in hashes if h not in index]
         if new:
             new = self._policy.admitted(new)
@@ -151,7 +151,7 @@ class PythonSlotTable(SlotTable):
             victims = self._policy.evict_slots(need, set(hashes))
             if victims is None:
                 return None
-            slot_hashes = book.hashes
+            slot_hashes = ledger.hashes
             evicted = [slot_hashes[slot] for slot in victims]
             for block_hash in evicted:
                 del index[block_hash]
@@ -160,7 +160,7 @@ class PythonSlotTable(SlotTable):
             self._free_list.extend(victims)
             evicted_slots = list(victims)
         slots = self._take_slots(len(new))
-        refs, slot_hashes = book.refs, book.hashes
+        refs, slot_hashes = ledger.refs, ledger.hashes
         for block_hash, slot in zip(new, slots):
             index[block_hash] = slot
             slot_hashes[slot] = block_hash
@@ -170,8 +170,8 @@ class PythonSlotTable(SlotTable):
 
     def complete(self, block_hashes: Iterable[BlockHash], success: bool) -> list[BlockHash]:
         """Blocks being written become ready (or are freed on failure); returns those changed."""
-        index_get = self.book.index.get
-        refs = self.book.refs
+        index_get = self.ledger.index.get
+        refs = self.ledger.refs
         done: list[BlockHash] = []
         for block_hash in dict.fromkeys(block_hashes):
             slot = index_get(block_hash)
@@ -187,26 +187,26 @@ class PythonSlotTable(SlotTable):
 
     def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
         """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
-        if self.book.index or self._num_allocated:
+        if self.ledger.index or self._num_allocated:
             raise ValueError("restore() needs an empty ledger")
         entries = sorted(entries, key=lambda e: e[1])
         used = {slot for _, slot in entries}
         top = max(used) + 1 if used else 0
         self._num_allocated = top
         self._free_list = [s for s in range(top - 1, -1, -1) if s not in used]  # lowest popped first
-        book = self.book
+        ledger = self.ledger
         for block_hash, slot in entries:
-            book.index[block_hash] = slot
-            book.hashes[slot] = block_hash
-            book.refs[slot] = 0
+            ledger.index[block_hash] = slot
+            ledger.hashes[slot] = block_hash
+            ledger.refs[slot] = 0
         self._policy.insert_slots([slot for _, slot in entries])
 
     def forget_ready(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Forget ready, unpinned blocks, without an event; returns those forgotten."""
         dropped = []
         for block_hash in block_hashes:
-            slot = self.book.index.get(block_hash)
-            if slot is None or self.book.refs[slot] != 0:
+            slot = self.ledger.index.get(block_hash)
+            if slot is None or self.ledger.refs[slot] != 0:
                 continue
             self._policy.remove_slots([slot])
             self._free(block_hash, slot)
@@ -214,24 +214,24 @@ class PythonSlotTable(SlotTable):
         return dropped
 
     def hash_at(self, slot: int) -> BlockHash | None:
-        return self.book.hashes[slot]
+        return self.ledger.hashes[slot]
 
     def slot_of(self, block_hash: BlockHash) -> int | None:
-        return self.book.index.get(block_hash)
+        return self.ledger.index.get(block_hash)
 
     def contains(self, block_hash: BlockHash) -> bool:
-        return block_hash in self.book.index
+        return block_hash in self.ledger.index
 
     def is_ready(self, block_hash: BlockHash) -> bool:
-        slot = self.book.index.get(block_hash)
-        return slot is not None and self.book.refs[slot] >= 0
+        slot = self.ledger.index.get(block_hash)
+        return slot is not None and self.ledger.refs[slot] >= 0
 
     def is_pending(self, block_hash: BlockHash) -> bool:
-        slot = self.book.index.get(block_hash)
-        return slot is not None and self.book.refs[slot] < 0
+        slot = self.ledger.index.get(block_hash)
+        return slot is not None and self.ledger.refs[slot] < 0
 
     def busy(self) -> tuple[int, int]:
         """Blocks pinned by loads, and blocks being written."""
-        refs = self.book.ref_cnt[: self._num_allocated]
+        refs = self.ledger.ref_cnt[: self._num_allocated]
         return int((refs > 0).sum()), int((refs < 0).sum())
 

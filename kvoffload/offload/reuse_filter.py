@@ -18,20 +18,20 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, OffloadingManager, PrepareStoreOutput
-from kvoffload.offload.chain_of_tiers import ChainOfTiers, as_chain
+from kvoffload.offload.host_tier_chain import HostTierChain, as_chain
 from kvoffload.offload.tier_report import ChainReport
 
 
-class FilterReusedOffloadingManager(ChainOfTiers):
+class FilterReusedOffloadingManager(HostTierChain):
     def __init__(self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
         if store_threshold < 2:
             raise ValueError(f"store_threshold={store_threshold}: the reuse filter needs >= 2 (use the backing manager directly)")
         if max_tracker_size < 1:
             raise ValueError(f"max_tracker_size={max_tracker_size}: must be >= 1")
         chain = as_chain(backing)
-        if not isinstance(chain, ChainOfTiers):
+        if not isinstance(chain, HostTierChain):
             raise TypeError(f"FilterReusedOffloadingManager over a {type(backing).__name__}: give it a tier or a "
-                            "ChainOfTiers")
+                            "HostTierChain")
         primary, secondaries, write_through = chain.same_tiers()
         super().__init__(primary, *secondaries, write_through=write_through)
         self.store_threshold = store_threshold

@@ -9,8 +9,8 @@ from typing import Any
 from kvoffload.errors import ConfigError
 from kvoffload.offload.abstract import LoadStoreSpec, Medium, OffloadingManager
 from kvoffload.offload.chain import TierChain
-from kvoffload.offload.chain_of_tiers import ChainOfTiers
 from kvoffload.offload.cpu_manager import CPUTier
+from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 from kvoffload.offload.spec import OffloadingSpec
@@ -61,7 +61,7 @@ class TieredOffloadingSpec(OffloadingSpec):
             for tier in secondaries:
                 tier.close()
             raise
-        manager: TierChain = ChainOfTiers(cpu, *secondaries,
+        manager: TierChain = HostTierChain(cpu, *secondaries,
                                                      write_through=[t.write_through for t in cfg.tiers[1:]])
         if cfg.store_threshold >= 2:
             manager = FilterReusedOffloadingManager(manager, cfg.store_threshold, cfg.max_tracker_size)

@@ -27,10 +27,10 @@ def test_loading_clears_when_the_requests_own_last_load_lands():
     sched.manager.complete_store([1, 2, 3])
     jobs = {}
     for rid, hashes in (("r", [1, 2]), ("s", [3])):
-        sched.book.state(rid).loading = list(hashes)
+        sched.records.state(rid).loading = list(hashes)
         for k, h in enumerate(hashes):
-            jobs[rid, h] = sched.book.new_job(JobKind.LOAD, rid, [h], sched.manager.prepare_load([h]), GPULoadStoreSpec([k]))
-    r, s = sched.book.requests["r"], sched.book.requests["s"]
+            jobs[rid, h] = sched.records.new_job(JobKind.LOAD, rid, [h], sched.manager.prepare_load([h]), GPULoadStoreSpec([k]))
+    r, s = sched.records.requests["r"], sched.records.requests["s"]
     assert (r.loads_in_flight, s.loads_in_flight) == (2, 1)
 
     _landed(sched, jobs["s", 3])
@@ -40,8 +40,8 @@ def test_loading_clears_when_the_requests_own_last_load_lands():
 
     # Finished by the engine meanwhile: kept (its blocks are being written) until the last load lands.
     delay, _ = sched.request_finished(SimpleNamespace(request_id="r", kv_transfer_params=None, cache_salt=None, output_token_ids=[]), ([0, 1],))
-    assert delay and "r" not in sched.book.delayed  # the finished-receiving report frees it, not await_finish
+    assert delay and "r" not in sched.records.next_step.await_finish  # the finished-receiving report frees it, not await_finish
     _landed(sched, jobs["r", 2], ok=False)
-    assert "r" not in sched.book.requests
+    assert "r" not in sched.records.requests
     assert sched.stats.loads_failed == 1 and sched.stats.blocks_loaded == 2
     assert sched.manager.report().tiers[0].pinned_blocks == 0  # every load unpinned what it read

@@ -77,7 +77,7 @@ def test_lookup_and_plan_ask_each_tier_about_each_hash_once(tmp_path):
         sched.cost.end_step()
     sched.update_state_after_alloc(req, Blocks([1, 2, 3, 4, 5]), 16)
 
-    (_, jobs), = sched.book.reqs_to_load.items()
+    (_, jobs), = sched.records.next_step.reqs_to_load.items()
     assert [(str(j.src.medium()), j.src.block_ids.tolist(), j.dst.block_ids.tolist()) for j in jobs] == [
         ("CPU", [0, 1], [1, 2]), ("DISK", [0, 1], [3, 4])]
     # Touched once per request, in every tier, with the whole prompt.
@@ -108,7 +108,7 @@ def test_a_block_gone_since_the_lookup_is_found_where_it_is_now(tmp_path):
     assert cpu.drop([13]) == [13]  # found corrupt in host memory meanwhile; disk still has it
     sched.update_state_after_alloc(req, Blocks([1, 2, 3]), 12)
 
-    (_, jobs), = sched.book.reqs_to_load.items()
+    (_, jobs), = sched.records.next_step.reqs_to_load.items()
     assert [(str(j.src.medium()), j.dst.block_ids.tolist()) for j in jobs] == [("CPU", [1, 2]), ("DISK", [3])]
     assert cpu.report().pinned_blocks == 2 and disk.report().pinned_blocks == 1
 
@@ -120,4 +120,4 @@ def test_a_finished_request_leaves_no_lookup_state(tmp_path):
     req = Request("r", [11, 12])
     assert sched.get_num_new_matched_tokens(req, 0) == (4, False)  # host memory: loaded inside the step
     sched.request_finished(SimpleNamespace(request_id="r", kv_transfer_params=None, cache_salt=None, output_token_ids=[]), ([],))  # aborted before allocation
-    assert not sched.loads._found and not sched.loads._touched
+    assert sched.records.requests == {}  # its one record went with it

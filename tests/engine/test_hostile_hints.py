@@ -151,24 +151,26 @@ def test_another_tenants_hints_never_reach_a_tenants_sessions():
 
 
 def test_tenants_are_the_salt_the_adapter_and_the_operators_keys():
-    """HintBook's tenant: the request's cache_salt, its adapter's digest (LoRA) and the
+    """HintRelay's tenant: the request's cache_salt, its adapter's digest (LoRA) and the
     ``kv_transfer_params`` entries named in ``hints.tenant_keys`` (set by a trusted gateway)."""
     from types import SimpleNamespace
 
     from kvoffload.config import HintsConfig
-    from kvoffload.connector.hint_book import HintBook
+    from kvoffload.connector.hint_relay import HintRelay
+    from kvoffload.connector.request_state import RequestOffloadState
     from kvoffload.connector.scheduler_stats import SchedulerSideStats
 
     given: list = []
     chain = SimpleNamespace(hint=lambda keys, hint: given.append(hint.session))
-    book = HintBook(chain, HintsConfig(tenant_keys=("tenant",)), SchedulerSideStats(),  # type: ignore[arg-type]
-                    request_salt=lambda r: b"lora-" + r.lora if r.lora else None)
+    relay = HintRelay(chain, HintsConfig(tenant_keys=("tenant",)), SchedulerSideStats(),  # type: ignore[arg-type]
+                      request_salt=lambda r: b"lora-" + r.lora if r.lora else None)
 
     def session(rid, salt=None, lora=b"", **params):
         request = SimpleNamespace(request_id=rid, cache_salt=salt, lora=lora, output_token_ids=[],
                                   kv_transfer_params={"kvoffload": {"session": "chat"}, **params})
-        book.looked_up(request, [[rid]])
-        book.finished(request, lambda: [])
+        state = RequestOffloadState()
+        relay.looked_up(request, state, [[rid]])
+        relay.finished(request, state, lambda: [])
         return given[-1]
 
     base = session("a")

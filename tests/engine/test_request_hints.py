@@ -155,8 +155,7 @@ def test_requests_leave_no_hint_behind_when_aborted_or_forked():
             pass
         while llm.scheduler.has_unfinished_requests() or llm.scheduler_connector.has_pending_work():  # type: ignore[union-attr]
             llm.step()
-        book = llm.scheduler_connector.connector_scheduler.hints  # type: ignore[union-attr]
-        assert book._hints == {}
+        assert llm.scheduler_connector.connector_scheduler.records.requests == {}  # type: ignore[union-attr]
         sessions = {_name(h.session) for _, h in CALLS}
     assert sessions == {"s", "f"}
     # The aborted request's lookup and finish; the group's lookup, and each of 3 samples' finish.
@@ -188,7 +187,7 @@ def test_preempted_hinted_requests_give_one_lookup_hint_and_one_finish_hint_each
             while llm.scheduler.has_unfinished_requests():
                 llm.step()
             out = {rid: list(llm.collect(rid).token_ids) for rid in prompts}
-            assert llm.scheduler_connector.connector_scheduler.hints._hints == {}  # type: ignore[union-attr]
+            assert llm.scheduler_connector.connector_scheduler.records.requests == {}  # type: ignore[union-attr]
             return out, llm.stats()["preemptions"]
 
     roomy, _ = serve(128, hinted=False)

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager
-from kvoffload.offload.chain_of_tiers import ChainOfTiers
 from kvoffload.offload.hints import RequestHint
+from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.testing.memory_tier import MemoryTier
 from kvoffload.tiers.disk.format import DiskLayout
 from kvoffload.tiers.disk.tier import DiskTier
@@ -43,7 +43,7 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
             self.tiers = {"CPU": self.cpu, "DISK": self.disk}
             if remote:
                 self.tiers["REMOTE"] = MemoryTier(cap["REMOTE"], policy)
-            chain = ChainOfTiers(*self.tiers.values(), write_through=[False, write_through][: len(cap) - 1])
+            chain = HostTierChain(*self.tiers.values(), write_through=[False, write_through][: len(cap) - 1])
             # The filter is the chain over the same tiers (it takes over the one it is given).
             self.mgr = FilterReusedOffloadingManager(chain, threshold) if threshold else chain
             self.data: dict[str, dict[int, int]] = {m: {} for m in cap}  # medium -> slot -> block it holds

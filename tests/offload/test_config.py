@@ -5,7 +5,7 @@ import yaml
 
 from kvoffload.config import ConfigError, OffloadConfig, parse_size
 from kvoffload.offload import CPUOffloadingManager, EngineKVInfo, FilterReusedOffloadingManager, OffloadingSpecFactory
-from kvoffload.offload.chain_of_tiers import ChainOfTiers
+from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.tiers.tiered_spec import TieredOffloadingSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -88,7 +88,7 @@ def test_spec_builds_manager_from_config():
     spec = OffloadingSpecFactory.create_spec(cfg, EngineKVInfo(block_size=16, block_bytes=1024))
     assert spec.block_size_factor == 2 and spec.offloaded_block_bytes == 2048
     mgr = spec.get_manager()
-    assert isinstance(mgr, ChainOfTiers) and not mgr.secondaries  # a chain of one
+    assert isinstance(mgr, HostTierChain) and not mgr.secondaries  # a chain of one
     assert isinstance(mgr.primary, CPUOffloadingManager) and mgr.primary.num_blocks == 32 and mgr.block_size == 32
     filtered = OffloadingSpecFactory.create_spec(
         OffloadConfig.from_dict({**cpu(), "store_threshold": 2}), EngineKVInfo(16, 1024)).get_manager()

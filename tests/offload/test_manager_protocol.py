@@ -10,7 +10,7 @@ import pytest
 
 from kvoffload.offload import CPUOffloadingManager, FilterReusedOffloadingManager, OffloadingManager
 from kvoffload.offload.chain import TierChain
-from kvoffload.offload.chain_of_tiers import ChainOfTiers, as_chain
+from kvoffload.offload.host_tier_chain import HostTierChain, as_chain
 from kvoffload.testing.memory_tier import MemoryTier
 
 PROTOCOL = sorted(name for name, fn in inspect.getmembers(TierChain, inspect.isfunction)
@@ -28,7 +28,7 @@ def test_the_reuse_filter_is_the_chain_with_stores_filtered():
     """Over a chain with a tier behind the host one, the filter is that chain (same tiers,
     demotions and all), overriding only what it filters."""
     cpu, behind = CPUOffloadingManager(2), MemoryTier(8)
-    chain = FilterReusedOffloadingManager(ChainOfTiers(cpu, behind), 2)
+    chain = FilterReusedOffloadingManager(HostTierChain(cpu, behind), 2)
     assert chain.primary is cpu and chain.secondaries == [behind]
     overrides = {name for name, v in vars(FilterReusedOffloadingManager).items()
                  if inspect.isfunction(v) and not name.startswith("_")}
@@ -53,7 +53,7 @@ def test_a_manager_outside_the_chain_contract_is_refused_with_what_to_return():
         def prepare_store(self, block_hashes):
             return None
 
-    with pytest.raises(TypeError, match="Bare: the connector drives a TierChain; return a ChainOfTiers"):
+    with pytest.raises(TypeError, match="Bare: the connector drives a TierChain; return a HostTierChain"):
         as_chain(Bare())
 
 

@@ -9,7 +9,7 @@ from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.abstract import LookupResult, Medium
-from kvoffload.offload.chain_of_tiers import ChainOfTiers
+from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.offload.mediums import DISK
 from kvoffload.testing.memory_tier import REMOTE, MemoryKind, MemoryTier
 from kvoffload.tiers.disk.format import DiskLayout
@@ -25,7 +25,7 @@ def chain(tmp_path):
     cpu = CPUOffloadingManager(2)
     disk = DiskTier(tmp_path, DiskLayout("chain", 64, 16, 2))
     remote = MemoryTier(4)
-    yield ChainOfTiers(cpu, disk, remote), cpu, disk, remote
+    yield HostTierChain(cpu, disk, remote), cpu, disk, remote
     disk.close()
 
 
@@ -83,7 +83,7 @@ def test_a_block_on_its_way_into_a_lower_tier_is_a_miss_and_into_host_memory_a_w
 
 def test_write_through_copies_each_landing_block_down(tmp_path):
     cpu, remote = CPUOffloadingManager(4), MemoryTier(4)
-    mgr = ChainOfTiers(cpu, remote, write_through=[True])
+    mgr = HostTierChain(cpu, remote, write_through=[True])
     _store(mgr, [1, 2])
     (d,) = mgr.take_demotions()
     assert (d.src.medium(), d.dst.medium(), d.block_hashes) == (Medium.CPU, REMOTE, [1, 2])
@@ -91,7 +91,7 @@ def test_write_through_copies_each_landing_block_down(tmp_path):
 
 def test_one_tier_per_medium():
     with pytest.raises(ValueError, match="one tier per medium"):
-        ChainOfTiers(CPUOffloadingManager(2), MemoryTier(2), MemoryTier(2))
+        HostTierChain(CPUOffloadingManager(2), MemoryTier(2), MemoryTier(2))
     cfg = {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"name": "a", "medium": MEMORY, "capacity": "1MiB"},
                      {"name": "b", "medium": MEMORY, "capacity": "1MiB"}]}
     with pytest.raises(ConfigError, match=r"tiers\[2\].medium: a second .* tier; one tier per medium"):
@@ -135,7 +135,7 @@ def test_three_tier_chain_serves_identical_tokens_from_every_tier(tmp_path):
 
 
 def test_prepare_load_refuses_blocks_in_two_tiers_and_pins_nothing(chain):
-    from kvoffload.offload.chain_of_tiers import BlocksSpanTiersError
+    from kvoffload.offload.host_tier_chain import BlocksSpanTiersError
 
     mgr, cpu, disk, _ = chain
     _store(mgr, [1, 2])

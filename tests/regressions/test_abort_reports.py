@@ -39,7 +39,7 @@ def assert_clean(h: Harness, free_before: int, cached: int = 12) -> None:
     h.run_until_idle()
     cs = h.sched_conn.connector_scheduler
     assert h.sched.requests == {}
-    assert cs.book.requests == {} and cs.book.jobs == {} and cs.book.blocks_being_loaded == set()
+    assert cs.records.requests == {} and cs.records.jobs == {} and cs.records.blocks_being_loaded == set()
     host = h.manager.report().tiers[0]
     assert (host.pinned_blocks, host.writing_blocks) == (0, 0)
     worker = h.worker_conn.connector_worker

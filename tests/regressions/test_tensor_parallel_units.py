@@ -31,14 +31,14 @@ def test_capacity_is_the_total_over_ranks():
 def test_a_job_completes_when_every_rank_reported_and_fails_if_any_failed(second_ok):
     sched = _sched(2)
     sched.manager.prepare_store([7])
-    sched.book.jobs[3] = JobRecord(TransferJob(3, JobKind.STORE, GPULoadStoreSpec([0]), CPULoadStoreSpec([0]), "r"), [7])
-    sched.book.requests["r"] = RequestOffloadState(storing=Counter({7: 1}))
+    sched.records.jobs[3] = JobRecord(TransferJob(3, JobKind.STORE, GPULoadStoreSpec([0]), CPULoadStoreSpec([0]), "r"), [7])
+    sched.records.requests["r"] = RequestOffloadState(storing=Counter({7: 1}))
     ok = TransferResult(3, True, 100, 0.001, "device_to_host")
     sched.update_connector_output([ok])
-    assert sched.manager.is_pending(7) and 3 in sched.book.jobs  # rank 1 has not reported yet
+    assert sched.manager.is_pending(7) and 3 in sched.records.jobs  # rank 1 has not reported yet
     other = TransferResult(3, second_ok, 100 if second_ok else 0, 0.002, "device_to_host")
     sched.update_connector_output([other])
-    assert 3 not in sched.book.jobs and not sched._partial
+    assert 3 not in sched.records.jobs and not sched._partial
     assert sched.manager.is_ready(7) == second_ok
     assert sched.stats.blocks_stored == (1 if second_ok else 0)
 

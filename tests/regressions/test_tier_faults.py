@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
-from kvoffload.offload.chain_of_tiers import ChainOfTiers
 from kvoffload.offload.cpu_manager import CPUOffloadingManager
+from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
 from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout
 from kvoffload.tiers.disk.tier import DiskTier
@@ -98,7 +98,7 @@ def test_a_record_moved_to_another_slot_is_never_served(tmp_path):
 def test_pins_are_released_per_load_even_when_a_hash_is_pinned_in_both_tiers(tmp_path):
     cpu = CPUOffloadingManager(4)
     disk = DiskTier(tmp_path, DiskLayout("d", 64, 16, 4))
-    tiered = ChainOfTiers(cpu, disk)
+    tiered = HostTierChain(cpu, disk)
     disk.prepare_store([7])
     disk.complete_store([7])
     (disk_spec, hashes), = tiered.prepare_load_segments([7])  # load A reads it from disk

@@ -11,7 +11,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUManage
 
 from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
 from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
-from kvoffload.offload.empty_manager import EmptyOffloadingManager  # noqa: E402
+from kvoffload.offload.empty_chain import EmptyTierChain  # noqa: E402
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager  # noqa: E402
 
 
@@ -97,7 +97,7 @@ def test_resident_offers_are_not_counted_as_skipped_by_the_filter():
 
 
 def test_zero_blocks_is_an_empty_cache_as_in_vllm():
-    ours = KVOffloadManager(lambda: EmptyOffloadingManager(16))
+    ours = KVOffloadManager(lambda: EmptyTierChain(16))
     theirs = VllmCPUManager(0, "lru")
     for m in (ours, theirs):
         ctx = ReqContext("a")
@@ -107,7 +107,7 @@ def test_zero_blocks_is_an_empty_cache_as_in_vllm():
         assert m.prepare_store([], ctx).keys_to_store == []
 
 
-@pytest.mark.parametrize("build", [lambda: CPUOffloadingManager(4, "arc"), lambda: EmptyOffloadingManager(16)],
+@pytest.mark.parametrize("build", [lambda: CPUOffloadingManager(4, "arc"), lambda: EmptyTierChain(16)],
                          ids=["cpu", "empty"])
 def test_an_empty_load_is_a_no_op_as_in_vllm(build):
     """vLLM's own ARC tests load no keys: an empty spec, and completing it changes nothing."""

@@ -22,8 +22,8 @@ from kvoffload.config import ConfigError, OffloadConfig  # noqa: E402
 from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
 from kvoffload.integrations.vllm_spec import check_config  # noqa: E402
 from kvoffload.integrations.vllm_worker import KVOffloadWorker  # noqa: E402
-from kvoffload.offload.chain_of_tiers import ChainOfTiers  # noqa: E402
 from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
+from kvoffload.offload.host_tier_chain import HostTierChain  # noqa: E402
 
 
 def key(i: int) -> bytes:
@@ -73,7 +73,7 @@ def test_recency_applied_at_request_finish_in_prefix_order():
     assert out.evicted_keys == [key(2), key(3)]
 
 
-class RecencyLog(ChainOfTiers):
+class RecencyLog(HostTierChain):
     """The chain over a tier, logging its recency calls in order: what on_request_finished decided."""
 
     def __init__(self, tier):

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from kvoffload.engine import LLM
 from kvoffload.errors import ConfigError, StoreUnavailableError
 from kvoffload.metrics import StatsCollector
-from kvoffload.offload.chain_of_tiers import ChainOfTiers
+from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.workload import run_chat_workload
 from tests.tiers.mooncake.conftest import needs_mooncake
 from tests.tiers.mooncake.replica_job import WORKLOAD, engine_config
@@ -48,7 +48,7 @@ def baseline():
 
 def remote_tier(llm):
     manager = llm.scheduler_connector.connector_scheduler.manager
-    assert isinstance(manager, ChainOfTiers)  # the reuse filter is one too
+    assert isinstance(manager, HostTierChain)  # the reuse filter is one too
     return manager.secondaries[-1]
 
 

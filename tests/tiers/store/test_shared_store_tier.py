@@ -11,7 +11,7 @@ import pytest
 
 from kvoffload.offload import CPUOffloadingManager
 from kvoffload.offload.abstract import LookupResult, Medium
-from kvoffload.offload.chain_of_tiers import ChainOfTiers
+from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.tiers.mooncake.spec import MOONCAKE, MooncakeLoadStoreSpec
 from kvoffload.tiers.store.io import StoreIO
 from kvoffload.tiers.store.keys import StoreKeys, UnkeyableHashError, hash_text
@@ -71,7 +71,7 @@ def test_lookup_asks_the_store_once_for_the_run_the_local_tiers_miss():
     cpu = CPUOffloadingManager(16)
     out = cpu.prepare_store(hashes[:8])
     cpu.complete_store(out.block_hashes_to_store)
-    chain = ChainOfTiers(cpu, _manager(store))
+    chain = HostTierChain(cpu, _manager(store))
     found = chain.lookup_prefix(hashes)
     assert found.media == [Medium.CPU] * 8 + [MOONCAKE] * 32
     assert found.stop is LookupResult.MISS
@@ -96,7 +96,7 @@ def test_a_slow_store_defers_the_lookup_instead_of_stalling_the_step():
     _put(store, KEYS, hashes)
     store.gate = threading.Event()
     tier = _manager(store, wait_s=0.01, give_up_s=5.0)
-    chain = ChainOfTiers(CPUOffloadingManager(4), tier)
+    chain = HostTierChain(CPUOffloadingManager(4), tier)
     t0 = time.monotonic()
     assert chain.lookup_prefix(hashes).stop is LookupResult.RETRY
     assert time.monotonic() - t0 < 0.5
@@ -131,7 +131,7 @@ def test_store_errors_take_the_tier_out_then_back_in_service():
     _put(store, KEYS, hashes)
     store.down = True
     tier = _manager(store)
-    chain = ChainOfTiers(CPUOffloadingManager(4), tier)
+    chain = HostTierChain(CPUOffloadingManager(4), tier)
     for _ in range(3):
         assert chain.lookup_prefix(hashes).hits == 0
     assert not tier.in_service and tier.report().outages == 1

@@ -1,4 +1,4 @@
-"""HintBook: a request's hint, from the engine's request to the tiers' policies.
+"""HintRelay: a request's hint, from the engine's request to the tiers' policies.
 
 The hint is read once per request from ``kv_transfer_params["kvoffload"]`` (vLLM passes the
 OpenAI body's ``kv_transfer_params`` through; the bundled engine's ``add_request(hint=...)`` sets
@@ -24,13 +24,14 @@ from dataclasses import replace
 
 from kvoffload.config import HintsConfig
 from kvoffload.connector.base import EngineRequest, RequestSalt
+from kvoffload.connector.request_state import RequestOffloadState, TenantHint
 from kvoffload.connector.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.hints import RequestHint, parse_hint, tenant_digest
 
 
-class HintBook:
+class HintRelay:
     def __init__(self, manager: TierChain, config: HintsConfig, stats: SchedulerSideStats,
                  clock: Callable[[], float] = time.monotonic, request_salt: RequestSalt | None = None) -> None:
         self.manager = manager
@@ -44,37 +45,35 @@ class HintBook:
         speed = config.clock_speed
         #: The hints' clock: wall time, sped up for a trace replayed faster than it happened.
         self.clock = clock if speed == 1.0 else (lambda: clock() * speed)
-        #: Per request seen and not finished: its parsed hint and tenant (None: no hint).
-        self._hints: dict[str, tuple[RequestHint, bytes] | None] = {}
 
-    def _of(self, request: EngineRequest) -> tuple[RequestHint, bytes] | None:
-        rid = request.request_id
-        if rid in self._hints:
-            return self._hints[rid]
-        params = request.kv_transfer_params
-        hint = parse_hint(params.get("kvoffload"), self.max_priority) if isinstance(params, Mapping) else None
-        found = None if hint is None else (hint, self._tenant(request, params))
-        self._hints[rid] = found
-        self.stats.hinted_requests += found is not None
-        return found
+    def _of(self, request: EngineRequest, state: RequestOffloadState) -> TenantHint | None:
+        """The request's hint, read once (kept on its record)."""
+        if not state.hint_read:
+            state.hint_read = True
+            params = request.kv_transfer_params
+            hint = parse_hint(params.get("kvoffload"), self.max_priority) if isinstance(params, Mapping) else None
+            state.hint = None if hint is None else TenantHint(hint, self._tenant(request, params))
+            self.stats.hinted_requests += state.hint is not None
+        return state.hint
 
     def _tenant(self, request: EngineRequest, params: Mapping[str, object] | None) -> bytes:
         extra = [params.get(k) if params is not None else None for k in self.tenant_keys]
         adapter = self.request_salt(request) if self.request_salt is not None else None
         return tenant_digest([request.cache_salt, adapter, *extra])
 
-    def looked_up(self, request: EngineRequest, keys: Sequence[Sequence[BlockHash]]) -> None:
+    def looked_up(self, request: EngineRequest, state: RequestOffloadState,
+                  keys: Sequence[Sequence[BlockHash]]) -> None:
         """The request's first lookup (``LoadPlanner`` calls it once, after touching ``keys``,
         its prompt's keys per KV-cache group: a waiting request's later lookups are not news)."""
-        found = self._of(request)
+        found = self._of(request, state)
         if found is not None:
-            self._give(keys, *found)
+            self._give(keys, found.hint, found.tenant)
 
-    def finished(self, request: EngineRequest, keys: Callable[[], Sequence[Sequence[BlockHash]]]) -> None:
+    def finished(self, request: EngineRequest, state: RequestOffloadState,
+                 keys: Callable[[], Sequence[Sequence[BlockHash]]]) -> None:
         """The engine finished the request (done, aborted or failed); ``keys``: all its blocks'."""
-        found = self._of(request)
-        del self._hints[request.request_id]
-        hint, tenant = found if found is not None else (None, b"")
+        found = self._of(request, state)
+        hint, tenant = (found.hint, found.tenant) if found is not None else (None, b"")
         if self.tool_tokens and not self.tool_tokens.isdisjoint(request.output_token_ids):
             self.stats.tool_call_finishes += 1
             if hint is None or hint.expect_return_s is None:

@@ -1,21 +1,23 @@
-"""SchedulerBook: what the scheduler half's planners share about requests and copies.
+"""SchedulerRecords: what the scheduler half's planners share about requests and copies.
 
-Per request its offload state; per job its record; the blocks loads are filling (no second load
-or lookup may count on them); the sliding-window blocks stores still read (fences); this step's
-plan until ``build_connector_meta`` sends it; the offload keys of a request's blocks; and what
-KV events say of the blocks planned.
+Per request its one record (``RequestOffloadState``), dropped in one place; per job its record;
+the blocks loads are filling (no second load or lookup may count on them); the sliding-window
+blocks stores still read (fences); the next step's plan so far (``NextStep``, handed over whole
+by ``build_connector_meta``); the offload keys of a request's blocks; and what KV events say of
+the blocks planned.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 
 import xxhash
 
 from kvoffload.connector.base import EngineRequest, RequestSalt
 from kvoffload.connector.group_keys import GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.kv_event_book import KVEventBook
+from kvoffload.connector.kv_event_translator import KVEventTranslator
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_stats import SchedulerSideStats
@@ -23,9 +25,22 @@ from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, as_list
 from kvoffload.offload.chain import TierChain
 
 
-class SchedulerBook:
+@dataclass(slots=True)
+class NextStep:
+    """What the planners added to the next step's plan between two ``build_connector_meta``
+    calls (loads are planned at allocation, swap-outs at preemption, waits at finish)."""
+
+    reqs_to_load: dict[str, list[TransferJob]] = field(default_factory=dict)
+    #: Of those, the ones loaded synchronously (inside the step's forward pass).
+    sync_loads: set[str] = field(default_factory=set)
+    swap_out: dict[str, list[TransferJob]] = field(default_factory=dict)
+    #: Finished requests whose copies end before the step's report frees them.
+    await_finish: set[str] = field(default_factory=set)
+
+
+class SchedulerRecords:
     def __init__(self, block_size: int, factor: int, request_salt: RequestSalt | None = None,
-                 events: KVEventBook | None = None) -> None:
+                 events: KVEventTranslator | None = None) -> None:
         self.block_size = block_size
         self.factor = factor
         self.offloaded_block_size = block_size * factor
@@ -42,20 +57,24 @@ class SchedulerBook:
         #: release such a block while its request runs, and must not write it before they land.
         self.fenced: dict[int, set[int]] = {}
         self.fence_of_job: dict[int, list[int]] = {}
-        #: This step's plan, sent (and reset) by build_connector_meta.
-        self.reqs_to_load: dict[str, list[TransferJob]] = {}
-        #: Of those, the ones loaded synchronously (inside this step's forward pass).
-        self.sync_loads: set[str] = set()
-        self.swap_out: dict[str, list[TransferJob]] = {}
-        self.delayed: set[str] = set()
+        self.next_step = NextStep()
         #: The blocks' descriptions for KV events (a store or load plan describes its blocks).
-        self.events = events or KVEventBook(False, block_size, factor)
+        self.events = events or KVEventTranslator(False, block_size, factor)
 
     def state(self, rid: str) -> RequestOffloadState:
         state = self.requests.get(rid)
         if state is None:
             state = self.requests[rid] = RequestOffloadState()
         return state
+
+    def drop(self, rid: str) -> None:
+        """The one place a request's record goes: finished, and no copy reads or fills its blocks."""
+        del self.requests[rid]
+
+    def take_next_step(self) -> NextStep:
+        """The next step's plan so far; planning starts afresh."""
+        step, self.next_step = self.next_step, NextStep()
+        return step
 
     def new_job(self, kind: JobKind, rid: str | None, hashes: list[BlockHash], src: LoadStoreSpec,
                 dst: LoadStoreSpec, hit_tokens: int = 0) -> TransferJob:
@@ -97,12 +116,12 @@ class SchedulerBook:
 
 
 class Planner:
-    """What every planner works over: the book, the tier chain, the KV groups' geometry, the
+    """What every planner works over: the records, the tier chain, the KV groups' geometry, the
     counters and the reset guard (one of each per scheduler half, shared)."""
 
-    def __init__(self, book: SchedulerBook, manager: TierChain, groups: GroupGeometry, stats: SchedulerSideStats,
-                 reset_guard: ResetGuard) -> None:
-        self.book = book
+    def __init__(self, records: SchedulerRecords, manager: TierChain, groups: GroupGeometry,
+                 stats: SchedulerSideStats, reset_guard: ResetGuard) -> None:
+        self.records = records
         self.manager = manager
         self.groups = groups
         self.stats = stats

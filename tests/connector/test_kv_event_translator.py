@@ -1,4 +1,4 @@
-"""KVEventBook: tier events become vLLM-schema KV events a router can index (exact hashes,
+"""KVEventTranslator: tier events become vLLM-schema KV events a router can index (exact hashes,
 parents, tokens, media), announced once per event medium and removed when no tier holds them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvoffload.connector.kv_event_book import EventTags, KVEventBook
+from kvoffload.connector.kv_event_translator import EventTags, KVEventTranslator
 from kvoffload.kv_events import BlockRemoved, BlockStored, external_block_hash
 from kvoffload.offload.abstract import OffloadingEvent
 from kvoffload.offload.mediums import DISK
@@ -38,8 +38,8 @@ def ev(keys, medium="CPU", removed=False):
     return OffloadingEvent(list(keys), BS * F, medium, removed)
 
 
-def book(**kw) -> KVEventBook:
-    return KVEventBook(True, BS, F, **kw)
+def book(**kw) -> KVEventTranslator:
+    return KVEventTranslator(True, BS, F, **kw)
 
 
 def ext(req: Req, *engine_blocks: int) -> list[int]:
@@ -127,14 +127,14 @@ def test_a_reset_removes_every_announced_block_in_each_medium_and_forgets_the_ol
 
 
 def test_a_disabled_book_describes_and_publishes_nothing():
-    b = KVEventBook(False, BS, F)
+    b = KVEventTranslator(False, BS, F)
     b.describe(Req(list(range(8))), 0, [(0, "k")])
     b.absorb([ev(["k"])], set)
     assert b.take() == [] and b._described == {}
 
 
 def test_an_undrained_queue_stays_bounded(monkeypatch, caplog):
-    import kvoffload.connector.kv_event_book as mod
+    import kvoffload.connector.kv_event_translator as mod
 
     monkeypatch.setattr(mod, "MAX_QUEUED_KV_EVENTS", 3)
     req = Req(list(range(8)))

@@ -1,4 +1,4 @@
-"""ChainOfTiers: the host (CPU) tier in front of a chain of secondary tiers.
+"""HostTierChain: the host (CPU) tier in front of a chain of secondary tiers.
 
 ``tiers[0]`` is the host tier (a LedgerTier); ``tiers[1:]`` are any Tiers (disk, a shared store),
 slowest last, one per medium; with none it is a chain of one. The chain has no special cases:
@@ -49,12 +49,12 @@ def as_chain(manager: OffloadingManager) -> TierChain:
     if isinstance(manager, TierChain):
         return manager
     if isinstance(manager, LedgerTier):
-        return ChainOfTiers(manager)
+        return HostTierChain(manager)
     raise TypeError(f"{type(manager).__name__}: the connector drives a TierChain; return a "
-                    "ChainOfTiers over your tiers (or a LedgerTier, a chain of one) from get_manager()")
+                    "HostTierChain over your tiers (or a LedgerTier, a chain of one) from get_manager()")
 
 
-class ChainOfTiers(TierChain):
+class HostTierChain(TierChain):
     def __init__(self, primary: LedgerTier, *secondaries: Tier,
                  write_through: bool | Sequence[bool] = False) -> None:
         """``primary`` the host tier, ``secondaries`` the slower ones in order; ``write_through``
@@ -88,7 +88,7 @@ class ChainOfTiers(TierChain):
         if medium is None:
             if not self.secondaries:  # a chain of one: the only tier
                 return self.primary
-            raise ValueError("ChainOfTiers needs the medium of the tier a load or demotion used")
+            raise ValueError("HostTierChain needs the medium of the tier a load or demotion used")
         return self._by_medium[medium]
 
     # ---- lookups and loads ---------------------------------------------------------------

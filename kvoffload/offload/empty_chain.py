@@ -1,4 +1,4 @@
-"""EmptyOffloadingManager: a tier of zero blocks, for a worker with no KV bytes to offload
+"""EmptyTierChain: a tier of zero blocks, for a worker with no KV bytes to offload
 (vLLM builds an empty cache then, rather than failing start-up)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import CPULoadStoreSpec
 
 
-class EmptyOffloadingManager(TierChain):
+class EmptyTierChain(TierChain):
     def __init__(self, block_size: int = 0) -> None:
         self.block_size = block_size
 

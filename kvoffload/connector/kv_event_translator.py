@@ -1,4 +1,4 @@
-"""KVEventBook: the tiers' store and eviction events as vLLM's KV events, ready for routers.
+"""KVEventTranslator: the tiers' store and eviction events as vLLM's KV events, ready for routers.
 
 A tier knows a block only by its offload key; a KV-aware router indexes the engine's block
 hashes, chained by parent, with their tokens. So when the scheduler half plans a store or a load
@@ -62,7 +62,7 @@ def _where(medium: str) -> tuple[str, str | None]:
     return m.event_name, None if m.shared else LOCAL
 
 
-class KVEventBook:
+class KVEventTranslator:
     def __init__(self, enabled: bool, block_size: int, factor: int, request_tags: RequestTags | None = None,
                  external_hash: ExternalHash | None = None) -> None:
         self.enabled = enabled
@@ -169,4 +169,4 @@ class KVEventBook:
             self._out.put(BlockRemoved(block_hashes=hashes, medium=name, group_idx=group, locality=locality))
 
 
-__all__ = ["MAX_QUEUED_KV_EVENTS", "NO_TAGS", "EventTags", "ExternalHash", "KVEventBook", "RequestTags"]
+__all__ = ["MAX_QUEUED_KV_EVENTS", "NO_TAGS", "EventTags", "ExternalHash", "KVEventTranslator", "RequestTags"]
