@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.vllm
+# One worker runs the module (CI: --dist loadgroup): its plain-run fixture starts vLLM once.
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("faults")]
 pytest.importorskip("vllm")
 
 JOB = Path(__file__).with_name("fault_job.py")

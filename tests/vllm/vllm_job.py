@@ -1,7 +1,9 @@
 """Runs one offline vLLM job for the plugin tests (a script: vLLM spawns processes)."""
 
 import json
+import os
 import sys
+import time
 
 import torch
 
@@ -56,6 +58,34 @@ def scale_weights(worker) -> None:  # runs in each worker: an in-place weight up
             p.add_((0.05 * wave).to(p.dtype))
 
 
+def settle(llm) -> None:
+    """Let the connector's copies land before the next round (or the end): in vLLM's own
+    processes the engine core keeps stepping while its connector has work (a finished request's
+    stores hold its blocks, so vLLM refuses a prefix-cache reset until they land); in-process
+    nothing steps between ``generate`` calls, so step it here, for up to 120 s."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        return
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    deadline = time.monotonic() + 120
+    while scheduler.has_requests():
+        if time.monotonic() > deadline:
+            raise SystemExit("the connector's copies did not drain in 120 s")
+        engine.step()
+        time.sleep(0.001)
+
+
+def reset_prefix_cache(llm, reset_connector: bool) -> bool:
+    """vLLM's reset, asked again for up to 60 s while it refuses (blocks still held)."""
+    deadline = time.monotonic() + 60
+    while not llm.reset_prefix_cache(reset_connector=reset_connector):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+        reset_connector = False  # the connector's own reset is done; the device's is what waits
+    return True
+
+
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
     from vllm import LLM, SamplingParams
@@ -90,10 +120,11 @@ if __name__ == "__main__":
         if new_weights:
             llm.collective_rpc(scale_weights)
         if r or new_weights:
-            assert llm.reset_prefix_cache(reset_connector=new_weights and spec.get("reset_connector", False))
+            assert reset_prefix_cache(llm, new_weights and spec.get("reset_connector", False))
         salt = (spec.get("salts") or [None] * (r + 1))[r]
         outs = llm.generate([{**p, "cache_salt": salt} if salt else p for p in prompts], params, use_tqdm=False,
                             lora_request=lora)
+        settle(llm)
         rounds.append({"tokens": [list(o.outputs[0].token_ids) for o in outs],
                        "samples": [[list(c.token_ids) for c in o.outputs] for o in outs],
                        "cached": [o.num_cached_tokens for o in outs]})
