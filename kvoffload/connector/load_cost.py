@@ -172,10 +172,14 @@ class LoadCostModel:
             given_up = tier.queue.overdue(tier.queue.slowdown())
             if head is not None and head[0] in given_up:
                 # It read past what recomputing would have taken: the tier is not what its fit
-                # says. What it read (a lower bound) is all that is known of it now.
+                # says. What it read (a lower bound) is all that is known of it now, and the
+                # give-up is a verdict: the tier loads again only when clearly faster than
+                # recomputing (the lower bound sits near a tie, where the old verdict would
+                # have kept it loading) or when a probe finds it well.
                 tier.loads.restart(head[1].blocks, head[1].read_s)
                 tier.loads.samples = max(tier.loads.samples, self.warmup_jobs)  # measured: no more warm-up
                 tier.last_load_at = self.clock()
+                tier.verdict = False
             out += given_up
         return out
 
