@@ -27,3 +27,21 @@ def model(tmp_path_factory):
     subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(JOB.parent)!r}); "
                     f"import vllm_job; vllm_job.make_model({str(path)!r})"], check=True)
     return str(path)
+
+
+#: The longest tests (CI's ``--durations``, 70-240 s each), started first: two workers then end
+#: together instead of one running the chaos test alone at the end.
+LONGEST = ("test_http_chaos_keeps_vllm_up_and_correct", "test_tensor_parallel_ranks_write_and_read_their_own_shards",
+           "test_bench_serve_chat_runs_end_to_end", "test_second_vllm_process_is_served_from_the_shared_tier",
+           "test_two_vllm_serve_processes_share_one_fs_directory",
+           "test_tensor_parallel_restart_on_a_disk_tier_serves_each_rank_its_own_shard",
+           "test_a_retrained_adapter_under_the_same_name_is_never_served_the_old_adapters_kv",
+           "test_a_returning_conversation_is_routed_to_the_replica_whose_kvoffload_tier_holds_it")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.originalname or item.name
+        return LONGEST.index(name) if name in LONGEST else len(LONGEST)
+
+    items.sort(key=rank)  # stable: every other test keeps its place
