@@ -71,7 +71,7 @@ class OffloadingConnectorScheduler:
         events = KVEventTranslator(spec.config.metrics.events, self.block_size, self.factor, request_tags,
                                    external_hash)
         self.records = SchedulerRecords(self.block_size, self.factor, request_salt, events)
-        #: After a reset: which requests read device KV older than it (they store nothing).
+        #: After a reset: which device blocks were filled since (a request hitting others stores nothing).
         self.reset_guard = ResetGuard()
         shared = (self.records, self.manager, self.groups, self.stats, self.reset_guard)
         #: Per tier load timings and the engine's forward timings: how much of each hit to load.

@@ -59,15 +59,22 @@ def scale_weights(worker) -> None:  # runs in each worker: an in-place weight up
 
 
 def settle(llm) -> None:
-    """Let the connector's copies land before the next round (or the end): in vLLM's own
-    processes the engine core keeps stepping while its connector has work (a finished request's
-    stores hold its blocks, so vLLM refuses a prefix-cache reset until they land); in-process
-    nothing steps between ``generate`` calls, so step it here, for up to 120 s."""
-    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
-        return
+    """Let the connector's copies land before the next round (or the end), for up to 120 s: a
+    finished request's stores hold its blocks (vLLM refuses a prefix-cache reset until they
+    land) and a shared tier's writes run after it. In vLLM's own processes the engine core keeps
+    stepping while its connector has work: wait for it; in-process nothing steps between
+    ``generate`` calls: step it here."""
     engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
     deadline = time.monotonic() + 120
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        # The engine core steps itself; ask it (a utility call) until it has nothing left to
+        # step for, or the job would exit with copies in flight (a shared store's last writes).
+        while engine.engine_core.call_utility("has_work"):
+            if time.monotonic() > deadline:
+                raise SystemExit("the connector's copies did not drain in 120 s")
+            time.sleep(0.05)
+        return
+    scheduler = engine.engine_core.engine_core.scheduler
     while scheduler.has_requests():
         if time.monotonic() > deadline:
             raise SystemExit("the connector's copies did not drain in 120 s")
