@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-# One worker runs the module (CI: --dist loadgroup): its plain-run fixture starts vLLM once.
+# One worker runs the module (CI: --dist loadgroup), for its plain-run fixture to start vLLM once.
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("faults")]
 pytest.importorskip("vllm")
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.vllm.test_vllm_plugin import JOB, ktc, run_job, spec_route
 
-# One worker runs the module (CI: --dist loadgroup): its plain-run fixture starts vLLM once.
+# One worker runs the module (CI: --dist loadgroup), for its plain-run fixture to start vLLM once.
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("hybrid")]
 pytest.importorskip("vllm")
 

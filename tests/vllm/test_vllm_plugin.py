@@ -111,7 +111,7 @@ def by_name(model):
                    log), log
 
 
-@pytest.mark.xdist_group("by_name")  # one worker: by_name starts vLLM once
+@pytest.mark.xdist_group("by_name")  # one worker, for by_name to start vLLM once
 def test_by_name_serves_second_round_from_cpu_tier(by_name, plain):
     rounds, log = by_name
     # vLLM's CPU backend: one (num_blocks, 2, 128, 64) bf16 tensor per layer (K/V, block size 128,
@@ -258,7 +258,7 @@ def test_offloading_spec_route_negative_control(model, plain):
     assert rounds[1]["tokens"] != plain[1]["tokens"]
 
 
-@pytest.mark.xdist_group("by_name")  # one worker: by_name starts vLLM once
+@pytest.mark.xdist_group("by_name")  # one worker, for by_name to start vLLM once
 def test_kvoffload_counters_reach_vllms_metrics(by_name):
     rounds, _ = by_name
     metrics = rounds[-1]["metrics"]
