@@ -14,7 +14,6 @@ and cached tokens, and the scheduler's free device blocks before and after.
 import json
 import os
 import sys
-import time
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -25,6 +24,7 @@ def main(spec: dict) -> None:
     from vllm import LLM, SamplingParams
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
+    from vllm_job import settle  # this script's folder is on sys.path
 
     aborted: list[str] = []
     abort_mode = {"on": ""}
@@ -79,12 +79,7 @@ def main(spec: dict) -> None:
         # Let delayed frees, stores and write-through copies drain: by time, not by a count of
         # steps (an idle step takes microseconds, a starved machine's disk write much longer:
         # 50 steps once ended a round with every store still in flight).
-        deadline = time.monotonic() + 120
-        while scheduler.has_requests():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"round {r}: the connector's copies did not drain in 120 s")
-            engine.step()
-            time.sleep(0.001)
+        settle(llm)
         results.append({"ids": ids, "done": done, "aborted": sorted(a.rsplit("-", 1)[0] for a in aborted),
                         "free_before": free_before,
                         "free_after": pool.get_num_free_blocks(), "requests_left": len(scheduler.requests)})
