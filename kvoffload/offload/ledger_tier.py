@@ -36,6 +36,8 @@ class LedgerTier(Tier):
         if capacity < 1:
             raise ValueError(f"num_blocks={capacity}: a tier needs at least one block")
         self.spec_type = spec_type
+        #: ``slot_spec`` without its frame, for the two calls made per request.
+        self._spec_for = spec_type.for_blocks
         self.medium = spec_type.medium()
         self.num_blocks = self.capacity = capacity
         self.block_size = block_size
@@ -60,7 +62,7 @@ class LedgerTier(Tier):
     # ---- the manager contract, over the slot primitives below -----------------------------
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         hashes = as_list(block_hashes)
-        return self.slot_spec(self.slots.pin(hashes), hashes)
+        return self._spec_for(self.slots.pin(hashes), hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
         self.slots.unpin(as_list(block_hashes))
@@ -69,13 +71,13 @@ class LedgerTier(Tier):
         out = self.slots.allocate(block_hashes)
         if out is None:
             return None
-        if out.evicted:
+        if out.evicted and self._events is not None:
             self._emit(out.evicted, removed=True)
-        return PrepareStoreOutput(out.new, self.slot_spec(out.slots, out.new), out.evicted, out.evicted_slots)
+        return PrepareStoreOutput(out.new, self._spec_for(out.slots, out.new), out.evicted, out.evicted_slots)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         done = self.slots.complete(block_hashes, success)
-        if success:
+        if success and self._events is not None:  # the test first: no call per store without events
             self._emit(done, removed=False)
 
     def take_events(self) -> list[OffloadingEvent]:

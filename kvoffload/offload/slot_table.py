@@ -17,17 +17,18 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload.offload.abstract import BlockHash
+from kvoffload.offload.abstract import BlockHash, SlotIds
 from kvoffload.offload.hints import BlockHint
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StoreSlots:
     """What ``allocate`` did: the hashes that were absent and the slots they now occupy (not
-    ready), and the victims evicted to make room, with the slots they held."""
+    ready), and the victims evicted to make room, with the slots they held. Not frozen: one is
+    built per store, and a frozen dataclass's ``__init__`` costs three times as much."""
 
     new: list[BlockHash]
-    slots: Sequence[int]
+    slots: Sequence[int] | SlotIds
     evicted: list[BlockHash]
     evicted_slots: list[int]
 
@@ -75,7 +76,7 @@ class SlotTable(ABC):
         """How many leading hashes are present and ready."""
 
     @abstractmethod
-    def pin(self, block_hashes: list[BlockHash]) -> Sequence[int]:
+    def pin(self, block_hashes: list[BlockHash]) -> Sequence[int] | SlotIds:
         """Slots of ready blocks, each pinned once more; raises BlockNotReadyError, pinning
         nothing, when one is absent or being written."""
 

@@ -90,6 +90,16 @@ static PyObject *check_slots(Ledger *self, Keys *kk, int32_t *slots, int pin) {
     return Py_None; /* borrowed marker: all good */
 }
 
+/* Slot ids as the native-endian int64s of a bytearray: the spec's numpy array views it
+ * (np.frombuffer) instead of converting a list of Python ints one by one. */
+static PyObject *slot_buffer(const int32_t *s, Py_ssize_t n) {
+    PyObject *b = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (!b) return NULL;
+    int64_t *out = (int64_t *)PyByteArray_AS_STRING(b);
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = s[i];
+    return b;
+}
+
 static PyObject *slot_list(const int32_t *s, Py_ssize_t n) {
     PyObject *l = PyList_New(n);
     for (Py_ssize_t i = 0; l && i < n; i++) {
@@ -110,7 +120,7 @@ static PyObject *change_pins(Ledger *self, PyObject *arg, int pin) {
     if (!slots) { PyErr_NoMemory(); goto done; }
     res = check_slots(self, &kk, slots, pin);
     if (res != Py_None) goto done;
-    res = pin ? slot_list(slots, kk.n) : Py_NewRef(Py_None);
+    res = pin ? slot_buffer(slots, kk.n) : Py_NewRef(Py_None);
     if (!res) goto done;
     for (Py_ssize_t i = 0; i < kk.n; i++) self->refs[slots[i]] += pin ? 1 : -1;
 done:
@@ -240,7 +250,7 @@ static PyObject *L_prepare_store(Ledger *self, PyObject *arg) {
         PyList_SET_ITEM(new_keys, i, k);
     }
     {
-        PyObject *slot_l = slot_list(slots, nnew), *vict_l = slot_list(victims, need);
+        PyObject *slot_l = slot_buffer(slots, nnew), *vict_l = slot_list(victims, need);
         if (slot_l && vict_l) result = PyTuple_Pack(4, new_keys, slot_l, evicted, vict_l);
         Py_XDECREF(slot_l);
         Py_XDECREF(vict_l);
@@ -271,16 +281,18 @@ static void forget(Ledger *self, int32_t s) {
 static PyObject *settle(Ledger *self, PyObject *arg, int32_t want, int forget_them) {
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
-    PyObject *out = PyList_New(0);
+    PyObject *out = PyList_New(kk.n); /* room for every key; its length is set to those settled */
     if (!out) goto fail;
+    Py_ssize_t got = 0;
     for (Py_ssize_t i = 0; i < kk.n; i++) {
         int32_t s = find(self, kk.items[i], kk.hs[i]);
         if (s == ERR) goto fail;
         if (s == NIL || self->refs[s] != want) continue;
-        if (PyList_Append(out, kk.items[i]) < 0) goto fail;
+        PyList_SET_ITEM(out, got++, Py_NewRef(kk.items[i]));
         if (forget_them) forget(self, s);
         else self->refs[s] = 0;
     }
+    Py_SET_SIZE(out, got); /* the unused tail is NULL, as a new list's is */
     keys_free(&kk);
     return out;
 fail:
@@ -290,11 +302,14 @@ fail:
 }
 
 /* Keys whose pending store this finishes; a failed store forgets them. */
-static PyObject *L_complete_store(Ledger *self, PyObject *args) {
-    PyObject *arg;
-    int success = 1;
-    if (!PyArg_ParseTuple(args, "O|p", &arg, &success)) return NULL;
-    return settle(self, arg, -1, !success);
+static PyObject *L_complete_store(Ledger *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "complete_store(keys, success=True) takes 1 or 2 arguments, not %zd", nargs);
+        return NULL;
+    }
+    int success = nargs == 2 ? PyObject_IsTrue(args[1]) : 1;
+    if (success < 0) return NULL;
+    return settle(self, args[0], -1, !success);
 }
 
 /* Forget ready, unpinned blocks; returns the keys dropped. */
@@ -549,7 +564,7 @@ static PyMethodDef L_methods[] = {
     {"refresh", (PyCFunction)L_refresh, METH_O, "Recency without reuse, keys[0] ending most recent."},
     {"store_miss", (PyCFunction)L_store_miss, METH_O, "The absent keys; ARC's ghosts see them as touches."},
     {"prepare_store", (PyCFunction)L_prepare_store, METH_O, "(new, slots, evicted, evicted_slots) or None."},
-    {"complete_store", (PyCFunction)L_complete_store, METH_VARARGS, "complete_store(keys, success=True) -> keys finished."},
+    {"complete_store", (PyCFunction)(void (*)(void))L_complete_store, METH_FASTCALL, "complete_store(keys, success=True) -> keys finished."},
     {"drop", (PyCFunction)L_drop, METH_O, "Forget ready unpinned keys; returns those dropped."},
     {"restore", (PyCFunction)L_restore, METH_VARARGS, "restore(keys, slots): re-admit ready blocks, slots ascending."},
     {"slot_of", (PyCFunction)L_slot_of, METH_O, "Slot of a key, or None."},
