@@ -48,4 +48,4 @@ def copy_block_groups(groups: Sequence[CopyGroup]) -> None:
 
         copy_groups_cuda(groups, cuda.pop())
     else:
-        copy_ranges_cpu(*byte_ranges(groups))
+        copy_ranges_cpu(*byte_ranges(groups, by_block=True))

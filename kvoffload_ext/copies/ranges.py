@@ -62,11 +62,16 @@ def live_groups(groups: Sequence[CopyGroup]) -> list[CopyGroup]:
     return [g for g in groups if len(g[2]) and g[0].shape[1]]
 
 
-def byte_ranges(groups: Sequence[CopyGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def byte_ranges(groups: Sequence[CopyGroup], by_block: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src addresses, dst addresses, lengths) of every row pair, groups in order, folded where a
     group has whole rows on both sides (only then can its rows continue each other). Computed
     for all groups at once (a job has one group per layer view and host chunk: a per-group
-    loop of small numpy calls cost more than the copy itself for 8 KiB rows)."""
+    loop of small numpy calls cost more than the copy itself for 8 KiB rows).
+
+    ``by_block``: block by block instead (the i-th row of every group, then the (i+1)-th), when
+    every group has as many rows (one host chunk, the usual job). A block's per-layer rows then
+    follow each other, filling (or reading) its host row from start to end: on the CPU copy
+    loop, 4 KiB rows moved 13% faster in that order than layer by layer."""
     live = live_groups(groups)
     if not live:
         empty = np.empty(0, dtype=np.int64)
@@ -78,6 +83,8 @@ def byte_ranges(groups: Sequence[CopyGroup]) -> tuple[np.ndarray, np.ndarray, np
     dst = _addresses(meta[:, 2], meta[:, 3], np.concatenate([g[3] for g in live]), counts)
     widths = meta[:, 4]
     lens = np.full(len(src), widths[0], dtype=np.int64) if (widths == widths[0]).all() else np.repeat(widths, counts)
+    if by_block and len(live) > 1 and (counts == counts[0]).all():
+        src, dst, lens = (np.ascontiguousarray(a.reshape(len(live), -1).T).reshape(-1) for a in (src, dst, lens))
     if not ((meta[:, 1] == widths) & (meta[:, 3] == widths)).any():
         return src, dst, lens  # no group has whole rows on both sides: none of its rows can fold
     return fold(src, dst, lens)

@@ -203,6 +203,27 @@ def test_byte_ranges_of_many_groups_match_a_row_by_row_reference():
     assert len(got[0]) < len(rows)  # the last group's consecutive rows folded
 
 
+def test_byte_ranges_by_block_put_each_blocks_rows_together():
+    """Block by block: the i-th row of every group, then the next; groups of unequal length
+    (several host chunks) keep group order. The same rows either way."""
+    from kvoffload_ext.copies.ranges import byte_ranges
+
+    k, v = torch.zeros(10, 32, dtype=torch.uint8), torch.zeros(10, 32, dtype=torch.uint8)
+    host = torch.zeros(4, 64, dtype=torch.uint8)
+    dev_ids, host_ids = np.array([7, 2, 5]), np.array([3, 0, 1])
+    groups = [(k, host[:, :32], dev_ids, host_ids), (v, host[:, 32:], dev_ids, host_ids)]
+    s, d, n = byte_ranges(groups, by_block=True)
+    want_d = [host.data_ptr() + h * 64 + off for h in (3, 0, 1) for off in (0, 32)]
+    want_s = [t.data_ptr() + i * 32 for i in (7, 2, 5) for t in (k, v)]
+    assert d.tolist() == want_d and s.tolist() == want_s and n.tolist() == [32] * 6
+    # Host rows 0 and 1 are consecutive and now filled in order: 0's V half, 1's K half continue
+    # each other on the host side only, so nothing folds; group order gives the same set of rows.
+    plain = byte_ranges(groups)
+    assert sorted(zip(*(a.tolist() for a in plain))) == sorted(zip(s.tolist(), d.tolist(), n.tolist()))
+    uneven = [groups[0], (v, host[:, 32:], dev_ids[:2], host_ids[:2])]
+    assert [a.tolist() for a in byte_ranges(uneven, by_block=True)] == [a.tolist() for a in byte_ranges(uneven)]
+
+
 def test_an_out_of_range_id_is_refused_in_every_group_sharing_its_array():
     src, dst = torch.zeros(8, 16, dtype=torch.uint8), torch.zeros(4, 16, dtype=torch.uint8)
     ids = np.array([0, 1, 2])
