@@ -46,6 +46,8 @@ GAUGES = {
     "kvoffload_tier_load_latency_seconds": ("tier", "A tier's fixed time per load job, as the cost model measures it"),
     "kvoffload_prefill_tokens_per_second": ("tokens", "The engine's forward throughput in steps of up to this many "
                                             "tokens, as the cost model measures it"),
+    "kvoffload_layerwise_stall_seconds": ("part", "What a step loses to the layer-wise loads inside it, as the "
+                                          "cost model measures it: per_step (fixed) and per_block"),
 }
 #: connector stats key -> (metric name, help); plain counters without labels.
 CONNECTOR_COUNTERS = {

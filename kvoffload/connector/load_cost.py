@@ -111,6 +111,10 @@ class LoadCostModel:
         self.prefill = PrefillRate()
         #: A forward pass's time, exponentially averaged (0 before the first).
         self.step_s = 0.0
+        #: What steps lost to the layer-wise loads inside them, by blocks loaded.
+        self.sync_stall = LinearFit()
+        #: When a step with a layer-wise load last reported (the stall's last measurement).
+        self.last_sync_at = clock()
 
     # ---- measurements --------------------------------------------------------------------
     def _new_tier(self) -> TierCost:
@@ -183,8 +187,20 @@ class LoadCostModel:
             out += given_up
         return out
 
-    def observe_step(self, tokens: int, seconds: float) -> None:
-        self.prefill.add(tokens, seconds)
+    def observe_step(self, tokens: int, seconds: float, sync_blocks: int = 0, sync_wait_s: float = 0.0) -> None:
+        """A forward pass of ``tokens`` took ``seconds``; ``sync_blocks`` were loaded inside it
+        and it waited ``sync_wait_s`` for them. Such a step prices its layer-wise loads (what
+        the step lost to them: its wait for their layers, or its time beyond what a step of
+        its size takes without one, whichever is more: copies on the cores the forward pass
+        computes on slow it down without it waiting); the prefill rate takes the step less that
+        loss (else every layer-wise stall would make recomputing look dearer)."""
+        lost = 0.0
+        if sync_blocks:
+            expected = self.prefill.seconds(tokens) if self.prefill.samples else None
+            lost = min(seconds, max(0.0, sync_wait_s if expected is None else max(sync_wait_s, seconds - expected)))
+            self.sync_stall.add(sync_blocks, lost)
+            self.last_sync_at = self.clock()
+        self.prefill.add(tokens, seconds - lost)
         if seconds > 0:
             self.step_s = seconds if self.step_s == 0 else self.step_s + 0.1 * (seconds - self.step_s)
 
@@ -210,7 +226,19 @@ class LoadCostModel:
             return False
         if self._tier("CPU").loads.samples < self.warmup_jobs or self.step_s <= 0:
             return True  # untimed: host memory is fast enough
-        return self._tier("CPU").loads.estimate(loaded["CPU"]) <= self.step_s
+        # Layer by layer, the step carrying the load loses what the load costs it; asynchronously
+        # the request waits about a step instead. The cost is the copy's time or, once measured,
+        # what steps lost to loads that size, whichever is more.
+        blocks = loaded["CPU"]
+        cost = self._tier("CPU").loads.estimate(blocks)
+        if self.sync_stall.samples >= self.warmup_jobs:
+            cost = max(cost, self.sync_stall.estimate(blocks))
+        if cost <= self.step_s:
+            return True
+        if self.clock() - self.last_sync_at >= self.probe_after_s:
+            self.last_sync_at = self.clock()  # stale: one layer-wise load measures it again
+            return True
+        return False
 
     @staticmethod
     def _loaded(segments: Sequence[Segment], cut: int) -> dict[str, int]:
@@ -340,4 +368,7 @@ class LoadCostModel:
                 rate[medium.lower()] = self.bytes_per_block * tier.loads.units_per_second()
         return {"kvoffload_tier_load_bytes_per_second": rate,
                 "kvoffload_tier_load_latency_seconds": latency,
-                "kvoffload_prefill_tokens_per_second": self.prefill.tokens_per_second()}
+                "kvoffload_prefill_tokens_per_second": self.prefill.tokens_per_second(),
+                "kvoffload_layerwise_stall_seconds": {"per_block": self.sync_stall.coefficients()[1],
+                                                      "per_step": self.sync_stall.coefficients()[0]}
+                if self.sync_stall.samples else {}}

@@ -13,10 +13,14 @@ __all__ = ["LoadReading", "OffloadingConnectorMetadata", "StepTiming", "Transfer
 @dataclass(frozen=True, slots=True)
 class StepTiming:
     """What a worker measured of one forward pass (start_load_kv to wait_for_save), sent back
-    with its copy results: the scheduler half prices recomputation by it."""
+    with its copy results: the scheduler half prices recomputation by it, and a layer-wise load
+    by what the steps that carried one lost (``sync_blocks`` loaded inside the step, the
+    forward pass blocked ``sync_wait_s`` waiting for their layers)."""
 
     tokens: int
     seconds: float
+    sync_blocks: int = 0
+    sync_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

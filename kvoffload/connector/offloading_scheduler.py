@@ -183,7 +183,7 @@ class OffloadingConnectorScheduler:
         """Digest the worker halves' results (every rank's, in any order)."""
         for result in results:
             if isinstance(result, StepTiming):
-                self.cost.observe_step(result.tokens, result.seconds)
+                self.cost.observe_step(result.tokens, result.seconds, result.sync_blocks, result.sync_wait_s)
                 continue
             if isinstance(result, LoadReading):
                 record = self.records.jobs.get(result.job_id)

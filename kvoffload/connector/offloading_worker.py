@@ -80,6 +80,9 @@ class OffloadingConnectorWorker:
         #: When this step's forward pass began (begin_step) and the tokens it computes.
         self._step_start: float | None = None
         self._step_tokens = 0
+        #: Blocks this step loads inside its forward pass, and how long the pass waited for them.
+        self._step_sync_blocks = 0
+        self._step_wait_s = 0.0
         #: The plan whose demotions were submitted (held, so its identity stays unique).
         self._demoted_meta: OffloadingConnectorMetadata | None = None
         #: Stores start layer by layer in the step that plans them (not for load_mode async).
@@ -124,6 +127,7 @@ class OffloadingConnectorWorker:
             if sync:
                 self._sync[job.job_id] = self.worker.layer_progress(job.job_id)
                 self._load_dst[job.job_id] = job.dst.block_ids.tolist()
+                self._step_sync_blocks += len(job.dst.block_ids)
                 if rid is not None:
                     self._state(rid).outstanding += 1
                 return
@@ -184,6 +188,7 @@ class OffloadingConnectorWorker:
         """The step's plan is bound, its forward pass about to run: time it (until wait_for_save;
         start_load_kv may come after the forward, as vLLM calls it in steps without sync loads)."""
         self._step_start, self._step_tokens = time.perf_counter(), meta.num_step_tokens
+        self._step_sync_blocks, self._step_wait_s = 0, 0.0
         self._step_meta = meta
         self._step_stores = {rid: list(jobs) for rid, jobs in meta.reqs_to_store.items()}
         self._layered_open = False
@@ -247,11 +252,13 @@ class OffloadingConnectorWorker:
             return
         assert self.worker is not None and self.kv is not None
         layer = self.kv.layer_tensors.get(layer_name)
+        t0 = time.perf_counter()
         for job_id, progress in self._sync.items():
             if progress is None or layer is None:
                 self.worker.wait([job_id])
             else:
                 progress.wait(layer)
+        self._step_wait_s += time.perf_counter() - t0
 
     def wait_for_save(self) -> None:
         """The forward pass is done: this step's synchronous loads are over (an engine that
@@ -259,12 +266,15 @@ class OffloadingConnectorWorker:
         to the scheduler half's cost model."""
         if self._sync:
             assert self.worker is not None
+            t0 = time.perf_counter()
             self.worker.wait(list(self._sync))
+            self._step_wait_s += time.perf_counter() - t0
         # A synchronous load that failed (or could not even be submitted) aborts the step's stores.
         sync_ok = not self._sync_failed and all(p is not None and not p.failed for p in self._sync.values())
         self._end_layered_stores(commit=sync_ok)
         if self._step_start is not None and self._step_tokens > 0:
-            self._results.append(StepTiming(self._step_tokens, time.perf_counter() - self._step_start))
+            self._results.append(StepTiming(self._step_tokens, time.perf_counter() - self._step_start,
+                                            self._step_sync_blocks, self._step_wait_s))
         self._step_start = None
 
     def _end_layered_stores(self, commit: bool) -> None:

@@ -351,3 +351,40 @@ def test_host_memory_forced_modes_and_failing_engines_never_give_up_a_load() -> 
     assert m2.cancellable("DISK")
     m3, _ = model({"CPU": "auto", "DISK": "auto"}, give_up=False)  # vLLM's kv_load_failure_policy=fail
     assert not m3.cancellable("DISK")
+
+
+def test_a_layer_wise_load_that_slows_its_step_more_than_a_step_is_loaded_asynchronously() -> None:
+    """The copy alone is fast (10 µs a block), but steps that carried layer-wise loads of 4 blocks
+    ran 30 ms past a 10 ms step of their size (copies competing with the forward pass for its
+    cores): the wait an asynchronous load costs (a step, 10 ms) is the cheaper one."""
+    m, clock = model()
+    teach(m, cpu_s_per_block=1e-5, disk_latency=0.0, disk_per_block=1e-5)
+    for _ in range(20):
+        m.observe_step(256, 0.01)
+    assert m.choose([Segment("CPU", 4)], sync_possible=True).sync
+    step = m.prefill.seconds(256)  # ~10 ms (the taught 25.6 ms nearly forgotten)
+    for _ in range(3):
+        m.observe_step(256, 0.04, sync_blocks=4)  # no wait for layers: the step itself was slower
+    assert m.sync_stall.estimate(4) == pytest.approx(0.04 - step)
+    assert not m.choose([Segment("CPU", 4)], sync_possible=True).sync
+    assert m.prefill.seconds(256) == pytest.approx(step)  # the engine's rate is not what the loads cost
+    # Once the stall's measurement is stale, one hit loads layer by layer again to measure it.
+    clock.now += m.probe_after_s
+    assert m.choose([Segment("CPU", 4)], sync_possible=True).sync
+    assert not m.choose([Segment("CPU", 4)], sync_possible=True).sync
+    # Steps that lose nothing to their layer-wise loads bring the choice back.
+    for _ in range(40):
+        m.observe_step(256, 0.01, sync_blocks=4)
+    assert m.choose([Segment("CPU", 4)], sync_possible=True).sync
+
+
+def test_a_steps_wait_for_its_layers_is_the_loads_cost_and_not_the_engines() -> None:
+    m, _ = model()
+    teach(m, cpu_s_per_block=1e-5, disk_latency=0.0, disk_per_block=1e-5)
+    before = m.prefill.seconds(256)
+    for _ in range(5):
+        m.observe_step(256, 0.0256 + 0.05, sync_blocks=8, sync_wait_s=0.05)  # 50 ms waiting for layers
+    assert m.prefill.seconds(256) == pytest.approx(before)  # 1e-4 s a token, as taught
+    assert m.sync_stall.estimate(8) == pytest.approx(0.05)
+    assert not m.choose([Segment("CPU", 8)], sync_possible=True).sync  # 50 ms lost > a 25.6 ms step
+    assert m.gauges()["kvoffload_layerwise_stall_seconds"]["per_block"] == pytest.approx(0.05 / 8)

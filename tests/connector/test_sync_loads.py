@@ -58,6 +58,8 @@ def test_the_request_runs_in_the_step_that_loads_it():
     cs = h.sched_conn.connector_scheduler
     assert cs.stats.load_decisions == {("cpu", "layerwise"): 1}
     assert cs.stats.tier_hits["cpu"] == 12
+    # The step's timing came back with its 3 layer-wise blocks: what it lost to them is measured.
+    assert cs.cost.sync_stall.samples == 1
     assert_clean(h, free)
     assert req.output_token_ids == [7, 7]
 
@@ -69,6 +71,8 @@ def test_async_mode_waits_a_step_as_before():
     req, so = start(h)
     assert so.kv_connector_metadata.sync_loads == set()
     assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and so.num_scheduled_tokens == {}
+    h.run_until_idle()
+    assert h.sched_conn.connector_scheduler.cost.sync_stall.samples == 0  # no step carried a load
 
 
 def test_a_failed_load_recomputes_from_the_first_unfilled_block_and_stores_nothing_of_that_step(progress):
