@@ -36,7 +36,7 @@ from kvoffload.bench.serve_configs import (
 )
 from kvoffload.bench.serve_report import plot, report
 from kvoffload.bench.serve_runs import RunResult, TurnResult, run_once
-from kvoffload.bench.serve_workloads import Workload, chat, noreuse, rag, trace, weka
+from kvoffload.bench.serve_workloads import Workload, chat, in_rounds, mix, noreuse, rag, trace, weka
 from kvoffload.errors import ConfigError
 from kvoffload.testing.vllm_server import VllmServer
 from kvoffload.traces import SAMPLE_TRACE, resolve_trace
@@ -81,6 +81,9 @@ def build_workload(args: argparse.Namespace) -> Workload:
     if args.workload == "rag":
         return rag(args.documents, args.requests, args.context, args.user_tokens, args.max_tokens, args.zipf,
                    args.clients, args.vocab, args.seed)
+    if args.workload == "mix":
+        return mix(args.conversations, args.fresh, args.turns, args.context, args.user_tokens, args.fresh_tokens,
+                   args.max_tokens, args.first, args.vocab, args.seed)
     if args.workload == "noreuse":
         return noreuse(args.requests, args.context, args.max_tokens, args.clients, args.vocab, args.seed)
     path = resolve_trace(args.trace)
@@ -105,7 +108,13 @@ def hints_section(args: argparse.Namespace, wl: Workload) -> dict[str, Any] | No
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("serve", __doc__)
-    p.add_argument("--workload", choices=["chat", "rag", "noreuse", "trace"], default="chat")
+    p.add_argument("--workload", choices=["chat", "mix", "rag", "noreuse", "trace"], default="chat",
+                   help="mix: returning chat turns batched with fresh long prompts, in rounds (--conversations "
+                        "chats, --turns returning rounds, --fresh prompts of --fresh-tokens a round; --context, "
+                        "--user-tokens as chat's), the group --first arriving 50 ms before the other")
+    p.add_argument("--fresh", type=int, default=3, help="mix: fresh prompts a round")
+    p.add_argument("--fresh-tokens", type=int, default=1024, help="mix: a fresh prompt's length")
+    p.add_argument("--first", choices=["turns", "fresh"], default="turns", help="mix: which group arrives first")
     p.add_argument("--configs", default="plain,cpu,cpu+disk",
                    help="comma-separated: plain, cpu, cpu+disk; a kvoffload one may end in :LOAD_MODE "
                         "(cpu+disk:never-recompute), then in @POLICY, the host tier's eviction policy: "
@@ -133,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                         "changes the cores the model computes on")
     p.add_argument("--memory-utilization", type=float, default=0.3,
                    help="vLLM's --gpu-memory-utilization (on CPU: the share of RAM it may use for weights and KV)")
+    p.add_argument("--max-batched-tokens", type=positive_int, default=None,
+                   help="tokens a step may compute (vLLM's --max-num-batched-tokens; default: vLLM's own, "
+                        f"{BUNDLED_BATCH_TOKENS} on the bundled engine)")
     p.add_argument("--dtype", default="float32", help="float32 keeps greedy tokens stable across batch mixes")
     p.add_argument("--device-fraction", type=float, default=0.25,
                    help="the device KV cache holds this fraction of the workload's working set")
@@ -233,6 +245,8 @@ def _engine(args: argparse.Namespace, wl: Workload, work: Path) -> tuple[str, di
         engine["load_format"] = "dummy"
     max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
     engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
+    if args.max_batched_tokens:
+        engine["max_num_batched_tokens"] = args.max_batched_tokens
     return model, engine, ws_blocks, device_blocks
 
 
@@ -339,7 +353,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
             engines[name] = LLM(EngineConfig(
                 model=model, load_format=load_format, dtype=args.dtype, block_size=BUNDLED_BLOCK,
                 num_gpu_blocks=device_blocks + 1, max_model_len=max_len, max_num_seqs=max(8, wl.concurrency),
-                max_num_batched_tokens=BUNDLED_BATCH_TOKENS, device=args.device,
+                max_num_batched_tokens=args.max_batched_tokens or BUNDLED_BATCH_TOKENS, device=args.device,
                 kv_offload=offload[name]))
         runs: dict[str, list[RunResult]] = {n: [] for n in names}
         with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
@@ -349,7 +363,11 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
                     if not llm.reset_prefix_cache(reset_connector=True):  # every run starts cold
                         raise RuntimeError(f"{name}: the prefix cache could not be reset (blocks still in use)")
                     before = dict(llm.stats()["prefix_hit_tokens"])
-                    turns, wall = run_bundled(llm, wl, bar, sends_hints(name))
+                    if wl.rounds:
+                        turns, wall = in_rounds(wl, lambda sub, llm=llm, name=name: run_bundled(
+                            llm, sub, bar, sends_hints(name)))
+                    else:
+                        turns, wall = run_bundled(llm, wl, bar, sends_hints(name))
                     hits = {k: v - before.get(k, 0) for k, v in llm.stats()["prefix_hit_tokens"].items()}
                     runs[name].append(RunResult(name, [TurnResult(*t) for t in turns], wall, hits))
     finally:

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvoffload.bench.serve_workloads import Workload
+from kvoffload.bench.serve_workloads import Workload, in_rounds
 from kvoffload.testing.http_client import Completion, stream_completion
 from kvoffload.testing.vllm_server import VllmServer
 
@@ -106,7 +106,15 @@ def reset_caches(server: VllmServer, external: bool) -> None:
 def run_once(name: str, server: VllmServer, wl: Workload, progress: Any, hints: bool = False) -> RunResult:
     reset_caches(server, external=True)  # every run starts cold: no tier holds the workload's blocks
     before = hit_tokens(server)
-    turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress, hints))
+    if wl.rounds:
+        def one_round(sub: Workload) -> tuple[list[tuple[str, int, Completion]], float]:
+            done, seconds = asyncio.run(run_workload(server.url, server.model, sub, progress, hints))
+            return [(t.sid, t.turn, t.completion) for t in done], seconds
+
+        rounds, wall = in_rounds(wl, one_round)
+        turns = [TurnResult(*r) for r in rounds]
+    else:
+        turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress, hints))
     time.sleep(1.5)  # counters reach /metrics with the engine's next stats report
     after = hit_tokens(server)
     return RunResult(name, turns, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after})

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ class Session:
     thinks: tuple[float, ...] = ()
     #: Per turn, the caller's hint for kvoffload (empty: none).
     hints: tuple[dict[str, Any] | None, ...] = ()
+    #: A workload run in rounds (``Workload.rounds``): the round of this session's first turn
+    #: (turn t runs in round ``round + t``); ``start_s`` is then its delay within each round.
+    round: int = 0
 
     def prompt(self, turn: int, history: list[int]) -> list[int]:
         """The prompt of ``turn``, after ``history`` (the previous prompt and its answer)."""
@@ -53,6 +57,21 @@ class Workload:
     max_context: int
     #: Distinct tokens the workload's prompts cover (its working set).
     working_set_tokens: int
+    #: Run in this many rounds, each starting once the last has finished (0: sessions run freely).
+    rounds: int = 0
+
+    def round_of(self, r: int, histories: dict[str, list[int]]) -> tuple[Workload, dict[str, int]]:
+        """Round ``r`` as a workload of its own: one request per session with a turn in it (its
+        whole prompt, after ``histories``: each session's last prompt and answer), sent
+        ``start_s`` into the round; and the turn each session runs in it."""
+        sessions, turn_of = [], {}
+        for s in self.sessions:
+            t = r - s.round
+            if 0 <= t < len(s.turns):
+                turn_of[s.sid] = t
+                sessions.append(Session(s.sid, (), (tuple(s.prompt(t, histories.get(s.sid, list(s.prefix)))),),
+                                        start_s=s.start_s, whole=True, hints=(s.hint(t),) if s.hints else ()))
+        return replace(self, sessions=tuple(sessions), concurrency=max(1, len(sessions)), rounds=0), turn_of
 
 
 def _tokens(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
@@ -69,6 +88,29 @@ def chat(conversations: int = 16, turns: int = 4, context: int = 1024, user: int
                      for c in range(conversations))
     final = context + turns * (user + max_tokens)
     return Workload("chat", sessions, max_tokens, conversations, final, conversations * final)
+
+
+def mix(conversations: int = 6, fresh: int = 3, rounds: int = 4, context: int = 640, user: int = 64,
+        fresh_tokens: int = 1024, max_tokens: int = 16, first: str = "turns", vocab: int = 32000,
+        seed: int = 0) -> Workload:
+    """Returning chat turns batched with fresh long prompts: round 0 opens ``conversations``
+    chats on ``context`` tokens each; every later round sends each chat's next turn (``user``
+    tokens more) together with ``fresh`` new prompts of ``fresh_tokens``, the group named by
+    ``first`` ("turns" or "fresh") 50 ms before the other. A round starts when the last one
+    has finished. The turns find their context in a tier when the fresh prompts pushed it out
+    of the device cache: what loading a hit costs on a busy step, in both arrival orders."""
+    if first not in ("turns", "fresh"):
+        raise ValueError(f"--first {first!r}: use turns or fresh")
+    rng = random.Random(seed)
+    lag_turns, lag_fresh = (0.0, 0.05) if first == "turns" else (0.05, 0.0)
+    chats = [Session(f"c{c}", _tokens(rng, context - user, vocab), tuple(_tokens(rng, user, vocab)
+                     for _ in range(rounds + 1)), start_s=lag_turns) for c in range(conversations)]
+    news = [Session(f"f{r}.{i}", (), (_tokens(rng, fresh_tokens, vocab),), start_s=lag_fresh, round=r)
+            for r in range(1, rounds + 1) for i in range(fresh)]
+    final = context + rounds * (user + max_tokens) + max_tokens
+    ws = conversations * final + rounds * fresh * fresh_tokens
+    return Workload(f"mix-{first}-first", (*chats, *news), max_tokens, conversations + fresh,
+                    max(final, fresh_tokens + max_tokens), ws, rounds=rounds + 1)
 
 
 def rag(documents: int = 8, requests: int = 48, doc_tokens: int = 1024, question: int = 64, max_tokens: int = 16,
@@ -159,3 +201,24 @@ def weka(path: str | Path, conversations: int = 16, turns: int = 12, block_token
                                 thinks=thinks, hints=hints))
     return Workload("weka", tuple(sessions), max_tokens, len(sessions), longest + max_tokens,
                     len(seen) * block_tokens)
+
+
+def in_rounds(wl: Workload, run: Callable[[Workload], tuple[list[tuple[str, int, Any]], float]]
+              ) -> tuple[list[tuple[str, int, Any]], float]:
+    """Run a workload of ``rounds`` round by round with ``run`` (one round's workload -> its
+    (session id, 0, completion) results and wall time): each session's history carries its
+    answers into its next round; results come back with each request's own turn."""
+    histories = {s.sid: list(s.prefix) for s in wl.sessions}
+    results: list[tuple[str, int, Any]] = []
+    wall = 0.0
+    for r in range(wl.rounds):
+        sub, turn_of = wl.round_of(r, histories)
+        if not sub.sessions:
+            continue
+        prompts = {s.sid: list(s.turns[0]) for s in sub.sessions}
+        done, seconds = run(sub)
+        wall += seconds
+        for sid, _, completion in done:
+            results.append((sid, turn_of[sid], completion))
+            histories[sid] = prompts[sid] + completion.tokens.get(0, [])
+    return results, wall

@@ -192,3 +192,51 @@ def test_the_hybrid_allocator_setting_is_compared_only_where_it_changes_the_engi
     from kvoffload.bench.serve_configs import _has_several_kv_kinds
 
     assert _has_several_kv_kinds(SimpleNamespace(hf_text_config=SimpleNamespace(**hf), is_hybrid=hybrid)) is expected
+
+
+def test_mix_runs_in_rounds_each_turn_after_its_answer_and_each_group_at_its_lag():
+    from kvoffload.bench.serve_workloads import in_rounds, mix
+
+    wl = mix(conversations=2, fresh=3, rounds=2, context=48, user=16, fresh_tokens=64, max_tokens=2, first="fresh",
+             vocab=500, seed=3)
+    assert wl.rounds == 3 and wl.name == "mix-fresh-first"
+    seen = []
+
+    class Done:
+        def __init__(self, sid: str, turn: int) -> None:
+            self.tokens = {0: [900 + turn, 901]}  # a recognisable answer per round
+
+    def run(sub):
+        seen.append(sub)
+        return [(s.sid, 0, Done(s.sid, len(seen))) for s in sub.sessions], 0.5
+
+    results, wall = in_rounds(wl, run)
+    assert wall == 1.5 and len(results) == 2 * 3 + 3 * 2
+    assert [sorted(s.sid for s in sub.sessions) for sub in seen] == [
+        ["c0", "c1"], ["c0", "c1", "f1.0", "f1.1", "f1.2"], ["c0", "c1", "f2.0", "f2.1", "f2.2"]]
+    assert {s.sid: s.start_s for s in seen[1].sessions} == {"c0": 0.05, "c1": 0.05, "f1.0": 0.0, "f1.1": 0.0,
+                                                            "f1.2": 0.0}  # fresh first, turns 50 ms later
+    c0 = wl.sessions[0]
+    opening = list(c0.prefix) + list(c0.turns[0])
+    assert list(seen[0].sessions[0].turns[0]) == opening
+    assert list(seen[1].sessions[0].turns[0]) == opening + [901, 901] + list(c0.turns[1])  # after its answer
+    assert list(seen[2].sessions[0].turns[0])[: len(opening) + 2 + 16] == opening + [901, 901] + list(c0.turns[1])
+    assert sorted((sid, turn) for sid, turn, _ in results if sid == "c1") == [("c1", 0), ("c1", 1), ("c1", 2)]
+    assert {turn for sid, turn, _ in results if sid.startswith("f")} == {0}  # fresh prompts never return
+    with pytest.raises(ValueError, match="--first 'both'"):
+        mix(first="both")
+
+
+def test_mix_on_the_bundled_engine_serves_identical_tokens_and_loads_the_turns(tmp_path):
+    from kvoffload.bench.serve_workloads import in_rounds, mix
+
+    wl = mix(conversations=3, fresh=2, rounds=2, context=96, user=16, fresh_tokens=160, max_tokens=3, vocab=500)
+    tokens, hits = {}, {}
+    for name, kv in (("plain", None), ("cpu", {"tiers": [{"medium": "cpu", "capacity": "16MiB"}]})):
+        llm = _engine(tmp_path / name, kv)
+        turns, _ = in_rounds(wl, lambda sub, llm=llm: run_bundled(llm, sub))
+        tokens[name] = {(s, t): c.tokens[0] for s, t, c in turns}
+        hits[name] = llm.stats()["prefix_hit_tokens"]
+        llm.close()
+    assert len(tokens["plain"]) == 3 * 3 + 2 * 2 and tokens["plain"] == tokens["cpu"]
+    assert hits["cpu"].get("cpu", 0) > 0 and hits["plain"].get("cpu", 0) == 0
