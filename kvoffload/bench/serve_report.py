@@ -51,6 +51,19 @@ def report(runs: dict[str, list[RunResult]], engine: str = "vLLM",
                 hits[k] = hits.get(k, 0) + v / len(rs)
         lines.append(f"{'prefix hit tokens/run ' + n:31} " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(hits.items())))
         out["configs"].setdefault(n, {})["hit_tokens_per_run"] = hits
+        decided: dict[str, float] = {}
+        for run in rs:
+            for k, v in run.decisions.items():
+                decided[k] = decided.get(k, 0) + v / len(rs)
+        if decided:
+            lines.append(f"{'load decisions/run ' + n:31} " + ", ".join(f"{k} {v:,.1f}" for k, v in sorted(decided.items())))
+            out["configs"][n]["load_decisions_per_run"] = decided
+        per_replica = [run.replicas for run in rs if run.replicas]
+        if per_replica:
+            out["configs"][n]["replicas_per_run"] = per_replica
+            for i, rep in enumerate(per_replica):
+                lines.append(f"{f'  run {i + 1}, per replica':31} " + " | ".join(
+                    f"r{j + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r.items())) for j, r in enumerate(rep)))
     if plain is not None:
         for n, rs in runs.items():
             if n == "plain":

@@ -23,8 +23,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.serve_runs import RunResult, hit_tokens, reset_caches, run_workload, tokens_by_turn
-from kvoffload.bench.serve_workloads import Workload
+from kvoffload.bench.serve_runs import (
+    RunResult,
+    TurnResult,
+    hit_tokens,
+    requests_served,
+    reset_caches,
+    run_workload,
+    tokens_by_turn,
+)
+from kvoffload.bench.serve_workloads import Workload, in_rounds
 from kvoffload.integrations import dynamo_gateway
 from kvoffload.testing.vllm_server import VllmServer, free_port
 
@@ -110,14 +118,26 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
 def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Workload, bar: Any) -> RunResult:
     for s in servers:
         reset_caches(s, external=True)  # every run starts cold; the router sees the resets as events
-    before = [hit_tokens(s) for s in servers]
-    turns, wall = asyncio.run(run_workload(url, model, wl, bar))
+    before = [{**hit_tokens(s), "requests": requests_served(s)} for s in servers]
+    if wl.rounds:
+        def one_round(sub: Workload) -> tuple[list[tuple[str, int, Any]], float]:
+            done, seconds = asyncio.run(run_workload(url, model, sub, bar))
+            return [(t.sid, t.turn, t.completion) for t in done], seconds
+
+        rounds, wall = in_rounds(wl, one_round)
+        turns = [TurnResult(*r) for r in rounds]
+    else:
+        turns, wall = asyncio.run(run_workload(url, model, wl, bar))
     time.sleep(1.5)  # counters reach /metrics with the engines' next stats reports
     hits: dict[str, float] = {}
+    replicas = []
     for s, b in zip(servers, before):
-        for k, v in hit_tokens(s).items():
-            hits[k] = hits.get(k, 0) + v - b.get(k, 0)
-    return RunResult(name, turns, wall, hits)
+        now = {**hit_tokens(s), "requests": requests_served(s)}
+        replicas.append({k: v - b.get(k, 0) for k, v in now.items()})
+        for k, v in replicas[-1].items():
+            if k != "requests":
+                hits[k] = hits.get(k, 0) + v
+    return RunResult(name, turns, wall, hits, replicas)
 
 
 __all__ = ["ROUTERS", "run_routed"]

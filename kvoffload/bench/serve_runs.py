@@ -28,6 +28,10 @@ class RunResult:
     turns: list[TurnResult]
     wall_s: float
     hits: dict[str, float] = field(default_factory=dict)
+    #: Routed runs: per replica, its prefix hit tokens by tier and the requests it served.
+    replicas: list[dict[str, float]] = field(default_factory=list)
+    #: How the load cost model served hits ("tier decision" -> requests), where it ran.
+    decisions: dict[str, float] = field(default_factory=dict)
 
     def ttfts(self, returning: bool = False) -> list[float]:
         return [t.completion.ttft for t in self.turns if t.completion.ttft is not None and (t.turn > 0 or not returning)]
@@ -94,6 +98,17 @@ def hit_tokens(server: VllmServer) -> dict[str, float]:
     return hits
 
 
+def load_decisions(server: VllmServer) -> dict[str, float]:
+    """kvoffload's load decisions so far, as "tier decision" (``cpu layerwise``) -> requests."""
+    return {f"{dict(labels).get('tier', '?')} {dict(labels).get('decision', '?')}": v
+            for (name, labels), v in server.metrics().items() if name == "kvoffload_load_decisions_total"}
+
+
+def requests_served(server: VllmServer) -> float:
+    """Requests the server finished, whatever their finish reason (vLLM's counter)."""
+    return sum(v for (name, _), v in server.metrics().items() if name == "vllm:request_success_total")
+
+
 def reset_caches(server: VllmServer, external: bool) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -105,7 +120,7 @@ def reset_caches(server: VllmServer, external: bool) -> None:
 
 def run_once(name: str, server: VllmServer, wl: Workload, progress: Any, hints: bool = False) -> RunResult:
     reset_caches(server, external=True)  # every run starts cold: no tier holds the workload's blocks
-    before = hit_tokens(server)
+    before, decided = hit_tokens(server), load_decisions(server)
     if wl.rounds:
         def one_round(sub: Workload) -> tuple[list[tuple[str, int, Completion]], float]:
             done, seconds = asyncio.run(run_workload(server.url, server.model, sub, progress, hints))
@@ -117,12 +132,13 @@ def run_once(name: str, server: VllmServer, wl: Workload, progress: Any, hints: 
         turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress, hints))
     time.sleep(1.5)  # counters reach /metrics with the engine's next stats report
     after = hit_tokens(server)
-    return RunResult(name, turns, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after})
+    decisions = {k: v - decided.get(k, 0) for k, v in load_decisions(server).items() if v > decided.get(k, 0)}
+    return RunResult(name, turns, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}, decisions=decisions)
 
 
 def tokens_by_turn(run: RunResult) -> dict[tuple[str, int], list[int]]:
     return {(t.sid, t.turn): t.completion.tokens.get(0, []) for t in run.turns if t.completion.ok}
 
 
-__all__ = ["RunResult", "TurnResult", "hit_tokens", "reset_caches", "run_once", "run_workload",
-           "tokens_by_turn"]
+__all__ = ["RunResult", "TurnResult", "hit_tokens", "load_decisions", "requests_served", "reset_caches", "run_once",
+           "run_workload", "tokens_by_turn"]

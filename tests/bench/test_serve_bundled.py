@@ -240,3 +240,25 @@ def test_mix_on_the_bundled_engine_serves_identical_tokens_and_loads_the_turns(t
         llm.close()
     assert len(tokens["plain"]) == 3 * 3 + 2 * 2 and tokens["plain"] == tokens["cpu"]
     assert hits["cpu"].get("cpu", 0) > 0 and hits["plain"].get("cpu", 0) == 0
+
+
+def test_routed_runs_report_each_replicas_hits_and_requests():
+    from kvoffload.bench.serve_report import report
+    from kvoffload.bench.serve_runs import RunResult, TurnResult
+    from kvoffload.testing.http_client import Completion
+
+    def run(name: str, replicas: list[dict[str, float]]) -> RunResult:
+        c = Completion(tokens={0: [5, 6]}, times=[0.1, 0.2], status=200)
+        hits = {"cpu": sum(r["cpu"] for r in replicas), "device": sum(r["device"] for r in replicas)}
+        return RunResult(name, [TurnResult("c0", 0, c), TurnResult("c0", 1, c)], 1.0, hits, replicas)
+
+    runs = {"round-robin": [run("round-robin", [{"cpu": 512, "device": 256, "requests": 6},
+                                                {"cpu": 128, "device": 384, "requests": 6}])],
+            "dynamo": [run("dynamo", [{"cpu": 1024, "device": 0, "requests": 11},
+                                      {"cpu": 0, "device": 128, "requests": 1}])]}
+    text, data = report(runs, references=("round-robin",))
+    assert "  run 1, per replica            r1: cpu 1,024, device 0, requests 11 | r2: cpu 0, device 128, requests 1" \
+        in text.splitlines()
+    assert "prefix hit tokens/run dynamo    cpu 1,024, device 128" in text.splitlines()
+    assert data["configs"]["dynamo"]["replicas_per_run"] == [[{"cpu": 1024, "device": 0, "requests": 11},
+                                                              {"cpu": 0, "device": 128, "requests": 1}]]
