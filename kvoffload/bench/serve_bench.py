@@ -36,7 +36,7 @@ from kvoffload.bench.serve_configs import (
 )
 from kvoffload.bench.serve_report import plot, report
 from kvoffload.bench.serve_runs import RunResult, TurnResult, run_once
-from kvoffload.bench.serve_workloads import Workload, chat, in_rounds, mix, noreuse, rag, trace, weka
+from kvoffload.bench.serve_workloads import Workload, chat, in_rounds, mix, noreuse, rag, request_log, trace, weka
 from kvoffload.errors import ConfigError
 from kvoffload.testing.vllm_server import VllmServer
 from kvoffload.traces import SAMPLE_TRACE, resolve_trace
@@ -84,6 +84,11 @@ def build_workload(args: argparse.Namespace) -> Workload:
     if args.workload == "mix":
         return mix(args.conversations, args.fresh, args.turns, args.context, args.user_tokens, args.fresh_tokens,
                    args.max_tokens, args.first, args.vocab, args.seed)
+    if args.workload == "log":
+        if not args.log:
+            raise ValueError("--workload log needs --log FILE (OpenAI-style JSONL: prompt_token_ids, prompt or "
+                             "messages a line; optional timestamp, session)")
+        return request_log(args.log, args.clients, args.max_tokens, args.time_scale, args.vocab, args.requests_limit)
     if args.workload == "noreuse":
         return noreuse(args.requests, args.context, args.max_tokens, args.clients, args.vocab, args.seed)
     path = resolve_trace(args.trace)
@@ -108,10 +113,14 @@ def hints_section(args: argparse.Namespace, wl: Workload) -> dict[str, Any] | No
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("serve", __doc__)
-    p.add_argument("--workload", choices=["chat", "mix", "rag", "noreuse", "trace"], default="chat",
+    p.add_argument("--workload", choices=["chat", "mix", "rag", "noreuse", "trace", "log"], default="chat",
                    help="mix: returning chat turns batched with fresh long prompts, in rounds (--conversations "
                         "chats, --turns returning rounds, --fresh prompts of --fresh-tokens a round; --context, "
                         "--user-tokens as chat's), the group --first arriving 50 ms before the other")
+    p.add_argument("--log", default=None, metavar="FILE",
+                   help="log: your own requests, OpenAI-style JSONL (prompt_token_ids, prompt or messages; optional "
+                        "timestamp, session or user), replayed at their times x --time-scale")
+    p.add_argument("--requests-limit", type=positive_int, default=None, help="log: replay only its first N requests")
     p.add_argument("--fresh", type=int, default=3, help="mix: fresh prompts a round")
     p.add_argument("--fresh-tokens", type=int, default=1024, help="mix: a fresh prompt's length")
     p.add_argument("--first", choices=["turns", "fresh"], default="turns", help="mix: which group arrives first")
@@ -165,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                         "with the package), or WEKA's Claude Code sessions (their .tar.gz) replayed with their callers' "
                         "hints (--conversations, --turns each)")
     p.add_argument("--time-scale", type=float, default=0.05,
-                   help="WEKA's traces: replay time per trace second (0.05: 20x faster than it happened)")
+                   help="WEKA's traces and --log: replay time per logged second (0.05: 20x faster than it "
+                        "happened; 1: as it happened)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--plot", default=None, help="write the TTFT plots here (PNG)")

@@ -203,6 +203,34 @@ def weka(path: str | Path, conversations: int = 16, turns: int = 12, block_token
                     len(seen) * block_tokens)
 
 
+def request_log(path: str | Path, clients: int = 4, max_tokens: int = 16, time_scale: float = 1.0,
+                vocab: int = 32000, limit: int | None = None) -> Workload:
+    """A user's own request log (``kvoffload.bench.request_log``: OpenAI-style JSONL) replayed:
+    the requests of one ``session`` (or ``user``) are one conversation's turns, each sent as
+    logged (its whole prompt) at its logged time ``time_scale`` (no timestamps: as soon as one of
+    ``clients`` is free); a request without a session is a conversation of its own."""
+    from kvoffload.bench.request_log import read_request_log
+
+    reqs = read_request_log(path, vocab, limit)
+    by_session: dict[str, list[Any]] = {}
+    for r in reqs:
+        by_session.setdefault(r.session if r.session is not None else f"line{r.line}", []).append(r)
+    timed = any(r.t > 0 for r in reqs)
+    sessions = tuple(
+        Session(f"s{k}", (), tuple(r.tokens for r in rs), start_s=rs[0].t * time_scale, whole=True,
+                thinks=(0.0, *(max(0.0, (b.t - a.t) * time_scale) for a, b in itertools.pairwise(rs))))
+        for k, rs in enumerate(by_session.values()))
+    blocks: set[int] = set()
+    for r in reqs:  # distinct 16-token blocks, each keyed by its whole prefix
+        h = 0
+        for i in range(0, len(r.tokens) - 15, 16):
+            h = hash((h, r.tokens[i : i + 16]))
+            blocks.add(h)
+    longest = max(len(r.tokens) for r in reqs)
+    return Workload("log", sessions, max_tokens, len(sessions) if timed else clients, longest + max_tokens,
+                    max(len(blocks) * 16, longest))
+
+
 def in_rounds(wl: Workload, run: Callable[[Workload], tuple[list[tuple[str, int, Any]], float]]
               ) -> tuple[list[tuple[str, int, Any]], float]:
     """Run a workload of ``rounds`` round by round with ``run`` (one round's workload -> its
