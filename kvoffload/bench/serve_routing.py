@@ -14,7 +14,6 @@ every response's tokens are compared between the two.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -23,16 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.serve_runs import (
-    RunResult,
-    TurnResult,
-    hit_tokens,
-    requests_served,
-    reset_caches,
-    run_workload,
-    tokens_by_turn,
-)
-from kvoffload.bench.serve_workloads import Workload, in_rounds
+from kvoffload.bench.serve_runs import RunResult, hit_tokens, requests_served, reset_caches, run_http, tokens_by_turn
+from kvoffload.bench.serve_workloads import Workload
 from kvoffload.integrations import dynamo_gateway
 from kvoffload.testing.vllm_server import VllmServer, free_port
 
@@ -119,15 +110,7 @@ def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Wo
     for s in servers:
         reset_caches(s, external=True)  # every run starts cold; the router sees the resets as events
     before = [{**hit_tokens(s), "requests": requests_served(s)} for s in servers]
-    if wl.rounds:
-        def one_round(sub: Workload) -> tuple[list[tuple[str, int, Any]], float]:
-            done, seconds = asyncio.run(run_workload(url, model, sub, bar))
-            return [(t.sid, t.turn, t.completion) for t in done], seconds
-
-        rounds, wall = in_rounds(wl, one_round)
-        turns = [TurnResult(*r) for r in rounds]
-    else:
-        turns, wall = asyncio.run(run_workload(url, model, wl, bar))
+    turns, wall = run_http(url, model, wl, bar)
     time.sleep(1.5)  # counters reach /metrics with the engines' next stats reports
     hits: dict[str, float] = {}
     replicas = []

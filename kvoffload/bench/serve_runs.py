@@ -91,6 +91,20 @@ async def run_workload(url: str, model: str, wl: Workload, progress: Any = None,
     return results, time.perf_counter() - t0
 
 
+def run_http(url: str, model: str, wl: Workload, progress: Any = None,
+             hints: bool = False) -> tuple[list[TurnResult], float]:
+    """``run_workload`` to its end; a workload of rounds, round by round (``in_rounds``)."""
+    if not wl.rounds:
+        return asyncio.run(run_workload(url, model, wl, progress, hints))
+
+    def one_round(sub: Workload) -> tuple[list[tuple[str, int, Completion]], float]:
+        done, seconds = asyncio.run(run_workload(url, model, sub, progress, hints))
+        return [(t.sid, t.turn, t.completion) for t in done], seconds
+
+    rounds, wall = in_rounds(wl, one_round)
+    return [TurnResult(*r) for r in rounds], wall
+
+
 def hit_tokens(server: VllmServer) -> dict[str, float]:
     m = server.metrics()
     hits = {dict(labels).get("tier", "?"): v for (name, labels), v in m.items() if name == "kvoffload_hit_tokens_total"}
@@ -121,15 +135,7 @@ def reset_caches(server: VllmServer, external: bool) -> None:
 def run_once(name: str, server: VllmServer, wl: Workload, progress: Any, hints: bool = False) -> RunResult:
     reset_caches(server, external=True)  # every run starts cold: no tier holds the workload's blocks
     before, decided = hit_tokens(server), load_decisions(server)
-    if wl.rounds:
-        def one_round(sub: Workload) -> tuple[list[tuple[str, int, Completion]], float]:
-            done, seconds = asyncio.run(run_workload(server.url, server.model, sub, progress, hints))
-            return [(t.sid, t.turn, t.completion) for t in done], seconds
-
-        rounds, wall = in_rounds(wl, one_round)
-        turns = [TurnResult(*r) for r in rounds]
-    else:
-        turns, wall = asyncio.run(run_workload(server.url, server.model, wl, progress, hints))
+    turns, wall = run_http(server.url, server.model, wl, progress, hints)
     time.sleep(1.5)  # counters reach /metrics with the engine's next stats report
     after = hit_tokens(server)
     decisions = {k: v - decided.get(k, 0) for k, v in load_decisions(server).items() if v > decided.get(k, 0)}
@@ -140,5 +146,5 @@ def tokens_by_turn(run: RunResult) -> dict[tuple[str, int], list[int]]:
     return {(t.sid, t.turn): t.completion.tokens.get(0, []) for t in run.turns if t.completion.ok}
 
 
-__all__ = ["RunResult", "TurnResult", "hit_tokens", "load_decisions", "requests_served", "reset_caches", "run_once",
-           "run_workload", "tokens_by_turn"]
+__all__ = ["RunResult", "TurnResult", "hit_tokens", "load_decisions", "requests_served", "reset_caches", "run_http",
+           "run_once", "run_workload", "tokens_by_turn"]
