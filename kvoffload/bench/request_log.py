@@ -106,7 +106,7 @@ def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = N
                 raise RequestLogError(f"line {n}: not JSON ({exc.msg} at column {exc.colno}); one object a line") from None
             if not isinstance(rec, dict):
                 raise RequestLogError(f"line {n}: a request must be a JSON object, got {type(rec).__name__}")
-            body = rec.get("body") if isinstance(rec.get("body"), dict) else rec  # a batch-API line
+            body: dict[str, Any] = rec["body"] if isinstance(rec.get("body"), dict) else rec  # a batch-API line
             tokens, from_text = _prompt(body, n, vocab)
             ts = _number(rec, "timestamp", n)
             mt = _number(body, "max_tokens", n)

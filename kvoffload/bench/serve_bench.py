@@ -373,11 +373,12 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
                     if not llm.reset_prefix_cache(reset_connector=True):  # every run starts cold
                         raise RuntimeError(f"{name}: the prefix cache could not be reset (blocks still in use)")
                     before = dict(llm.stats()["prefix_hit_tokens"])
-                    if wl.rounds:
-                        turns, wall = in_rounds(wl, lambda sub, llm=llm, name=name: run_bundled(
-                            llm, sub, bar, sends_hints(name)))
-                    else:
-                        turns, wall = run_bundled(llm, wl, bar, sends_hints(name))
+                    hinted = sends_hints(name)
+
+                    def run(sub: Workload, llm: LLM = llm, hinted: bool = hinted) -> tuple[list[Any], float]:
+                        return run_bundled(llm, sub, bar, hinted)
+
+                    turns, wall = in_rounds(wl, run) if wl.rounds else run(wl)
                     hits = {k: v - before.get(k, 0) for k, v in llm.stats()["prefix_hit_tokens"].items()}
                     runs[name].append(RunResult(name, [TurnResult(*t) for t in turns], wall, hits))
     finally:

@@ -96,9 +96,9 @@ class NativeSlotTable(SlotTable):
         self._policy_view = view(core, refs, capacity)
         # The calls made per request that need no translation go straight to C: a Python frame
         # each is a tenth of the ledger's time per request (the methods below say what they do).
-        self.lookup = core.lookup  # type: ignore[method-assign]
-        self.touch = core.touch  # type: ignore[method-assign]
-        self.complete = core.complete_store  # type: ignore[method-assign]
+        self.lookup = core.lookup  # type: ignore[method-assign, assignment]
+        self.touch = core.touch  # type: ignore[method-assign, assignment]
+        self.complete = core.complete_store  # type: ignore[method-assign, assignment]
 
     def debug_snapshot(self) -> NativeLedgerView:
         return self._view
