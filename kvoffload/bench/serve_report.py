@@ -16,6 +16,15 @@ FIGURES = [("ttft_p50_ms", "TTFT p50 (ms)", True), ("ttft_p95_ms", "TTFT p95 (ms
            ("req_per_s", "requests/s", False), ("out_tok_per_s", "output tokens/s", False)]
 
 
+def _mean_per_run(counts: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's mean over the runs (a run without the key counts it 0)."""
+    mean: dict[str, float] = {}
+    for run in counts:
+        for k, v in run.items():
+            mean[k] = mean.get(k, 0) + v / len(counts)
+    return mean
+
+
 def report(runs: dict[str, list[RunResult]], engine: str = "vLLM",
            references: tuple[str, ...] = ("plain",)) -> tuple[str, dict[str, Any]]:
     """The figures of each configuration, and run-by-run ratios against each reference
@@ -45,16 +54,10 @@ def report(runs: dict[str, list[RunResult]], engine: str = "vLLM",
         for n, s in samples.items():
             out["configs"].setdefault(n, {})[key] = list(s.values)
     for n, rs in runs.items():
-        hits: dict[str, float] = {}
-        for run in rs:
-            for k, v in run.hits.items():
-                hits[k] = hits.get(k, 0) + v / len(rs)
+        hits = _mean_per_run([run.hits for run in rs])
         lines.append(f"{'prefix hit tokens/run ' + n:31} " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(hits.items())))
         out["configs"].setdefault(n, {})["hit_tokens_per_run"] = hits
-        decided: dict[str, float] = {}
-        for run in rs:
-            for k, v in run.decisions.items():
-                decided[k] = decided.get(k, 0) + v / len(rs)
+        decided = _mean_per_run([run.decisions for run in rs])
         if decided:
             lines.append(f"{'load decisions/run ' + n:31} " + ", ".join(f"{k} {v:,.1f}" for k, v in sorted(decided.items())))
             out["configs"][n]["load_decisions_per_run"] = decided

@@ -106,17 +106,22 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
     return runs
 
 
+def _counters(server: VllmServer) -> dict[str, float]:
+    """A replica's prefix hit tokens by tier and the requests it finished, from one scrape."""
+    m = server.metrics()
+    return {**hit_tokens(m), "requests": requests_served(m)}
+
+
 def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Workload, bar: Any) -> RunResult:
     for s in servers:
         reset_caches(s, external=True)  # every run starts cold; the router sees the resets as events
-    before = [{**hit_tokens(s), "requests": requests_served(s)} for s in servers]
+    before = [_counters(s) for s in servers]
     turns, wall = run_http(url, model, wl, bar)
     time.sleep(1.5)  # counters reach /metrics with the engines' next stats reports
     hits: dict[str, float] = {}
     replicas = []
     for s, b in zip(servers, before):
-        now = {**hit_tokens(s), "requests": requests_served(s)}
-        replicas.append({k: v - b.get(k, 0) for k, v in now.items()})
+        replicas.append({k: v - b.get(k, 0) for k, v in _counters(s).items()})
         for k, v in replicas[-1].items():
             if k != "requests":
                 hits[k] = hits.get(k, 0) + v

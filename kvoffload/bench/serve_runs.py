@@ -105,22 +105,25 @@ def run_http(url: str, model: str, wl: Workload, progress: Any = None,
     return [TurnResult(*r) for r in rounds], wall
 
 
-def hit_tokens(server: VllmServer) -> dict[str, float]:
-    m = server.metrics()
+#: One scrape of a server's ``/metrics`` (``VllmServer.metrics``): the readers below share it.
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def hit_tokens(m: Metrics) -> dict[str, float]:
     hits = {dict(labels).get("tier", "?"): v for (name, labels), v in m.items() if name == "kvoffload_hit_tokens_total"}
     hits["device"] = m.get(("vllm:prefix_cache_hits_total", ()), 0.0)
     return hits
 
 
-def load_decisions(server: VllmServer) -> dict[str, float]:
+def load_decisions(m: Metrics) -> dict[str, float]:
     """kvoffload's load decisions so far, as "tier decision" (``cpu layerwise``) -> requests."""
     return {f"{dict(labels).get('tier', '?')} {dict(labels).get('decision', '?')}": v
-            for (name, labels), v in server.metrics().items() if name == "kvoffload_load_decisions_total"}
+            for (name, labels), v in m.items() if name == "kvoffload_load_decisions_total"}
 
 
-def requests_served(server: VllmServer) -> float:
+def requests_served(m: Metrics) -> float:
     """Requests the server finished, whatever their finish reason (vLLM's counter)."""
-    return sum(v for (name, _), v in server.metrics().items() if name == "vllm:request_success_total")
+    return sum(v for (name, _), v in m.items() if name == "vllm:request_success_total")
 
 
 def reset_caches(server: VllmServer, external: bool) -> None:
@@ -134,11 +137,13 @@ def reset_caches(server: VllmServer, external: bool) -> None:
 
 def run_once(name: str, server: VllmServer, wl: Workload, progress: Any, hints: bool = False) -> RunResult:
     reset_caches(server, external=True)  # every run starts cold: no tier holds the workload's blocks
-    before, decided = hit_tokens(server), load_decisions(server)
+    start = server.metrics()
+    before, decided = hit_tokens(start), load_decisions(start)
     turns, wall = run_http(server.url, server.model, wl, progress, hints)
     time.sleep(1.5)  # counters reach /metrics with the engine's next stats report
-    after = hit_tokens(server)
-    decisions = {k: v - decided.get(k, 0) for k, v in load_decisions(server).items() if v > decided.get(k, 0)}
+    end = server.metrics()
+    after = hit_tokens(end)
+    decisions = {k: v - decided.get(k, 0) for k, v in load_decisions(end).items() if v > decided.get(k, 0)}
     return RunResult(name, turns, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}, decisions=decisions)
 
 
@@ -146,5 +151,5 @@ def tokens_by_turn(run: RunResult) -> dict[tuple[str, int], list[int]]:
     return {(t.sid, t.turn): t.completion.tokens.get(0, []) for t in run.turns if t.completion.ok}
 
 
-__all__ = ["RunResult", "TurnResult", "hit_tokens", "load_decisions", "requests_served", "reset_caches", "run_http",
+__all__ = ["Metrics", "RunResult", "TurnResult", "hit_tokens", "load_decisions", "requests_served", "reset_caches", "run_http",
            "run_once", "run_workload", "tokens_by_turn"]

@@ -196,7 +196,7 @@ class LoadCostModel:
         loss (else every layer-wise stall would make recomputing look dearer)."""
         lost = 0.0
         if sync_blocks:
-            expected = self.prefill.seconds(tokens) if self.prefill.samples else None
+            expected = self.prefill.seconds(tokens)  # None before any step was timed
             lost = min(seconds, max(0.0, sync_wait_s if expected is None else max(sync_wait_s, seconds - expected)))
             self.sync_stall.add(sync_blocks, lost)
             self.last_sync_at = self.clock()
@@ -369,6 +369,5 @@ class LoadCostModel:
         return {"kvoffload_tier_load_bytes_per_second": rate,
                 "kvoffload_tier_load_latency_seconds": latency,
                 "kvoffload_prefill_tokens_per_second": self.prefill.tokens_per_second(),
-                "kvoffload_layerwise_stall_seconds": {"per_block": self.sync_stall.coefficients()[1],
-                                                      "per_step": self.sync_stall.coefficients()[0]}
+                "kvoffload_layerwise_stall_seconds": dict(zip(("per_step", "per_block"), self.sync_stall.coefficients()))
                 if self.sync_stall.samples else {}}

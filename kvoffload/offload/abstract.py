@@ -25,7 +25,8 @@ import numpy.typing as npt
 BlockHash = Hashable
 #: Slot (or device block) ids as the copy layer takes them.
 SlotIds = npt.NDArray[np.int64]
-_INT64 = np.dtype(np.int64)
+#: Their dtype, as one object: ``dtype is SLOT_ID_DTYPE`` tells an array needs no conversion.
+SLOT_ID_DTYPE = np.dtype(np.int64)
 
 
 def as_list(block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
@@ -89,7 +90,7 @@ class LoadStoreSpec(ABC):
 
     def __init__(self, block_ids: Sequence[int] | SlotIds) -> None:
         # A ledger's slots come as an int64 vector already (the native one's without a copy).
-        if type(block_ids) is not np.ndarray or block_ids.dtype is not _INT64 or block_ids.ndim != 1:
+        if type(block_ids) is not np.ndarray or block_ids.dtype is not SLOT_ID_DTYPE or block_ids.ndim != 1:
             block_ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
         self.block_ids: SlotIds = block_ids
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from kvoffload.errors import ConfigError, require_positive
-from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, SlotIds, as_list
+from kvoffload.offload.abstract import SLOT_ID_DTYPE, BlockHash, BlockNotReadyError, SlotIds, as_list
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 from kvoffload.offload.policy import CachePolicy
@@ -34,10 +34,6 @@ else:
     _IMPORT_ERROR = None
 
 logger = logging.getLogger(__name__)
-
-#: The dtype of the slot ids the extension returns (passed positionally: numpy parses a keyword
-#: argument slower than it views two dozen slots).
-_INT64 = np.dtype(np.int64)
 
 #: Policy names the native ledger implements, and its code for each.
 NATIVE_POLICIES = {"lru": 1, "arc": 2, "arc_classic": 3, "prefix_value": 4}
@@ -131,7 +127,7 @@ class NativeSlotTable(SlotTable):
         slots = self._core.pin(block_hashes)
         if isinstance(slots, tuple):
             raise self._refuse(block_hashes, slots, load=True)
-        return np.frombuffer(slots, _INT64)
+        return np.frombuffer(slots, SLOT_ID_DTYPE)  # dtype positional: numpy parses a keyword slower
 
     def unpin(self, block_hashes: list[BlockHash]) -> None:
         bad = self._core.unpin(block_hashes)
@@ -155,7 +151,7 @@ class NativeSlotTable(SlotTable):
         if out is None:
             return None
         new, slots, evicted, evicted_slots = out
-        return StoreSlots(new, np.frombuffer(slots, _INT64), evicted, evicted_slots)
+        return StoreSlots(new, np.frombuffer(slots, SLOT_ID_DTYPE), evicted, evicted_slots)
 
     def complete(self, block_hashes: Iterable[BlockHash], success: bool) -> list[BlockHash]:
         return self._core.complete_store(block_hashes, success)
