@@ -26,6 +26,7 @@ LAYERS = [
     ("kvoffload.engine",),
     ("kvoffload.traces", "kvoffload.workload", "kvoffload.report", "kvoffload.integrations"),
     ("kvoffload.testing",),
+    ("kvoffload.plan",),
     ("kvoffload.bench",),
     ("kvoffload.cache_cli",),
     ("kvoffload.cli",),

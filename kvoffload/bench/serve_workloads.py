@@ -205,11 +205,11 @@ def weka(path: str | Path, conversations: int = 16, turns: int = 12, block_token
 
 def request_log(path: str | Path, clients: int = 4, max_tokens: int = 16, time_scale: float = 1.0,
                 vocab: int = 32000, limit: int | None = None) -> Workload:
-    """A user's own request log (``kvoffload.bench.request_log``: OpenAI-style JSONL) replayed:
+    """A user's own request log (``kvoffload.plan.request_log``: OpenAI-style JSONL) replayed:
     the requests of one ``session`` (or ``user``) are one conversation's turns, each sent as
     logged (its whole prompt) at its logged time ``time_scale`` (no timestamps: as soon as one of
     ``clients`` is free); a request without a session is a conversation of its own."""
-    from kvoffload.bench.request_log import read_request_log
+    from kvoffload.plan.request_log import read_request_log
 
     reqs = read_request_log(path, vocab, limit)
     by_session: dict[str, list[Any]] = {}

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.bench.request_log import FIRST_ID, RequestLogError, read_request_log, stand_in_tokens
 from kvoffload.bench.serve_workloads import request_log
+from kvoffload.plan.request_log import FIRST_ID, RequestLogError, read_request_log, stand_in_tokens
 
 
 def write(tmp_path, lines) -> str:
