@@ -1,0 +1,77 @@
+"""The KV-cache shape a plan needs from a model: bytes per token (every layer's K and V), read
+from a checkpoint's ``config.json`` or the bundled engine's built-in models.
+
+Only the shape is read, so any decoder's config serves (the engine need not run it). Sliding
+window layers are counted as full ones: a plan sizes the tiers for the whole prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
+
+
+class ModelShapeError(ValueError):
+    """A ``--model`` that gives no KV shape (the value and what to pass instead)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVShape:
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+def kv_shape(model: str, dtype: str | None = None) -> KVShape:
+    """``model``: a built-in model's name (``tiny``, ``small``, ``tiny-hybrid``; the engine's
+    float32) or a checkpoint directory; ``dtype`` overrides the KV dtype (fp8 caches, say)."""
+    from kvoffload.engine.model_config import BUILTIN_MODELS, ModelConfig
+
+    if model in BUILTIN_MODELS:
+        cfg = ModelConfig.tiny(model)
+        shape = KVShape(model, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4)
+    else:
+        shape = _from_config(Path(model))
+    if dtype is not None:
+        if dtype not in _DTYPE_BYTES:
+            raise ModelShapeError(f"--kv-dtype {dtype!r}: use one of {', '.join(_DTYPE_BYTES)}")
+        shape = KVShape(shape.name, shape.layers, shape.kv_heads, shape.head_dim, _DTYPE_BYTES[dtype])
+    return shape
+
+
+def _from_config(path: Path) -> KVShape:
+    from kvoffload.engine.model_config import BUILTIN_MODELS
+
+    cfg_file = path / "config.json" if path.is_dir() else path
+    if not cfg_file.is_file():
+        raise ModelShapeError(f"--model {str(path)!r}: no such model; give a checkpoint directory with a config.json "
+                              f"or a built-in model ({', '.join(BUILTIN_MODELS)})")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} is not readable JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} is not a JSON object")
+    raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+    try:
+        layers = int(raw["num_hidden_layers"])
+        heads = int(raw["num_attention_heads"])
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} lacks the attention shape ({exc!r}); it needs "
+                              "num_hidden_layers, num_attention_heads and head_dim or hidden_size") from None
+    dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
+    if min(layers, kv_heads, head_dim) < 1:
+        raise ModelShapeError(f"--model {str(path)!r}: layers {layers}, KV heads {kv_heads}, head_dim {head_dim}: "
+                              "each must be at least 1")
+    return KVShape(path.name or str(path), layers, kv_heads, head_dim, _DTYPE_BYTES.get(dtype, 2))

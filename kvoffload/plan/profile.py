@@ -1,0 +1,128 @@
+"""What a plan's clock is made of: the engine's prefill speed and each tier's copy speeds, as
+measured on a machine (``kvoffload bench profile`` writes one) or edited by hand (YAML).
+
+A load of ``n`` bytes from a tier takes ``load_latency_s + n / (load_gb_per_s * 1e9)``; a
+prefill of ``n`` new tokens after ``c`` cached ones takes ``ceil(n / max_batched_tokens)`` steps
+of ``step_s`` plus ``n * token_s + n * (c + n / 2) * attention_s`` (attention reads every
+earlier token); each request decoding in a step adds ``decode_s`` to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A profile that cannot price a plan (the key path and the fix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpeed:
+    load_gb_per_s: float
+    store_gb_per_s: float
+    load_latency_s: float = 0.0
+    store_latency_s: float = 0.0
+
+    def load_s(self, nbytes: int) -> float:
+        return self.load_latency_s + nbytes / (self.load_gb_per_s * 1e9) if nbytes else 0.0
+
+    def store_s(self, nbytes: int) -> float:
+        return self.store_latency_s + nbytes / (self.store_gb_per_s * 1e9) if nbytes else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpeed:
+    model: str
+    step_s: float
+    token_s: float
+    attention_s: float = 0.0
+    max_batched_tokens: int = 2048
+    #: What each decoding request adds to a step (its token, its attention over its context).
+    decode_s: float = 0.0
+
+    def prefill_s(self, new: int, cached: int = 0) -> float:
+        if new <= 0:
+            return self.step_s  # one token is always computed: the step that samples
+        steps = math.ceil(new / self.max_batched_tokens)
+        return steps * self.step_s + new * self.token_s + new * (cached + new / 2) * self.attention_s
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    engine: EngineSpeed
+    tiers: dict[str, TierSpeed] = field(default_factory=dict)
+    machine: str = ""
+
+    def tier(self, medium: str, source: str = "the profile") -> TierSpeed:
+        speed = self.tiers.get(medium)
+        if speed is None:
+            have = ", ".join(sorted(self.tiers)) or "none"
+            raise ProfileError(f"tier {medium!r}: {source} has no speeds for it (it has {have}); measure it with "
+                               f"`kvoffload bench profile --tiers cpu,{medium}` or add tiers.{medium} to the YAML")
+        return speed
+
+    def to_yaml(self) -> str:
+        doc = {"kvoffload_profile": VERSION, "machine": self.machine, "engine": asdict(self.engine),
+               "tiers": {m: asdict(s) for m, s in self.tiers.items()}}
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+
+def _positive(d: dict[str, Any], key: str, where: str, zero_ok: bool = False) -> float:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ProfileError(f"{where}.{key} = {v!r}: give a finite number {bound}")
+    return float(v)
+
+
+def parse_profile(doc: Any, source: str = "profile") -> Profile:
+    if not isinstance(doc, dict) or doc.get("kvoffload_profile") != VERSION:
+        raise ProfileError(f"{source}: not a kvoffload profile (kvoffload_profile: {VERSION} missing); write one with "
+                           "`kvoffload bench profile --out FILE`")
+    eng = doc.get("engine")
+    if not isinstance(eng, dict):
+        raise ProfileError(f"{source}: engine: give step_s, token_s (and attention_s, max_batched_tokens)")
+    mbt = eng.get("max_batched_tokens", 2048)
+    if type(mbt) is not int or mbt < 1:
+        raise ProfileError(f"{source}: engine.max_batched_tokens = {mbt!r}: give an integer >= 1")
+    optional = {k: _positive(eng, k, "engine", True) if k in eng else 0.0 for k in ("attention_s", "decode_s")}
+    engine = EngineSpeed(str(eng.get("model", "")), _positive(eng, "step_s", "engine", True),
+                         _positive(eng, "token_s", "engine"), optional["attention_s"], mbt, optional["decode_s"])
+    tiers_doc = doc.get("tiers") or {}
+    if not isinstance(tiers_doc, dict):
+        raise ProfileError(f"{source}: tiers: a mapping of medium -> speeds")
+    tiers = {}
+    for medium, t in tiers_doc.items():
+        where = f"tiers.{medium}"
+        if not isinstance(t, dict):
+            raise ProfileError(f"{source}: {where}: give load_gb_per_s, store_gb_per_s and the latencies")
+        tiers[str(medium)] = TierSpeed(_positive(t, "load_gb_per_s", where), _positive(t, "store_gb_per_s", where),
+                                       _positive(t, "load_latency_s", where, True) if "load_latency_s" in t else 0.0,
+                                       _positive(t, "store_latency_s", where, True) if "store_latency_s" in t else 0.0)
+    return Profile(engine, tiers, str(doc.get("machine", "")))
+
+
+def load_profile(path: str | Path | None) -> Profile:
+    """A profile file; None: the one shipped with kvoffload (this project's CI machine)."""
+    if path is None:
+        from importlib import resources
+
+        path = Path(str(resources.files("kvoffload") / "examples" / "plan" / "profile.yaml"))
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"--profile {path}: no such file; write one with `kvoffload bench profile --out {path}`")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"--profile {path}: not YAML ({str(exc).splitlines()[0]})") from None
+    return parse_profile(doc, f"--profile {path}")

@@ -1,0 +1,66 @@
+"""The profile: prices, its YAML round trip, the shipped one, and what a bad one is told."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from kvoffload.plan.profile import EngineSpeed, Profile, ProfileError, TierSpeed, load_profile, parse_profile
+
+
+def profile() -> Profile:
+    return Profile(EngineSpeed("tiny", 0.001, 2e-5, 1e-8, 256, 3e-4),
+                   {"cpu": TierSpeed(5.0, 4.0, 1e-4, 2e-4), "disk": TierSpeed(1.0, 0.5, 1e-3)}, "here")
+
+
+def test_round_trip(tmp_path):
+    p = profile()
+    p.save(tmp_path / "p.yaml")
+    assert load_profile(tmp_path / "p.yaml") == p
+
+
+def test_prices():
+    eng = profile().engine
+    # 600 new tokens after 100 cached: 3 steps of 256 tokens.
+    assert eng.prefill_s(600, 100) == pytest.approx(3 * 0.001 + 600 * 2e-5 + 600 * (100 + 300) * 1e-8)
+    assert eng.prefill_s(0) == 0.001  # a full hit still runs the step that samples
+    cpu = profile().tier("cpu")
+    assert cpu.load_s(10**9) == pytest.approx(1e-4 + 0.2) and cpu.load_s(0) == 0.0
+    assert cpu.store_s(4 * 10**9) == pytest.approx(2e-4 + 1.0)
+
+
+def test_the_shipped_profile_prices_cpu_and_disk():
+    p = load_profile(None)
+    assert set(p.tiers) >= {"cpu", "disk"} and p.engine.token_s > 0 and p.engine.max_batched_tokens >= 1
+
+
+def test_a_tier_the_profile_lacks_names_the_fix():
+    with pytest.raises(ProfileError, match=r"tier 'mooncake': the profile has no speeds for it \(it has cpu, disk\)"):
+        profile().tier("mooncake")
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    (lambda d: d.pop("kvoffload_profile"), "not a kvoffload profile"),
+    (lambda d: d["engine"].update(token_s=-1), r"engine.token_s = -1"),
+    (lambda d: d["engine"].update(token_s=math.nan), r"engine.token_s = nan"),
+    (lambda d: d["engine"].update(step_s=True), r"engine.step_s = True"),
+    (lambda d: d["engine"].update(max_batched_tokens=0), r"engine.max_batched_tokens = 0"),
+    (lambda d: d["tiers"]["cpu"].update(load_gb_per_s=0), r"tiers.cpu.load_gb_per_s = 0"),
+    (lambda d: d["tiers"].update(disk="fast"), r"tiers.disk: give load_gb_per_s"),
+    (lambda d: d.update(engine=[1]), "engine: give step_s"),
+])
+def test_a_bad_profile_names_the_key(edit, words):
+    doc = yaml.safe_load(profile().to_yaml())
+    edit(doc)
+    with pytest.raises(ProfileError, match=words):
+        parse_profile(doc)
+
+
+def test_a_missing_or_broken_file(tmp_path):
+    with pytest.raises(ProfileError, match="no such file; write one with `kvoffload bench profile"):
+        load_profile(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("engine: [\n")
+    with pytest.raises(ProfileError, match="not YAML"):
+        load_profile(tmp_path / "bad.yaml")
