@@ -1,4 +1,4 @@
-"""`kvoffload` command line: run, bench, config check (and sim, once policies land)."""
+"""`kvoffload` command line: run, bench, sim, plan, cache, config check."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ BENCHMARKS = {
     "preemption": "swap vs recompute preemption on a workload that forces it",
     "weights": "the whole-file weight fingerprint at start-up vs reading the checkpoint; a cached start",
     "chaos": "random engines, tiers and faults: every output checked against a reference",
+    "profile": "the speeds `kvoffload plan` prices with (prefill, tier loads) vs a plain memory copy; writes the YAML",
+    "plan": "`kvoffload plan`'s predictions vs live bundled-engine runs: tokens per tier, returning TTFT p50",
     "degrade": "a disk tier that slows down after auto timed it: burst TTFT vs recomputing (plain)",
 }
 
@@ -287,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("rest", nargs=argparse.REMAINDER)
     sim.set_defaults(func=cmd_sim)
 
+    plan = sub.add_parser("plan", help="size the tiers from a request log: hits, bandwidth, prefill saved, TTFT",
+                          add_help=False)
+    plan.add_argument("rest", nargs=argparse.REMAINDER)
+
     from kvoffload.cache_cli import add_parser as add_cache_parser
 
     add_cache_parser(sub)
@@ -312,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         # `module:Class` plugins (policies, specs, tier kinds) next to the user resolve as they
         # would under `python -m kvoffload`; appended, so nothing installed is shadowed.
         sys.path.append(os.getcwd())
+    if argv[:1] == ["plan"]:  # its own parser, as sim's
+        from kvoffload.plan.cli import main as plan_main
+
+        try:
+            return plan_main(argv[1:])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if argv[:1] == ["sim"]:  # its own parser: options start right after the subcommand
         from kvoffload_policies.experiment import main as sim_main
 

@@ -1,0 +1,39 @@
+"""The request log of a served workload, as a user's server would have kept it: one OpenAI-style
+JSONL line per request (``prompt_token_ids``, ``timestamp`` when it was sent, ``session``,
+``max_tokens``), so ``kvoffload plan`` can be checked against the run that made it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvoffload.bench.serve_workloads import Workload
+
+
+def prompts_of(wl: Workload, turns: Sequence[tuple[str, int, Any]]) -> dict[tuple[str, int], list[int]]:
+    """Each request's prompt, rebuilt from its session and the answers before it."""
+    {s.sid: s for s in wl.sessions}
+    answers = {(sid, turn): c.tokens.get(0, []) for sid, turn, c in turns}
+    out: dict[tuple[str, int], list[int]] = {}
+    for s in wl.sessions:
+        history = list(s.prefix)
+        for t in range(len(s.turns)):
+            if (s.sid, t) not in answers:
+                break
+            prompt = s.prompt(t, history)
+            out[(s.sid, t)] = prompt
+            history = prompt + answers[(s.sid, t)]
+    return out
+
+
+def write_served_log(wl: Workload, turns: Sequence[tuple[str, int, Any]], path: str | Path) -> int:
+    """Write the log in sending order; returns the number of requests written."""
+    prompts = prompts_of(wl, turns)
+    rows = sorted(((c.start, sid, turn) for sid, turn, c in turns), key=lambda r: r[0])
+    with open(path, "w", encoding="utf-8") as f:
+        for start, sid, turn in rows:
+            f.write(json.dumps({"timestamp": round(start, 6), "session": sid, "max_tokens": wl.max_tokens,
+                                "prompt_token_ids": prompts[(sid, turn)]}) + "\n")
+    return len(rows)

@@ -1,0 +1,128 @@
+"""``kvoffload plan --log FILE --model M --tiers SPEC``: what each tier size buys on that traffic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kvoffload.plan.planner import Plan
+from kvoffload.plan.tier_spec import format_size
+
+DEFAULT_DEVICE_BLOCKS = 64
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvoffload plan", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Replay a request log through the device prefix cache and each tier chain, priced by measured "
+                    "speeds: tokens and bytes per tier, prefill saved, time to first token with and without offload, "
+                    "and the configuration to buy.")
+    p.add_argument("--log", required=True,
+                   help="request log: OpenAI-style JSONL, a Mooncake trace (.jsonl[.gz]) or WEKA's traces (.tar.gz)")
+    p.add_argument("--model", required=True, help="tiny | small | tiny-hybrid | a checkpoint directory (its config.json)")
+    p.add_argument("--tiers", required=True,
+                   help="a chain such as cpu:32GiB+disk:1TiB; {a,b,c} sweeps a size (cpu:{16,32,64}GiB); options "
+                        "after the size: a policy (lru, arc), wt (write-through)")
+    p.add_argument("--profile", default=None,
+                   help="speeds YAML from `kvoffload bench profile` (default: the shipped one, this project's CI machine)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per engine block (token logs; traces bring theirs)")
+    p.add_argument("--device-blocks", type=int, default=None,
+                   help=f"device prefix cache in engine blocks (default {DEFAULT_DEVICE_BLOCKS}; or --device-kv)")
+    p.add_argument("--device-kv", default=None, help="device memory for KV, e.g. 20GiB (instead of --device-blocks)")
+    p.add_argument("--kv-dtype", default=None, help="KV cache dtype if not the model's (e.g. fp8)")
+    p.add_argument("--output-tokens", type=int, default=128,
+                   help="tokens each reply generates where the log does not say (max_tokens)")
+    p.add_argument("--limit", type=int, default=None, help="read only the first N requests")
+    p.add_argument("--within", type=float, default=0.05,
+                   help="recommend the smallest configuration within this share of the best's prefill saved")
+    p.add_argument("--knee-share", type=float, default=0.1,
+                   help="the knee: where another GiB buys less than this share of what the first GiB bought")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write every figure here as JSON")
+    p.add_argument("--plot", default=None, metavar="PNG", help="hit ratio and TTFT vs size, the knee marked")
+    return p
+
+
+def _device_blocks(args: argparse.Namespace, block_bytes: int) -> int:
+    from kvoffload.plan.tier_spec import TierSpecError, parse_size
+
+    if args.device_blocks is not None and args.device_kv is not None:
+        raise TierSpecError("--device-blocks and --device-kv both given; give one")
+    if args.device_kv is not None:
+        return parse_size(args.device_kv, "--device-kv") // block_bytes
+    n = DEFAULT_DEVICE_BLOCKS if args.device_blocks is None else args.device_blocks
+    if n < 0:
+        raise TierSpecError(f"--device-blocks {n}: give 0 (no device prefix cache) or more")
+    return n
+
+
+def _table(plan: Plan) -> str:
+    from kvoffload.plan.advice import rate
+    from kvoffload.report import format_table
+
+    cols = {}
+    for r in plan.results:
+        col: dict[str, str] = {"tokens from device": f"{r.device_tokens:,}"}
+        for t in r.tiers:
+            col[f"tokens from {t.medium}"] = f"{t.tokens_served:,} ({t.tokens_served / r.prompt_tokens:.1%})"
+            col[f"{t.medium} loads (mean / peak)"] = f"{rate(t.load_bytes_per_s)} / {rate(t.peak_load_bytes_per_s)}"
+            col[f"{t.medium} stores (mean)"] = rate(t.store_bytes_per_s)
+        col["prefill tokens saved"] = f"{r.prefill_tokens_saved:,}"
+        col["prefill seconds saved"] = f"{r.prefill_s_saved:,.2f}"
+        col["returning TTFT p50 ms (no offload)"] = f"{r.ttft_p50_s * 1e3:,.1f} ({r.base_ttft_p50_s * 1e3:,.1f})"
+        col["returning TTFT p95 ms (no offload)"] = f"{r.ttft_p95_s * 1e3:,.1f} ({r.base_ttft_p95_s * 1e3:,.1f})"
+        cols[r.label] = col
+    return format_table(cols)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from tqdm import tqdm
+
+    from kvoffload.plan.advice import advise
+    from kvoffload.plan.log_reader import read_log
+    from kvoffload.plan.model_shape import kv_shape
+    from kvoffload.plan.planner import make_plan
+    from kvoffload.plan.profile import load_profile
+    from kvoffload.plan.tier_spec import expand, parse_chain
+
+    if args.block_size < 1:
+        raise ValueError(f"--block-size {args.block_size}: give a positive number of tokens")
+    if args.output_tokens < 1:
+        raise ValueError(f"--output-tokens {args.output_tokens}: give at least 1")
+    chains = [parse_chain(s) for s in expand(args.tiers)]
+    shape = kv_shape(args.model, args.kv_dtype)
+    profile = load_profile(args.profile)
+    for tiers in chains:
+        for t in tiers:
+            profile.tier(t.medium, f"--profile {args.profile or '(shipped)'}")
+    vocab = 258 if args.model in ("tiny", "small", "tiny-hybrid") else 1 << 31
+    log = read_log(args.log, args.block_size, vocab=vocab, output_tokens=args.output_tokens, limit=args.limit)
+    block_bytes = shape.bytes_per_token * log.block_tokens
+    device = _device_blocks(args, shape.bytes_per_token * args.block_size) * args.block_size // log.block_tokens
+    total = len(log.requests) * len(chains)
+    with tqdm(total=total, unit="req", desc="replaying", disable=None, leave=False) as bar:
+        plan = make_plan(log, chains, block_bytes, device, profile, args.output_tokens, bar.update)
+    print(f"log {args.log}: {plan.requests:,} requests over {log.duration_s:,.1f} s ({log.form}); blocks of "
+          f"{log.block_tokens} tokens, {format_size(block_bytes)} each ({shape.name}: {shape.bytes_per_token:,} B "
+          f"of KV per token); device prefix cache {device:,} blocks; profile: {args.profile or 'shipped'}"
+          + (f" ({profile.machine})" if profile.machine else ""))
+    if log.stand_in:
+        print("note: the prompts are text, tokenized by the stand-in (words and punctuation, not the model's "
+              "tokenizer): prefixes are kept, token counts are words")
+    print(_table(plan))
+    advice = advise(plan.results, args.within, args.knee_share)
+    print()
+    print(advice.paragraph)
+    if args.json:
+        doc = {"log": str(args.log), "model": shape.name, "block_tokens": log.block_tokens, "block_bytes": block_bytes,
+               "device_blocks": device, "stand_in_tokenizer": log.stand_in,
+               "results": [r.as_dict() for r in plan.results], "recommended": advice.recommended.label,
+               "knee": advice.knee.label if advice.knee else None, "advice": advice.paragraph}
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    if args.plot:
+        from kvoffload.plan.plot import plot_plan
+
+        plot_plan(plan.results, advice, args.plot)
+        print(f"plot: {args.plot}")
+    return 0

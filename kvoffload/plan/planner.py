@@ -1,0 +1,153 @@
+"""A plan: one replay of the device cache, then one of each configured chain, priced by the
+profile into tokens and bytes per tier, prefill saved and time to first token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvoffload.plan.chain_replay import device_hits, replay_chain
+from kvoffload.plan.log_reader import RequestLog
+from kvoffload.plan.profile import Profile
+from kvoffload.plan.tier_spec import PlannedTier, chain_label
+from kvoffload.plan.timing import simulate_ttft
+
+#: Bandwidth peaks are the busiest window of this many seconds.
+PEAK_WINDOW_S = 1.0
+
+
+@dataclass(slots=True)
+class TierFigures:
+    medium: str
+    size_bytes: int
+    tokens_served: int
+    bytes_loaded: int
+    bytes_stored: int
+    load_bytes_per_s: float
+    store_bytes_per_s: float
+    peak_load_bytes_per_s: float
+
+
+@dataclass(slots=True)
+class PlanResult:
+    label: str
+    size_bytes: int
+    tiers: list[TierFigures]
+    prompt_tokens: int
+    device_tokens: int
+    prefill_tokens_saved: int
+    prefill_s_saved: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    base_ttft_p50_s: float
+    base_ttft_p95_s: float
+    returning_requests: int
+
+    @property
+    def hit_ratio(self) -> float:
+        """Share of prompt tokens the tiers served (the device's own hits not counted)."""
+        return self.prefill_tokens_saved / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+
+@dataclass(slots=True)
+class Plan:
+    log_form: str
+    requests: int
+    block_tokens: int
+    block_bytes: int
+    device_blocks: int
+    stand_in: bool
+    results: list[PlanResult] = field(default_factory=list)
+
+
+def returning_mask(log: RequestLog) -> np.ndarray:
+    """A session seen before; in a log without sessions, a request sharing a block with an earlier one."""
+    seen_sessions: set[str] = set()
+    seen_first: set = set()
+    out = np.zeros(len(log.requests), dtype=bool)
+    have_sessions = any(r.session is not None for r in log.requests)
+    for i, r in enumerate(log.requests):
+        if have_sessions:
+            out[i] = r.session in seen_sessions
+            if r.session is not None:
+                seen_sessions.add(r.session)
+        elif r.blocks:
+            out[i] = r.blocks[0] in seen_first
+            seen_first.add(r.blocks[0])
+    return out
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def _peak(t: np.ndarray, nbytes: np.ndarray) -> float:
+    if not nbytes.any():
+        return 0.0
+    windows = (t // PEAK_WINDOW_S).astype(np.int64)
+    return float(np.bincount(windows - windows.min(), weights=nbytes).max() / PEAK_WINDOW_S)
+
+
+def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_bytes: int, device_blocks: int,
+              profile: Profile, output_tokens: int = 128,
+              progress: Callable[[int], None] | None = None) -> Plan:
+    for tiers in chains:  # a tier the profile lacks fails before any replay
+        for t in tiers:
+            profile.tier(t.medium)
+    reqs = log.requests
+    bt = log.block_tokens
+    arrival = np.array([r.t for r in reqs])
+    prompt = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
+    outputs = np.full(len(reqs), output_tokens, dtype=np.int64)
+    returning = returning_mask(log)
+    eng = profile.engine
+    # The caches see a request when the engine schedules it, not when it arrives: order the
+    # replays by when the run without offload starts each prefill (from a first pass in
+    # arrival order).
+    order = None
+    kv = prompt // bt + 1  # admitted once its prompt fits (the engine then grows it block by block)
+    for _ in range(2):
+        dev = device_hits(reqs, device_blocks, bt, output_tokens, order)
+        dev_tok = np.minimum(dev * bt, np.maximum(prompt - 1, 0))
+        base_new = prompt - dev_tok
+        base, started = simulate_ttft(arrival, arrival, base_new, dev_tok, outputs, eng, kv, device_blocks)
+        order = np.argsort(started, kind="stable").tolist()
+    base_prefill = sum(eng.prefill_s(int(n), int(c)) for n, c in zip(base_new, dev_tok))
+    span = max(log.duration_s, PEAK_WINDOW_S)
+    plan = Plan(log.form, len(reqs), bt, block_bytes, device_blocks, log.stand_in)
+    for tiers in chains:
+        counts = replay_chain(reqs, dev, tiers, block_bytes, bt, order, progress, eng.max_batched_tokens)
+        hit = dev_tok.copy()
+        load_s = np.zeros(len(reqs))
+        figures = []
+        saved = 0
+        for t in tiers:
+            blocks = counts.loaded_blocks[t.medium]
+            nbytes = blocks * block_bytes
+            speed = profile.tier(t.medium)
+            load_s += np.where(blocks > 0, speed.load_latency_s + nbytes / (speed.load_gb_per_s * 1e9), 0.0)
+            hit += blocks * bt
+            tokens = int(blocks.sum()) * bt
+            saved += tokens
+            stored = counts.stored_blocks.get(t.medium, 0) * block_bytes
+            figures.append(TierFigures(t.medium, t.size_bytes, tokens, int(nbytes.sum()), stored,
+                                       float(nbytes.sum()) / span, stored / span, _peak(arrival, nbytes)))
+        hit = np.minimum(hit, np.maximum(prompt - 1, 0))
+        new = prompt - hit
+        ttft, _ = simulate_ttft(arrival, arrival + load_s, new, hit, outputs, eng, kv, device_blocks)
+        prefill = sum(eng.prefill_s(int(n), int(c)) for n, c in zip(new, hit))
+        ret = returning if returning.any() else np.ones(len(reqs), dtype=bool)
+        plan.results.append(PlanResult(
+            chain_label(tiers), sum(t.size_bytes for t in tiers), figures, int(prompt.sum()), int(dev_tok.sum()),
+            saved, base_prefill - prefill, _pct(ttft[ret], 50), _pct(ttft[ret], 95), _pct(base[ret], 50),
+            _pct(base[ret], 95), int(returning.sum())))
+    return plan
