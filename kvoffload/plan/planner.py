@@ -66,6 +66,9 @@ class Plan:
     block_bytes: int
     device_blocks: int
     stand_in: bool
+    #: Share of the log's span the engine is busy without offload (near 1: requests queue,
+    #: and their TTFT grows with the log's length rather than with the tiers).
+    busy_share: float = 0.0
     results: list[PlanResult] = field(default_factory=list)
 
 
@@ -106,6 +109,8 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
     reqs = log.requests
     bt = log.block_tokens
     arrival = np.array([r.t for r in reqs])
+    after = np.array([r.after for r in reqs], dtype=np.int64)
+    think = np.array([r.think_s for r in reqs])
     prompt = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
     outputs = np.full(len(reqs), output_tokens, dtype=np.int64)
     returning = returning_mask(log)
@@ -114,16 +119,18 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
     # replays by when the run without offload starts each prefill (from a first pass in
     # arrival order).
     order = None
-    kv = prompt // bt + 1  # admitted once its prompt fits (the engine then grows it block by block)
+    kv = prompt // bt + 1  # the device blocks a running request holds (its prompt's)
     for _ in range(2):
         dev = device_hits(reqs, device_blocks, bt, output_tokens, order)
         dev_tok = np.minimum(dev * bt, np.maximum(prompt - 1, 0))
         base_new = prompt - dev_tok
-        base, started = simulate_ttft(arrival, arrival, base_new, dev_tok, outputs, eng, kv, device_blocks)
+        base, started, base_busy = simulate_ttft(arrival, np.zeros(len(reqs)), base_new, dev_tok, outputs, eng, kv,
+                                                device_blocks, after=after, think_s=think)
         order = np.argsort(started, kind="stable").tolist()
     base_prefill = sum(eng.prefill_s(int(n), int(c)) for n, c in zip(base_new, dev_tok))
     span = max(log.duration_s, PEAK_WINDOW_S)
-    plan = Plan(log.form, len(reqs), bt, block_bytes, device_blocks, log.stand_in)
+    plan = Plan(log.form, len(reqs), bt, block_bytes, device_blocks, log.stand_in,
+                busy_share=base_busy / max(log.duration_s, base_busy, 1e-9) if reqs else 0.0)
     for tiers in chains:
         counts = replay_chain(reqs, dev, tiers, block_bytes, bt, order, progress, eng.max_batched_tokens)
         hit = dev_tok.copy()
@@ -143,7 +150,8 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
                                        float(nbytes.sum()) / span, stored / span, _peak(arrival, nbytes)))
         hit = np.minimum(hit, np.maximum(prompt - 1, 0))
         new = prompt - hit
-        ttft, _ = simulate_ttft(arrival, arrival + load_s, new, hit, outputs, eng, kv, device_blocks)
+        ttft, _, _ = simulate_ttft(arrival, load_s, new, hit, outputs, eng, kv, device_blocks, after=after,
+                                   think_s=think)
         prefill = sum(eng.prefill_s(int(n), int(c)) for n, c in zip(new, hit))
         ret = returning if returning.any() else np.ones(len(reqs), dtype=bool)
         plan.results.append(PlanResult(
