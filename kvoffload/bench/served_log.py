@@ -1,6 +1,6 @@
 """The request log of a served workload, as a user's server would have kept it: one OpenAI-style
 JSONL line per request (``prompt_token_ids``, ``timestamp`` when it was sent, ``session``,
-``max_tokens``), so ``kvoffload plan`` can be checked against the run that made it."""
+``max_tokens``, ``duration_s`` until its last token), so ``kvoffload plan`` can be checked against the run that made it."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def prompts_of(wl: Workload, turns: Sequence[tuple[str, int, Any]]) -> dict[tupl
 def write_served_log(wl: Workload, turns: Sequence[tuple[str, int, Any]], path: str | Path) -> int:
     """Write the log in sending order; returns the number of requests written."""
     prompts = prompts_of(wl, turns)
-    rows = sorted(((c.start, sid, turn) for sid, turn, c in turns), key=lambda r: r[0])
+    rows = sorted(((c.start, sid, turn, c.times[-1] if c.times else 0.0) for sid, turn, c in turns),
+                  key=lambda r: r[0])
     with open(path, "w", encoding="utf-8") as f:
-        for start, sid, turn in rows:
+        for start, sid, turn, duration in rows:
             f.write(json.dumps({"timestamp": round(start, 6), "session": sid, "max_tokens": wl.max_tokens,
-                                "prompt_token_ids": prompts[(sid, turn)]}) + "\n")
+                                "duration_s": round(duration, 6), "prompt_token_ids": prompts[(sid, turn)]}) + "\n")
     return len(rows)

@@ -36,6 +36,10 @@ class PlanRequest:
     prompt_tokens: int
     #: Blocks the engine stores for this request: the prompt's and its reply's full ones.
     stored: list[Hashable]
+    #: The session's request before this one, whose answer it waited for (index in the log;
+    #: -1: none, or its answer's time is not logged), and how long after that answer it came.
+    after: int = -1
+    think_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -104,6 +108,9 @@ def _openai(p: Path, block_size: int, vocab: int, output_tokens: int, limit: int
         last[r.session] = i
         if j is None:
             continue
+        done = logged[j].duration_s
+        if done is not None and r.t >= logged[j].t + done - 1e-3:  # sent after the answer: it waited
+            reqs[i].after, reqs[i].think_s = j, max(0.0, r.t - (logged[j].t + done))
         n = len(full[j])
         if full[i][:n] != full[j]:
             continue  # not a continuation (the client rewrote its history)

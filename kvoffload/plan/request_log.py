@@ -3,7 +3,8 @@
 Each line is an object with the prompt as ``prompt_token_ids`` (token ids), ``prompt`` (text)
 or ``messages`` (a chat: ``[{"role", "content"}]``, the whole conversation so far, as a client
 sends it); optionally ``timestamp`` (seconds, or milliseconds when above 1e11), ``session`` or
-``user`` (which conversation it continues) and ``max_tokens``. Text is turned into token ids by a
+``user`` (which conversation it continues), ``max_tokens`` and ``duration_s`` (seconds from
+sending it to its response's last token). Text is turned into token ids by a
 stand-in for the model's tokenizer (none is needed to replay a log): words and punctuation, each
 hashed into the vocabulary. It keeps what caching depends on: two prompts that start with the
 same text start with the same tokens, so shared prefixes stay shared; the token counts are
@@ -41,6 +42,8 @@ class LoggedRequest:
     max_tokens: int | None
     #: The prompt came as text and went through the stand-in tokenizer.
     from_text: bool
+    #: Seconds from sending the request to its response's last token (None: not logged).
+    duration_s: float | None = None
 
 
 def stand_in_tokens(text: str, vocab: int) -> tuple[int, ...]:
@@ -110,12 +113,13 @@ def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = N
             tokens, from_text = _prompt(body, n, vocab)
             ts = _number(rec, "timestamp", n)
             mt = _number(body, "max_tokens", n)
+            duration = _number(rec, "duration_s", n)
             session = rec.get("session", rec.get("user", body.get("user")))
             if session is not None and not isinstance(session, str | int):
                 raise RequestLogError(f"line {n}: session must be a string, got {type(session).__name__}")
             out.append(LoggedRequest(n, tokens, math.nan if ts is None else ts / 1000 if ts > 1e11 else ts,
                                      None if session is None else str(session),
-                                     None if mt is None else max(1, int(mt)), from_text))
+                                     None if mt is None else max(1, int(mt)), from_text, duration))
             if limit is not None and len(out) >= limit:
                 break
     if not out:
@@ -128,5 +132,5 @@ def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = N
     placed = []
     for r in out:
         last = last if math.isnan(r.t) else r.t
-        placed.append(LoggedRequest(r.line, r.tokens, last - t0, r.session, r.max_tokens, r.from_text))
+        placed.append(LoggedRequest(r.line, r.tokens, last - t0, r.session, r.max_tokens, r.from_text, r.duration_s))
     return sorted(placed, key=lambda r: (r.t, r.line))

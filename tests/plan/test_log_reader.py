@@ -42,6 +42,17 @@ def test_token_logs_hash_as_the_engine_does_and_replies_reach_the_next_turn(tmp_
     assert other.stored == other.blocks  # no later turn
 
 
+def test_a_turn_sent_after_its_answer_waited_for_it(tmp_path):
+    path = write(tmp_path / "log.jsonl", [
+        {"prompt_token_ids": [11] * 20, "session": "s", "timestamp": 0.0, "duration_s": 0.5},
+        {"prompt_token_ids": [11] * 30, "session": "s", "timestamp": 0.75, "duration_s": 0.2},
+        {"prompt_token_ids": [11] * 40, "session": "s", "timestamp": 0.8},  # sent before the answer came
+        {"prompt_token_ids": [12] * 20, "session": "t", "timestamp": 0.1},
+    ])
+    reqs = read_log(path, 16, vocab=300).requests
+    assert [(r.after, r.think_s) for r in reqs] == [(-1, 0.0), (-1, 0.0), (0, pytest.approx(0.25)), (-1, 0.0)]
+
+
 def test_a_rewritten_history_is_not_a_continuation(tmp_path):
     a = list(range(10, 60))
     path = write(tmp_path / "log.jsonl", [
