@@ -202,26 +202,13 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def _model_block_bytes(model: str, block_size: int) -> int:
     """Bytes of one engine block of KV for a checkpoint's ``config.json`` (K and V, every layer)."""
-    import json
-    from pathlib import Path
-
     from kvoffload.config import ConfigError
+    from kvoffload.plan.model_shape import ModelShapeError, kv_shape
 
-    p = Path(model)
-    cfg_file = p / "config.json" if p.is_dir() else p
     try:
-        raw = json.loads(cfg_file.read_text())
-        raw = raw.get("text_config", raw)  # multimodal checkpoints nest the language model's
-        heads = raw["num_attention_heads"]
-        kv_heads = raw.get("num_key_value_heads") or heads
-        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
-        layers = raw["num_hidden_layers"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--model {model}: cannot read the KV shape from {cfg_file} ({type(exc).__name__}: "
-                          f"{exc}); give a checkpoint directory or its config.json") from None
-    dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
-    width = 4 if "32" in dtype else 2
-    return 2 * layers * kv_heads * head_dim * width * block_size
+        return kv_shape(model).bytes_per_token * block_size
+    except ModelShapeError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def cmd_sim(args: argparse.Namespace) -> int:

@@ -1,21 +1,25 @@
 """``kvoffload bench plan``: `kvoffload plan`'s predictions against live runs of the bundled
 engine. Each workload runs without offload (its request log is written, as a server keeps
-one), then with each tier configuration; `plan` replays the log through the same chains,
-priced by this machine's profile; the report shows predicted and measured tokens per tier and
-returning-turn TTFT p50, with their ratios (predicted / measured). Device tokens are the
-prompts' hits in the device cache (a preempted request finding its own blocks again is not
-counted)."""
+one, and its steps are timed: the engine's speed is fitted on them), then with each tier
+configuration; `plan` replays the log through the same chains, priced by that fit and this
+machine's tier speeds; the report shows predicted and measured tokens per tier and
+returning-turn TTFT p50, with their ratios (predicted / measured), then the median ratios.
+"Prompt tokens cached" is what each request found cached (device and tiers) when first
+admitted; a tier's tokens are the engine's counter, which also counts a preempted request's
+blocks loaded again (the run's preemptions are shown)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.measure import add_reps, bench_parser, preamble
+from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.bench.serve_workloads import Workload
+from kvoffload.bench.served_log import write_served_log
 
 BLOCK = 16
 
@@ -31,8 +35,10 @@ def _workloads(args: Any) -> dict[str, Workload]:
     return out
 
 
-def _run(wl: Workload, tiers: list[dict[str, Any]] | None, device_blocks: int, mbt: int
-         ) -> tuple[list[tuple[str, int, Any]], dict[str, int]]:
+def _run(wl: Workload, tiers: list[dict[str, Any]] | None, device_blocks: int, mbt: int,
+         steps: list[tuple[dict[str, float], float]] | None = None) -> tuple[list[tuple[str, int, Any]], dict[str, Any]]:
+    """One run of ``wl``; ``steps`` (if given) receives each step's terms and seconds."""
+    from kvoffload.bench.profile_bench import StepRecorder, step_terms
     from kvoffload.bench.serve_bundled import run_bundled
     from kvoffload.engine import LLM, EngineConfig
 
@@ -41,12 +47,24 @@ def _run(wl: Workload, tiers: list[dict[str, Any]] | None, device_blocks: int, m
                        max_num_seqs=max(8, wl.concurrency), max_num_batched_tokens=mbt,
                        kv_offload=None if tiers is None else {"tiers": tiers, "load_mode": "async"})
     with LLM(cfg) as llm:
+        if steps is not None:
+            rec = StepRecorder(llm.runner)
+            plain_step = llm.step
+
+            def timed_step() -> list[str]:
+                t0 = time.perf_counter()
+                done = plain_step()
+                steps.append((step_terms(rec.current), time.perf_counter() - t0))
+                return done
+
+            llm.step = timed_step  # type: ignore[method-assign]
         turns, _ = run_bundled(llm, wl)
-        stats = llm.stats()
-    hits = {k: v for k, v in stats["prefix_hit_tokens"].items() if k != "device"}
-    # The device's hits on prompts: a preempted request re-finding its own blocks is not reuse.
-    hits["device"] = max(0, stats["prompt_hit_tokens"] - sum(hits.values()))
-    return turns, hits
+        return turns, llm.stats()
+
+
+def _cached(turns: list[tuple[str, int, Any]]) -> float:
+    """Prompt tokens found cached (device and tiers) when each request was first admitted."""
+    return float(sum(c.cached_tokens or 0 for _, _, c in turns))
 
 
 def _p50_returning(turns: list[tuple[str, int, Any]]) -> float:
@@ -56,7 +74,9 @@ def _p50_returning(turns: list[tuple[str, int, Any]]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("plan", __doc__)
-    p.add_argument("--profile", default=None, help="speeds YAML (default: measure this machine now)")
+    p.add_argument("--profile", default=None,
+                   help="tier speeds YAML (default: measure this machine's tiers now); the engine's speed is always "
+                        "fitted on the steps of the run without offload, as an operator's current server gives it")
     p.add_argument("--conversations", type=int, default=8, help="chat workload: conversations")
     p.add_argument("--context", type=int, default=768, help="chat workload: each conversation's opening tokens")
     p.add_argument("--weka", default=None, help="WEKA traces .tar.gz: also validate on a slice of it")
@@ -66,57 +86,71 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
+    from kvoffload.bench.profile_bench import fit_steps
     from kvoffload.plan.log_reader import read_log
     from kvoffload.plan.model_shape import kv_shape
     from kvoffload.plan.planner import make_plan
-    from kvoffload.plan.profile import load_profile
+    from kvoffload.plan.profile import Profile, load_profile
     from kvoffload.plan.tier_spec import parse_chain
 
     torch.set_num_threads(1)
     print(preamble(args.reps))
     with tempfile.TemporaryDirectory() as tmp:
         if args.profile is None:
-            from kvoffload.bench.profile_bench import measure_prefill, measure_tier
-            from kvoffload.plan.profile import Profile
+            from kvoffload.bench.profile_bench import measure_tier
 
-            engine = measure_prefill("tiny", BLOCK, args.max_batched_tokens, 3)
             speeds = {m: measure_tier(m, "tiny", BLOCK, args.max_batched_tokens, 3, tmp) for m in ("cpu", "disk")}
-            profile = Profile(engine, speeds, "measured now")
         else:
-            profile = load_profile(args.profile)
+            speeds = load_profile(args.profile).tiers
         block_bytes = kv_shape("tiny").bytes_per_token * BLOCK
+        ratios: dict[tuple[str, str, str], list[float]] = {}
+
+        def note(workload: str, config: str, figure: str, predicted: float, measured: float) -> str:
+            ratio = predicted / measured if measured else 1.0 if predicted == 0 else math.inf
+            ratios.setdefault((workload, config, figure), []).append(ratio)
+            return f"{figure} {measured:,.1f} vs {predicted:,.1f} ({ratio:.2f})"
+
         for name, wl in _workloads(args).items():
             ws_blocks = math.ceil(wl.working_set_tokens / BLOCK)
             device = max(math.ceil(args.device_fraction * ws_blocks), wl.max_context // BLOCK + 2)
             big, small = ws_blocks * 2 * block_bytes, max(ws_blocks // 4, 64) * block_bytes
-            configs = {f"cpu:{big}B": [{"name": "cpu", "medium": "cpu", "capacity": f"{big}B"}],
-                       f"cpu:{small}B+disk:{big}B": [
+            configs = {"cpu": [{"name": "cpu", "medium": "cpu", "capacity": f"{big}B"}],
+                       "cpu+disk": [
                            {"name": "cpu", "medium": "cpu", "capacity": f"{small}B"},
-                           {"name": "disk", "medium": "disk", "capacity": f"{big}B", "path": f"{tmp}/{name}-disk"}]}
-            print(f"\n{name}: {len(wl.sessions)} sessions, working set {ws_blocks} blocks, device {device} blocks")
+                           {"name": "disk", "medium": "disk", "capacity": f"{big}B"}]}
+            specs = [f"cpu:{big}B", f"cpu:{small}B+disk:{big}B"]
+            print(f"\n{name}: {len(wl.sessions)} sessions, working set {ws_blocks} blocks, device {device} blocks; "
+                  f"chains {specs[0]} (cpu) and {specs[1]} (cpu+disk); measured vs predicted (ratio)")
             for rep in range(args.reps):
-                base_turns, base_hits = _run(wl, None, device, args.max_batched_tokens)
+                steps: list[tuple[dict[str, float], float]] = []
+                base_turns, _ = _run(wl, None, device, args.max_batched_tokens, steps)
+                profile = Profile(fit_steps(steps, args.max_batched_tokens, "tiny"), speeds, "fitted now")
                 log = Path(tmp) / f"{name}-{rep}.jsonl"
-                from kvoffload.bench.served_log import write_served_log
-
                 write_served_log(wl, base_turns, log)
                 rlog = read_log(log, BLOCK, vocab=258, output_tokens=wl.max_tokens)
-                chains = [parse_chain(spec) for spec in configs]
-                plan = make_plan(rlog, chains, block_bytes, device, profile, wl.max_tokens)
-                base_ms = _p50_returning(base_turns) * 1e3
-                print(f"  no offload: returning TTFT p50 measured {base_ms:.1f} ms, predicted "
-                      f"{plan.results[0].base_ttft_p50_s * 1e3:.1f} ms (ratio "
-                      f"{plan.results[0].base_ttft_p50_s * 1e3 / base_ms:.2f}); device tokens measured "
-                      f"{base_hits['device']:,}, predicted {plan.results[0].device_tokens:,}")
-                for (_label, tiers), res in zip(configs.items(), plan.results):
-                    turns, hits = _run(wl, tiers, device, args.max_batched_tokens)
-                    ms = _p50_returning(turns) * 1e3
-                    parts = [f"device {hits['device']:,} vs {res.device_tokens:,}"]
-                    for t in res.tiers:
-                        got = hits.get(t.medium, 0)
-                        ratio = f"{t.tokens_served / got:.2f}" if got else "-"
-                        parts.append(f"{t.medium} {got:,} vs {t.tokens_served:,} ({ratio})")
-                    print(f"  {res.label}: tokens measured vs predicted: {'; '.join(parts)}; returning TTFT p50 "
-                          f"measured {ms:.1f} ms, predicted {res.ttft_p50_s * 1e3:.1f} ms (ratio "
-                          f"{res.ttft_p50_s * 1e3 / ms:.2f})")
+                plan = make_plan(rlog, [parse_chain(spec) for spec in specs], block_bytes, device, profile,
+                                 wl.max_tokens)
+                first = plan.results[0]
+                print(f"  rep {rep + 1} no offload: " + "; ".join([
+                    note(name, "none", "returning TTFT p50 ms", first.base_ttft_p50_s * 1e3,
+                         _p50_returning(base_turns) * 1e3),
+                    note(name, "none", "prompt tokens cached", first.device_tokens, _cached(base_turns))]))
+                for (config, tiers), res in zip(configs.items(), plan.results):
+                    # A fresh directory each run: a disk tier keeps its records across restarts.
+                    tiers = [{**t, "path": f"{tmp}/{name}-{rep}-{config}"} if t["medium"] == "disk" else t
+                             for t in tiers]
+                    turns, stats = _run(wl, tiers, device, args.max_batched_tokens)
+                    seen = stats["connector"]["load_cost"]["kvoffload_tier_load_bytes_per_second"]
+                    parts = [note(name, config, "returning TTFT p50 ms", res.ttft_p50_s * 1e3,
+                                  _p50_returning(turns) * 1e3),
+                             note(name, config, "prompt tokens cached", res.device_tokens + res.prefill_tokens_saved,
+                                  _cached(turns))]
+                    parts += [note(name, config, f"{t.medium} tokens", t.tokens_served,
+                                   stats["prefix_hit_tokens"].get(t.medium, 0)) for t in res.tiers]
+                    print(f"  rep {rep + 1} {config}: " + "; ".join(parts)
+                          + (f" [{stats['preemptions']} preemptions]" if stats["preemptions"] else "")
+                          + "; loads seen " + ", ".join(f"{m} {bw / 1e9:.2f} GB/s" for m, bw in seen.items()))
+        print("\nsummary, predicted / measured (median ± half-range of the reps):")
+        for (workload, config, figure), values in ratios.items():
+            print(f"  {workload:<5} {config:<9} {figure:<22} {Sample(tuple(values)).fmt()}x")
     return 0

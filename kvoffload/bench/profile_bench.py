@@ -1,15 +1,16 @@
 """``kvoffload bench profile``: the speeds `kvoffload plan` prices a plan with, measured on this
 machine by the real engine and tiers, written as the profile YAML.
 
-- Prefill: the bundled engine computes prompts of several lengths with nothing cached; the
-  median time of each is fitted by steps x step_s + tokens x token_s + tokens^2/2 x attention_s
-  (least squares, no negative term). Decoding: steps of 1 and of 8 requests give what each
-  decoding request adds to a step (decode_s).
+- The engine: prompts of 16 to 2,048 tokens alone, then a mixed load (four at a time, each
+  decoding 24 tokens and returning once with 64 tokens more), every step timed and what it
+  computed noted; least squares over the steps fit
+  a step's own cost, each prefill token, their attention (new x earlier tokens), each decoding
+  request and its context (no negative term).
 - Tiers: each prompt is computed once more after the device cache is dropped, so its blocks
   load from the tier; the load speed and per-job latency are what the connector's own cost model
-  fitted from those copies (kvoffload_tier_load_bytes_per_second and _latency_seconds). A disk
-  run writes every block through to the disk and pushes it out of a small host tier with
-  another prompt before the reload, so the loads come from the disk. Store speed: the
+  fitted from those copies (kvoffload_tier_load_bytes_per_second and _latency_seconds). A disk (or
+  fs) run writes every block through to it and pushes it out of a small host tier with another
+  prompt before the reload, so the loads come from there. Store speed: the
   device-to-host copies of the run (the disk's own writes are demotions beside the steps,
   not timed per tier; its store speed is taken as its load speed).
 The baseline this prints beside each tier is a plain contiguous copy of the same bytes.
@@ -17,11 +18,9 @@ The baseline this prints beside each tier is a plain contiguous copy of the same
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import random
-import statistics
 import tempfile
 import time
 from typing import Any
@@ -31,81 +30,110 @@ import numpy as np
 from kvoffload.bench.measure import add_reps, bench_parser, preamble
 from kvoffload.plan.profile import EngineSpeed, Profile, TierSpeed
 
+#: Prompt lengths of the profiling load (each several times, arriving a few at a time).
 LENGTHS = (16, 64, 256, 512, 1024, 2048)
-DECODE_BATCH = 8
-DECODE_CONTEXT = 256
-DECODE_STEPS = 32
+#: Step terms the engine's speed is fitted on, in EngineSpeed's names.
+TERMS = ("step_s", "token_s", "attention_s", "decode_s", "decode_context_s")
 
 
 def _engine(model: str, block_size: int, mbt: int, kv_offload: Any, device_blocks: int) -> Any:
     from kvoffload.engine import LLM, EngineConfig
 
     return LLM(EngineConfig(model=model, block_size=block_size, num_gpu_blocks=device_blocks, max_model_len=4096,
-                            max_num_batched_tokens=mbt, kv_offload=kv_offload))
+                            max_num_batched_tokens=mbt, max_num_seqs=16, kv_offload=kv_offload))
 
 
 def _prompt(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(10, 250) for _ in range(n)]
 
 
-def fit_prefill(samples: list[tuple[int, int, float]], mbt: int, model: str) -> EngineSpeed:
-    """(tokens, steps, seconds) -> the least-squares speeds, a term that fits negative dropped."""
-    names = ["step_s", "token_s", "attention_s"]
-    cols = {"step_s": [s for _, s, _ in samples], "token_s": [n for n, _, _ in samples],
-            "attention_s": [n * n / 2 for n, _, _ in samples]}
-    y = np.array([t for _, _, t in samples])
-    keep = list(names)
+class StepRecorder:
+    """Wraps the model runner's ``execute_model`` (a measuring wrapper, in the benchmark only)
+    to note what each step computed: per request, its new tokens and what it had computed."""
+
+    def __init__(self, runner: Any) -> None:
+        self.inner = runner.execute_model
+        self.prompt_len: dict[str, int] = {}
+        self.current: list[tuple[int, int, bool]] = []
+        runner.execute_model = self
+
+    def __call__(self, so: Any) -> Any:
+        computed = {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs}
+        for r in so.scheduled_new_reqs:
+            self.prompt_len[r.req_id] = r.num_prompt_tokens if r.num_prompt_tokens >= 0 else len(r.prompt_token_ids)
+        cached = so.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        self.current = [(n, computed[rid], computed[rid] >= self.prompt_len.get(rid, 0))
+                        for rid, n in so.num_scheduled_tokens.items() if n > 0]
+        return self.inner(so)
+
+
+def step_terms(parts: list[tuple[int, int, bool]]) -> dict[str, float]:
+    """One step's regressors: its prefill tokens, their attention, its decodes and their context."""
+    prefill = [(n, c) for n, c, decode in parts if not decode]
+    decodes = [c for _, c, decode in parts if decode]
+    return {"step_s": 1.0, "token_s": float(sum(n for n, _ in prefill)),
+            "attention_s": float(sum(n * (c + n / 2) for n, c in prefill)),
+            "decode_s": float(len(decodes)), "decode_context_s": float(sum(decodes))}
+
+
+def fit_steps(rows: list[tuple[dict[str, float], float]], mbt: int, model: str) -> EngineSpeed:
+    """Least squares over steps (terms, seconds); a term that fits negative is dropped and the
+    rest refitted, so every speed is >= 0."""
+    y = np.array([t for _, t in rows])
+    keep = list(TERMS)
     while True:
-        a = np.array([cols[k] for k in keep], dtype=float).T
+        a = np.array([[terms[k] for k in keep] for terms, _ in rows])
         coef, *_ = np.linalg.lstsq(a, y, rcond=None)
         if (coef >= 0).all() or len(keep) == 1:
             break
         keep.pop(int(np.argmin(coef)))
-    got = dict(zip(keep, np.maximum(coef, 0.0)))
-    return EngineSpeed(model, float(got.get("step_s", 0.0)), float(got.get("token_s", 1e-9)) or 1e-9,
-                       float(got.get("attention_s", 0.0)), mbt)
+    got = {k: float(v) for k, v in zip(keep, np.maximum(coef, 0.0))}
+    return EngineSpeed(model, got.get("step_s", 0.0), got.get("token_s", 0.0) or 1e-9, got.get("attention_s", 0.0),
+                       mbt, got.get("decode_s", 0.0), got.get("decode_context_s", 0.0))
 
 
 def measure_prefill(model: str, block_size: int, mbt: int, reps: int) -> EngineSpeed:
-    import math
-
+    """The engine's step time, every step timed with what it computed: prompts of every length
+    alone (prefill only), then a mixed load: prompts arriving four at a time, each decoding 24
+    tokens and returning once with 64 tokens more (a prefix hit: short prefills over long
+    contexts)."""
     from kvoffload.engine.sampling_params import SamplingParams
 
     rng = random.Random(0)
-    device = max(max(LENGTHS), DECODE_BATCH * (DECODE_CONTEXT + DECODE_STEPS + 16)) // block_size + 8
-    llm = _engine(model, block_size, mbt, None, device)
+    llm = _engine(model, block_size, mbt, None, 8 * (max(LENGTHS) + 128) // block_size + 8)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
     try:
-        llm.generate([_prompt(rng, 64)], SamplingParams(max_tokens=1))  # warm-up
-        samples = []
-        for n in LENGTHS:
-            times = []
-            for _ in range(reps):
-                llm.reset_prefix_cache()
+        llm.generate([_prompt(rng, 64)], SamplingParams(max_tokens=2))  # warm-up
+        rec = StepRecorder(llm.runner)
+        rows: list[tuple[dict[str, float], float]] = []
+        for n in LENGTHS * reps:  # prefill alone: what pins a step's own cost apart from decoding's
+            llm.add_request(_prompt(rng, n), SamplingParams(max_tokens=1))
+            while True:
                 t0 = time.perf_counter()
-                llm.generate([_prompt(rng, n)], SamplingParams(max_tokens=1))
-                times.append(time.perf_counter() - t0)
-            samples.append((n, math.ceil(n / mbt), statistics.median(times)))
-        # Decode steps of one and of DECODE_BATCH requests: a step's own cost and what each
-        # decoding request adds (its token and its attention over a mid-sized context).
-        per_step = {}
-        for batch in (1, DECODE_BATCH):
-            times = []
-            for _ in range(reps):
-                ps = [_prompt(rng, DECODE_CONTEXT) for _ in range(batch)]
-                llm.reset_prefix_cache()
-                t0 = time.perf_counter()
-                llm.generate(ps, SamplingParams(max_tokens=1))
-                one = time.perf_counter() - t0
-                llm.reset_prefix_cache()
-                t0 = time.perf_counter()
-                llm.generate(ps, SamplingParams(max_tokens=DECODE_STEPS + 1, ignore_eos=True))
-                times.append((time.perf_counter() - t0 - one) / DECODE_STEPS)
-            per_step[batch] = statistics.median(times)
+                done = llm.step()
+                rows.append((step_terms(rec.current), time.perf_counter() - t0))
+                if done:
+                    llm.collect(done[0])
+                    break
+        queue = [_prompt(rng, n) for n in LENGTHS * reps]
+        rng.shuffle(queue)
+        running: dict[str, tuple[list[int], bool]] = {}
+        while queue or running:
+            while queue and len(running) < 4:
+                prompt = queue.pop()
+                running[llm.add_request(prompt, params)] = (prompt, len(prompt) in LENGTHS)
+            t0 = time.perf_counter()
+            done = llm.step()
+            rows.append((step_terms(rec.current), time.perf_counter() - t0))
+            for rid in done:
+                out = llm.collect(rid)
+                prompt, fresh = running.pop(rid)
+                if fresh:  # it returns, its answer and 64 new tokens after its prompt
+                    queue.insert(0, prompt + list(out.token_ids) + _prompt(rng, 64))
     finally:
         llm.close()
-    decode = max(0.0, (per_step[DECODE_BATCH] - per_step[1]) / (DECODE_BATCH - 1))
-    samples += [(1, 1, max(per_step[1] - decode, 1e-6))] * len(LENGTHS)  # a step with one token
-    return dataclasses.replace(fit_prefill(samples, mbt, model), decode_s=decode)
+    return fit_steps(rows, mbt, model)
 
 
 def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, directory: str) -> TierSpeed:
@@ -116,10 +144,12 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
     # With disk, a host tier a little over one step's stores: longer prompts' heads load from disk.
     host = "256MiB" if medium == "cpu" else f"{(mbt // block_size + 8) * block}B"
     tiers: list[dict[str, Any]] = [{"name": "cpu", "medium": "cpu", "capacity": host}]
-    if medium == "disk":
-        tiers.append({"name": "disk", "medium": "disk", "capacity": "256MiB", "path": directory, "write_through": True})
+    if medium in ("disk", "fs"):
+        tiers.append({"name": medium, "medium": medium, "capacity": "256MiB", "path": os.path.join(directory, medium),
+                      "write_through": True})
     elif medium != "cpu":
-        raise ValueError(f"--tiers {medium}: bench profile measures cpu and disk; give other tiers' speeds in the YAML")
+        raise ValueError(f"--tiers {medium}: bench profile measures cpu, disk and fs; give other tiers' speeds "
+                         "(mooncake's) in the YAML by hand")
     rng = random.Random(1)
     device = max(LENGTHS) // block_size + 8
     llm = _engine(model, block_size, mbt, {"tiers": tiers, "load_mode": "async"}, device)
@@ -160,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p = bench_parser("profile", __doc__)
     p.add_argument("--out", default="kvoffload_profile.yaml", help="where the profile goes")
     p.add_argument("--model", default="tiny", help="the bundled engine's model whose prefill is timed")
-    p.add_argument("--tiers", default="cpu,disk", help="comma-separated media to time (cpu, disk)")
+    p.add_argument("--tiers", default="cpu,disk,fs", help="comma-separated media to time (cpu, disk, fs)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per engine block")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step budget")
     p.add_argument("--dir", default=None, help="directory for the disk tier's file (default: a temporary one)")
@@ -175,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(preamble(args.reps))
     engine = measure_prefill(args.model, args.block_size, args.max_batched_tokens, args.reps)
-    print(f"prefill ({args.model}): step {engine.step_s * 1e3:.3f} ms + {engine.token_s * 1e6:.2f} us/token + "
-          f"{engine.attention_s * 1e9:.3f} ns/token^2 ({args.max_batched_tokens} tokens a step); decoding: "
-          f"{engine.decode_s * 1e3:.3f} ms a request a step")
+    print(f"engine ({args.model}): a step {engine.step_s * 1e3:.3f} ms + {engine.token_s * 1e6:.2f} us a prefill "
+          f"token + {engine.attention_s * 1e9:.3f} ns a (new x earlier) token pair + {engine.decode_s * 1e3:.3f} ms a "
+          f"decoding request + {engine.decode_context_s * 1e9:.1f} ns a token of its context "
+          f"({args.max_batched_tokens} tokens a step)")
     speeds = {}
     plain = _plain_copy_gbps()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

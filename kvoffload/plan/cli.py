@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     if log.stand_in:
         print("note: the prompts are text, tokenized by the stand-in (words and punctuation, not the model's "
               "tokenizer): prefixes are kept, token counts are words")
+    if plan.busy_share > 0.95:
+        print(f"note: without offload the profile's engine ({profile.engine.model or 'unnamed'}) is busy "
+              f"{plan.busy_share:.0%} of the log's span: requests queue, so TTFT reflects the queue more than the "
+              "tiers; price the plan with the profile of the engine you serve with (--profile)")
     print(_table(plan))
     advice = advise(plan.results, args.within, args.knee_share)
     print()

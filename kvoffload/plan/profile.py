@@ -4,7 +4,8 @@ measured on a machine (``kvoffload bench profile`` writes one) or edited by hand
 A load of ``n`` bytes from a tier takes ``load_latency_s + n / (load_gb_per_s * 1e9)``; a
 prefill of ``n`` new tokens after ``c`` cached ones takes ``ceil(n / max_batched_tokens)`` steps
 of ``step_s`` plus ``n * token_s + n * (c + n / 2) * attention_s`` (attention reads every
-earlier token); each request decoding in a step adds ``decode_s`` to it.
+earlier token); each request decoding in a step adds ``decode_s`` and ``decode_context_s`` per
+token of its context.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class EngineSpeed:
     token_s: float
     attention_s: float = 0.0
     max_batched_tokens: int = 2048
-    #: What each decoding request adds to a step (its token, its attention over its context).
+    #: What each decoding request adds to a step, and each token of its context (attention).
     decode_s: float = 0.0
+    decode_context_s: float = 0.0
 
     def prefill_s(self, new: int, cached: int = 0) -> float:
         if new <= 0:
@@ -95,9 +97,11 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
     mbt = eng.get("max_batched_tokens", 2048)
     if type(mbt) is not int or mbt < 1:
         raise ProfileError(f"{source}: engine.max_batched_tokens = {mbt!r}: give an integer >= 1")
-    optional = {k: _positive(eng, k, "engine", True) if k in eng else 0.0 for k in ("attention_s", "decode_s")}
+    optional = {k: _positive(eng, k, "engine", True) if k in eng else 0.0
+                for k in ("attention_s", "decode_s", "decode_context_s")}
     engine = EngineSpeed(str(eng.get("model", "")), _positive(eng, "step_s", "engine", True),
-                         _positive(eng, "token_s", "engine"), optional["attention_s"], mbt, optional["decode_s"])
+                         _positive(eng, "token_s", "engine"), optional["attention_s"], mbt, optional["decode_s"],
+                         optional["decode_context_s"])
     tiers_doc = doc.get("tiers") or {}
     if not isinstance(tiers_doc, dict):
         raise ProfileError(f"{source}: tiers: a mapping of medium -> speeds")
