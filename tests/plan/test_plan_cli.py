@@ -1,0 +1,72 @@
+"""``kvoffload plan`` end to end: the shipped sample log, a user's JSONL, the sweep's table,
+JSON and plot, and the one-line errors of what it cannot plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvoffload import cli
+
+
+def plan(*args: str) -> int:
+    return cli.main(["plan", *args])
+
+
+def test_the_sample_log_swept(tmp_path, capsys):
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    assert plan("--log", "sample", "--model", "tiny", "--tiers", "cpu:{256,1024,4096,8192}KiB", "--device-blocks",
+                "16", "--json", str(out), "--plot", str(png)) == 0
+    text = capsys.readouterr().out
+    assert "stand-in" in text and "Buy cpu:" in text and "tokens from cpu" in text
+    doc = json.loads(out.read_text())
+    labels = [r["label"] for r in doc["results"]]
+    assert labels == ["cpu:256KiB", "cpu:1MiB", "cpu:4MiB", "cpu:8MiB"]
+    served = [r["tiers"][0]["tokens_served"] for r in doc["results"]]
+    assert served == sorted(served) and served[-1] > 0  # LRU: a larger tier never serves less
+    assert doc["recommended"] in labels and doc["knee"] in labels
+    best = max(r["prefill_s_saved"] for r in doc["results"])
+    rec = next(r for r in doc["results"] if r["label"] == doc["recommended"])
+    assert rec["prefill_s_saved"] >= 0.95 * best
+    assert all(r["ttft_p50_s"] <= r["base_ttft_p50_s"] + 1e-12 for r in doc["results"])
+    assert png.stat().st_size > 10_000
+
+
+def test_a_users_token_log_and_a_checkpoint_config(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8,
+                                                   "num_key_value_heads": 2, "hidden_size": 256,
+                                                   "torch_dtype": "bfloat16"}))
+    log = tmp_path / "log.jsonl"
+    prefix = list(range(100, 400))
+    log.write_text("".join(json.dumps({"prompt_token_ids": prefix + [500 + i] * 20, "timestamp": i * 0.5}) + "\n"
+                           for i in range(10)))
+    assert plan("--log", str(log), "--model", str(model), "--tiers", "cpu:64MiB+disk:1GiB", "--device-blocks", "0") == 0
+    text = capsys.readouterr().out
+    # 2 (K, V) x 4 layers x 2 heads x 32 dims x 2 bytes = 1 KiB a token, 16 KiB a block.
+    assert "16KiB each" in text and "1,024 B of KV per token" in text
+    # Nine requests find the 18 shared blocks in the CPU tier (no device cache).
+    assert f"{9 * 18 * 16:,} (" in text
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--tiers", "gpu:1GiB"], "--tiers 'gpu:1GiB': medium 'gpu' is not a tier"),
+    (["--tiers", "cpu:1GiB+mooncake:1TiB"], "tier 'mooncake': --profile (shipped) has no speeds for it"),
+    (["--model", "/no/such/model"], "--model '/no/such/model': no such model"),
+    (["--log", "/no/such.jsonl"], "--log /no/such.jsonl: no such file"),
+    (["--device-kv", "lots"], "--device-kv 'lots': write a number and a unit"),
+])
+def test_what_cannot_be_planned_is_one_line(args, words, capsys):
+    base = {"--log": "sample", "--model": "tiny", "--tiers": "cpu:1MiB", **dict(zip(args[::2], args[1::2]))}
+    assert plan(*[x for kv in base.items() for x in kv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and words in err and "\n" not in err
+
+
+def test_a_malformed_log_line_names_it(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"prompt": "hello"}\n{"messages": "hi"}\n')
+    assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:1MiB") == 2
+    assert "line 2: messages must be a non-empty list" in capsys.readouterr().err
