@@ -64,3 +64,19 @@ def test_a_missing_or_broken_file(tmp_path):
     (tmp_path / "bad.yaml").write_text("engine: [\n")
     with pytest.raises(ProfileError, match="not YAML"):
         load_profile(tmp_path / "bad.yaml")
+
+
+def test_bench_profile_writes_a_profile_plan_reads(tmp_path, capsys):
+    """The measured profile round trip: the benchmark's YAML loads, and prices a plan."""
+    from kvoffload import cli
+
+    out = tmp_path / "p.yaml"
+    assert cli.main(["bench", "profile", "--out", str(out), "--tiers", "cpu", "--reps", "1"]) == 0
+    p = load_profile(out)
+    assert set(p.tiers) == {"cpu"} and p.engine.model == "tiny" and p.engine.max_batched_tokens == 512
+    assert p.tiers["cpu"].load_gb_per_s > 0 and p.engine.token_s > 0
+    assert "plain memory copy" in capsys.readouterr().out
+    assert cli.main(["plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB", "--profile", str(out)]) == 0
+    assert cli.main(["plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB+disk:1GiB",
+                     "--profile", str(out)]) == 2
+    assert "tier 'disk'" in capsys.readouterr().err
