@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--throttle-tier", default=None, metavar="MEDIUM:BW:LATENCY",
                    help="slow a secondary tier's I/O down, e.g. disk:20MB/s:50ms (a test wrapper: "
                         "kvoffload.testing.throttle)")
+    p.add_argument("--write-log", default=None, metavar="FILE",
+                   help="write the first configuration's first run as a request log (OpenAI JSONL with "
+                        "duration_s), for `kvoffload plan --log FILE`")
     p.add_argument("--engine", choices=["vllm", "bundled"], default="vllm",
                    help="vllm: vllm serve over HTTP; bundled: kvoffload's own engine, in process")
     p.add_argument("--threads", type=positive_int, default=1, help="--engine bundled: torch CPU threads")
@@ -196,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.engine != "vllm" or args.url:
             p.error("--replicas runs vllm serve replicas: drop --engine bundled and --url")
         routed_config = names[0]
+    if args.write_log and args.engine == "bundled" and args.workload == "mix":
+        p.error("--write-log with --workload mix on --engine bundled: each round restarts its clock there; "
+                "write the log of an --engine vllm run, or of another workload")
     if args.reserved_cpus < 0:
         p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:
@@ -328,6 +334,12 @@ def _finish(args: argparse.Namespace, wl: Workload, runs: dict[str, list[RunResu
                 reps=args.reps, command=" ".join(sys.argv))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1))
+    if args.write_log:
+        from kvoffload.bench.served_log import write_served_log
+
+        first = next(iter(runs.values()))[0]
+        n = write_served_log(wl, [(t.sid, t.turn, t.completion) for t in first.turns], args.write_log)
+        print(f"request log of the first {first.config} run ({n} requests): {args.write_log}")
     if args.plot:
         plot(runs, Path(args.plot), wl.name)
         print(f"plot: {args.plot}")

@@ -10,6 +10,8 @@ from kvoffload.plan.planner import Plan
 from kvoffload.plan.tier_spec import format_size
 
 DEFAULT_DEVICE_BLOCKS = 64
+#: A median TTFT this many times the prefill alone means requests queue (the output says so).
+QUEUEING_NOTE = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     for tiers in chains:
         for t in tiers:
             profile.tier(t.medium, f"--profile {args.profile or '(shipped)'}")
-    vocab = 258 if args.model in ("tiny", "small", "tiny-hybrid") else 1 << 31
-    log = read_log(args.log, args.block_size, vocab=vocab, output_tokens=args.output_tokens, limit=args.limit)
+    # Token ids are only hashed here, whatever the model's vocabulary; text is hashed into ids.
+    log = read_log(args.log, args.block_size, vocab=1 << 62, output_tokens=args.output_tokens, limit=args.limit)
     block_bytes = shape.bytes_per_token * log.block_tokens
     device = _device_blocks(args, shape.bytes_per_token * args.block_size) * args.block_size // log.block_tokens
     total = len(log.requests) * len(chains)
@@ -110,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     if log.stand_in:
         print("note: the prompts are text, tokenized by the stand-in (words and punctuation, not the model's "
               "tokenizer): prefixes are kept, token counts are words")
-    if plan.busy_share > 0.95:
-        print(f"note: without offload the profile's engine ({profile.engine.model or 'unnamed'}) is busy "
-              f"{plan.busy_share:.0%} of the log's span: requests queue, so TTFT reflects the queue more than the "
-              "tiers; price the plan with the profile of the engine you serve with (--profile)")
+    if plan.queueing > QUEUEING_NOTE:
+        print(f"note: without offload a request's TTFT is {plan.queueing:,.0f}x its prefill alone (median): with "
+              f"the profile's engine ({profile.engine.model or 'unnamed'}) this log's requests queue, so TTFT "
+              "measures the queue more than the tiers; price the plan with the profile of the engine you serve "
+              "with (--profile)")
     print(_table(plan))
     advice = advise(plan.results, args.within, args.knee_share)
     print()

@@ -66,9 +66,9 @@ class Plan:
     block_bytes: int
     device_blocks: int
     stand_in: bool
-    #: Share of the log's span the engine is busy without offload (near 1: requests queue,
-    #: and their TTFT grows with the log's length rather than with the tiers).
-    busy_share: float = 0.0
+    #: Median of each request's TTFT without offload over its prefill alone: far above 1,
+    #: requests queue, and TTFT measures the queue more than the tiers.
+    queueing: float = 1.0
     results: list[PlanResult] = field(default_factory=list)
 
 
@@ -124,13 +124,14 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
         dev = device_hits(reqs, device_blocks, bt, output_tokens, order)
         dev_tok = np.minimum(dev * bt, np.maximum(prompt - 1, 0))
         base_new = prompt - dev_tok
-        base, started, base_busy = simulate_ttft(arrival, np.zeros(len(reqs)), base_new, dev_tok, outputs, eng, kv,
-                                                device_blocks, after=after, think_s=think)
+        base, started, _ = simulate_ttft(arrival, np.zeros(len(reqs)), base_new, dev_tok, outputs, eng, kv,
+                                         device_blocks, after=after, think_s=think)
         order = np.argsort(started, kind="stable").tolist()
-    base_prefill = sum(eng.prefill_s(int(n), int(c)) for n, c in zip(base_new, dev_tok))
     span = max(log.duration_s, PEAK_WINDOW_S)
+    alone = np.array([eng.prefill_s(int(n), int(c)) for n, c in zip(base_new, dev_tok)])  # one at a time
+    base_prefill = float(alone.sum())
     plan = Plan(log.form, len(reqs), bt, block_bytes, device_blocks, log.stand_in,
-                busy_share=base_busy / max(log.duration_s, base_busy, 1e-9) if reqs else 0.0)
+                queueing=float(np.median(base / np.maximum(alone, 1e-12))))
     for tiers in chains:
         counts = replay_chain(reqs, dev, tiers, block_bytes, bt, order, progress, eng.max_batched_tokens)
         hit = dev_tok.copy()

@@ -93,8 +93,9 @@ def simulate_ttft(arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarra
         slots = max_num_seqs - decodes - prefilling
         takes: list[tuple[int, int]] = []
         full = False
+        unseen = prefilling  # started prefills not visited yet: past the last, only new ones wait
         for i in waiting:
-            if room <= 0:
+            if room <= 0 or (full and unseen == 0):
                 break
             if ready[i] > t:
                 continue
@@ -106,6 +107,8 @@ def simulate_ttft(arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarra
                 slots -= 1
                 prefilling += 1
                 started[i] = t
+            else:
+                unseen -= 1
             take = min(left[i], room)
             takes.append((i, take))
             room -= take

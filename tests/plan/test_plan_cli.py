@@ -70,3 +70,29 @@ def test_a_malformed_log_line_names_it(tmp_path, capsys):
     log.write_text('{"prompt": "hello"}\n{"messages": "hi"}\n')
     assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:1MiB") == 2
     assert "line 2: messages must be a non-empty list" in capsys.readouterr().err
+
+
+def test_bench_serve_writes_the_log_plan_reads(tmp_path, capsys):
+    from kvoffload.bench import serve_bench
+
+    log = tmp_path / "served.jsonl"
+    assert serve_bench.main(["--engine", "bundled", "--workload", "chat", "--conversations", "3", "--turns", "3",
+                             "--context", "64", "--user-tokens", "16", "--max-tokens", "4", "--think", "0",
+                             "--configs", "plain,cpu", "--cpu", "16MiB", "--reps", "1", "--write-log", str(log),
+                             "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
+                             "--vocab", "500"]) == 0
+    assert f"request log of the first plain run (9 requests): {log}" in capsys.readouterr().out
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 9 and all(r["duration_s"] > 0 and r["max_tokens"] == 4 for r in rows)
+    by_session: dict[str, list[list[int]]] = {}
+    for r in rows:
+        by_session.setdefault(r["session"], []).append(r["prompt_token_ids"])
+    for prompts in by_session.values():  # each turn extends the last one and its 4-token answer
+        assert [len(p) for p in prompts] == [80, 100, 120]
+        assert all(b[: len(a)] == a for a, b in zip(prompts, prompts[1:]))
+    assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:16MiB", "--device-blocks", "0",
+                "--json", str(tmp_path / "p.json")) == 0
+    doc = json.loads((tmp_path / "p.json").read_text())
+    # A returning turn finds what the turn before computed, in whole blocks of 16: 80 + 4 - 1
+    # tokens (5 blocks) for the second turn, 100 + 4 - 1 (6 blocks) for the third.
+    assert doc["results"][0]["tiers"][0]["tokens_served"] == 3 * (80 + 96)
