@@ -3,6 +3,7 @@ JSON and plot, and the one-line errors of what it cannot plan."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -89,7 +90,7 @@ def test_bench_serve_writes_the_log_plan_reads(tmp_path, capsys):
         by_session.setdefault(r["session"], []).append(r["prompt_token_ids"])
     for prompts in by_session.values():  # each turn extends the last one and its 4-token answer
         assert [len(p) for p in prompts] == [80, 100, 120]
-        assert all(b[: len(a)] == a for a, b in zip(prompts, prompts[1:]))
+        assert all(b[: len(a)] == a for a, b in itertools.pairwise(prompts))
     assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:16MiB", "--device-blocks", "0",
                 "--json", str(tmp_path / "p.json")) == 0
     doc = json.loads((tmp_path / "p.json").read_text())
