@@ -137,6 +137,7 @@ def measure_prefill(model: str, block_size: int, mbt: int, reps: int) -> EngineS
 
 
 def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, directory: str) -> TierSpeed:
+    from kvoffload.bench.serve_bundled import reset_cold
     from kvoffload.engine.sampling_params import SamplingParams
     from kvoffload.plan.model_shape import kv_shape
 
@@ -159,9 +160,9 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
             llm.generate([p], SamplingParams(max_tokens=1))
             if medium != "cpu":  # push the prompt out of the host tier: its blocks wait on disk
                 llm.generate([_prompt(rng, max(LENGTHS))], SamplingParams(max_tokens=1))
-            llm.reset_prefix_cache()
+            reset_cold(llm, medium, reset_connector=False)  # the device forgets; the tiers keep it
             llm.generate([p], SamplingParams(max_tokens=1))
-            llm.reset_prefix_cache()
+            reset_cold(llm, medium, reset_connector=False)
         stats = llm.stats()
     finally:
         llm.close()

@@ -352,7 +352,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     import torch
     from tqdm import tqdm
 
-    from kvoffload.bench.serve_bundled import run_bundled
+    from kvoffload.bench.serve_bundled import reset_cold, run_bundled
     from kvoffload.engine.config import EngineConfig
     from kvoffload.engine.llm import LLM
 
@@ -382,8 +382,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
             for rep in range(args.reps):
                 for name in rotation(names, rep):
                     llm = engines[name]
-                    if not llm.reset_prefix_cache(reset_connector=True):  # every run starts cold
-                        raise RuntimeError(f"{name}: the prefix cache could not be reset (blocks still in use)")
+                    reset_cold(llm, name)  # every run starts cold
                     before = dict(llm.stats()["prefix_hit_tokens"])
                     hinted = sends_hints(name)
 

@@ -42,6 +42,18 @@ class _Client:
     completion: Completion = field(default_factory=Completion)
 
 
+def reset_cold(llm: LLM, name: str, reset_connector: bool = True, timeout_s: float = 60.0) -> None:
+    """Drop the engine's cached prefixes (and the tiers', with ``reset_connector``) before a run:
+    stores still copying when the last request finished hold their device blocks, so empty
+    steps run until they have landed."""
+    deadline = time.monotonic() + timeout_s
+    while not llm.reset_prefix_cache(reset_connector=reset_connector):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: the prefix cache could not be reset in {timeout_s:g} s (blocks still in use)")
+        llm.step()
+        time.sleep(_NO_PROGRESS_SLEEP_S)
+
+
 def run_bundled(llm: LLM, wl: Workload, progress: Any = None,
                 hints: bool = False) -> tuple[list[tuple[str, int, Completion]], float]:
     """Run ``wl`` on ``llm``; returns (session id, turn, what the client saw) per request, and the
