@@ -1,4 +1,4 @@
-"""Replay a request log through the device prefix cache and a tier chain, in arrival order,
+"""Replay a request log through the device prefix cache and a tier chain, request by request,
 making the calls the connector makes, on the same ledgers (the native one where a policy has
 one), so what a plan counts is what the engine's tiers would hold.
 
@@ -55,7 +55,8 @@ class ChainCounts:
 def device_hits(requests: Sequence[PlanRequest], capacity: int, block_tokens: int, output_tokens: int,
                 order: Sequence[int] | None = None) -> np.ndarray:
     """Leading blocks of each request the device prefix cache holds (0 with no device cache),
-    the requests taken in ``order`` (default: as given).
+    the requests taken in ``order`` (default: as given); ``output_tokens``: a reply's length
+    where the log does not give it.
 
     The engine's free queue, block for block: a request takes its hit blocks out of it, pops
     its new ones from its head (evicting what they held), and at the end gives all of them back
@@ -64,7 +65,13 @@ def device_hits(requests: Sequence[PlanRequest], capacity: int, block_tokens: in
     out = np.zeros(len(requests), dtype=np.int64)
     if capacity <= 0:
         return out
-    dev = CPUTier(capacity, "lru")
+
+    def need(r: PlanRequest) -> int:  # blocks the request runs on: its prompt and its reply
+        return -(-(r.prompt_tokens + (r.output_tokens or output_tokens) - 1) // block_tokens)
+
+    # A cache that holds every block the log runs on never evicts: no bigger ledger is needed.
+    dev = CPUTier(max(1, min(capacity, sum(need(r) for r in requests))), "lru")
+    capacity = dev.num_blocks
     unfilled = itertools.count(-1, -1)  # stand-ins for blocks without a hash: never looked up
     for i in (range(len(requests)) if order is None else order):
         r = requests[i]
@@ -72,9 +79,8 @@ def device_hits(requests: Sequence[PlanRequest], capacity: int, block_tokens: in
             out[i] = hit = dev.lookup(r.blocks)
             if hit:  # in use by the request: not what its new blocks evict
                 dev.touch(r.blocks[:hit])
-        need = -(-(r.prompt_tokens + output_tokens - 1) // block_tokens)
-        blocks = list(r.stored) + [next(unfilled) for _ in range(max(0, need - len(r.stored)))]
-        kept = blocks[:capacity]
+        kept = list(r.stored[:capacity])
+        kept += [next(unfilled) for _ in range(min(need(r), capacity) - len(kept))]
         put = dev.prepare_store(kept[::-1])  # stored tail first: the tail is the oldest
         if put is not None:
             dev.complete_store(put.block_hashes_to_store)
@@ -82,19 +88,22 @@ def device_hits(requests: Sequence[PlanRequest], capacity: int, block_tokens: in
     return out
 
 
-def _blocks(tier: PlannedTier, block_bytes: int) -> int:
-    return max(1, tier.size_bytes // block_bytes)
+def _blocks(tier: PlannedTier, block_bytes: int, most: int) -> int:
+    """The tier's size in blocks, at most ``most``: a tier that holds every block the log stores
+    never evicts, and its ledger need not be bigger (a petabyte is not allocated slot by slot)."""
+    return max(1, min(tier.size_bytes // block_bytes, most))
 
 
-def build_chain(tiers: Sequence[PlannedTier], block_bytes: int) -> HostTierChain:
-    host = CPUTier(_blocks(tiers[0], block_bytes), tiers[0].policy)
-    lower = [LedgerTier(_blocks(t, block_bytes), t.policy, _spec_type(t.medium)) for t in tiers[1:]]
+def build_chain(tiers: Sequence[PlannedTier], block_bytes: int, most: int = 1 << 62) -> HostTierChain:
+    host = CPUTier(_blocks(tiers[0], block_bytes, most), tiers[0].policy)
+    lower = [LedgerTier(_blocks(t, block_bytes, most), t.policy, _spec_type(t.medium)) for t in tiers[1:]]
     return HostTierChain(host, *lower, write_through=[t.write_through for t in tiers[1:]])
 
 
 class _Replayer:
-    def __init__(self, tiers: Sequence[PlannedTier], block_bytes: int, block_tokens: int, step_blocks: int) -> None:
-        self.chain = build_chain(tiers, block_bytes)
+    def __init__(self, tiers: Sequence[PlannedTier], block_bytes: int, block_tokens: int, step_blocks: int,
+                 most: int) -> None:
+        self.chain = build_chain(tiers, block_bytes, most)
         self.block_tokens = block_tokens
         self.step_blocks = max(1, step_blocks)
         self.media = [t.medium for t in tiers]
@@ -163,7 +172,8 @@ def replay_chain(requests: Sequence[PlanRequest], dev_hits: np.ndarray, tiers: S
                  progress: Callable[[int], None] | None = None, step_tokens: int = 1 << 30) -> ChainCounts:
     """The chain's loads and stores, the requests taken in ``order`` (default: as given);
     ``step_tokens``: the engine's step budget (a prompt's blocks are stored a step at a time)."""
-    rep = _Replayer(tiers, block_bytes, block_tokens, step_tokens // block_tokens)
+    most = sum(len(r.stored) for r in requests) + 1  # more than the distinct blocks the log stores
+    rep = _Replayer(tiers, block_bytes, block_tokens, step_tokens // block_tokens, most)
     loaded = {m: np.zeros(len(requests), dtype=np.int64) for m in rep.media}
     counts = dict.fromkeys(rep.media, 0)
     for k, i in enumerate(range(len(requests)) if order is None else order):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from kvoffload.plan.planner import Plan
+from kvoffload.plan.request_log import MAX_TOKENS
 from kvoffload.plan.tier_spec import format_size
 
 DEFAULT_DEVICE_BLOCKS = 64
@@ -39,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--within", type=float, default=0.05,
                    help="recommend the smallest configuration within this share of the best's prefill saved")
     p.add_argument("--knee-share", type=float, default=0.1,
-                   help="the knee: where another GiB buys less than this share of what the first GiB bought")
+                   help="the knee: where another GiB buys less than this share of what a GiB buys at the sweep's "
+                        "most efficient size")
     p.add_argument("--json", default=None, metavar="OUT", help="also write every figure here as JSON")
     p.add_argument("--plot", default=None, metavar="PNG", help="hit ratio and TTFT vs size, the knee marked")
     return p
@@ -90,8 +92,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.block_size < 1:
         raise ValueError(f"--block-size {args.block_size}: give a positive number of tokens")
-    if args.output_tokens < 1:
-        raise ValueError(f"--output-tokens {args.output_tokens}: give at least 1")
+    if not 1 <= args.output_tokens <= MAX_TOKENS:
+        raise ValueError(f"--output-tokens {args.output_tokens}: give 1 to {MAX_TOKENS:,}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit}: give at least 1 request")
+    if not 0 <= args.within < 1:  # NaN fails too
+        raise ValueError(f"--within {args.within}: give a share in [0, 1), e.g. 0.05")
+    if not 0 < args.knee_share <= 1:
+        raise ValueError(f"--knee-share {args.knee_share}: give a share in (0, 1], e.g. 0.1")
     chains = [parse_chain(s) for s in expand(args.tiers)]
     shape = kv_shape(args.model, args.kv_dtype)
     profile = load_profile(args.profile)

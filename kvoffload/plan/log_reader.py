@@ -40,6 +40,8 @@ class PlanRequest:
     #: -1: none, or its answer's time is not logged), and how long after that answer it came.
     after: int = -1
     think_s: float = 0.0
+    #: The reply's length where the log gives it (``max_tokens``).
+    output_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -95,8 +97,8 @@ def _openai(p: Path, block_size: int, vocab: int, output_tokens: int, limit: int
     full: list[list[Hashable]] = [list(hash_request_blocks(r.tokens, block_size)) for r in logged]
     # A hit leaves the engine the prompt's last token to compute: a block-aligned prompt's last
     # block is never loaded.
-    reqs = [PlanRequest(r.t, r.session, f[: (len(r.tokens) - 1) // block_size], len(r.tokens), list(f))
-            for r, f in zip(logged, full)]
+    reqs = [PlanRequest(r.t, r.session, f[: (len(r.tokens) - 1) // block_size], len(r.tokens), list(f),
+                        output_tokens=r.max_tokens) for r, f in zip(logged, full)]
     # The reply's blocks: what the session's next prompt holds past this one, as far as this
     # prompt and the reply's tokens (max_tokens, else output_tokens) reach. The engine computes
     # every token but the last one it generates.

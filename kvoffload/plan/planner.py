@@ -112,7 +112,7 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
     after = np.array([r.after for r in reqs], dtype=np.int64)
     think = np.array([r.think_s for r in reqs])
     prompt = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
-    outputs = np.full(len(reqs), output_tokens, dtype=np.int64)
+    outputs = np.array([r.output_tokens or output_tokens for r in reqs], dtype=np.int64)
     returning = returning_mask(log)
     eng = profile.engine
     # The caches see a request when the engine schedules it, not when it arrives: order the

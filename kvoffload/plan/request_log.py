@@ -22,6 +22,8 @@ from typing import Any
 
 import xxhash
 
+#: A reply longer than this is a broken log line, not a request.
+MAX_TOKENS = 10_000_000
 #: Token ids below this are left to the model's special tokens.
 FIRST_ID = 10
 _WORDS = re.compile(r"\w+|[^\w\s]")
@@ -113,6 +115,9 @@ def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = N
             tokens, from_text = _prompt(body, n, vocab)
             ts = _number(rec, "timestamp", n)
             mt = _number(body, "max_tokens", n)
+            if mt is not None and mt > MAX_TOKENS:
+                raise RequestLogError(f"line {n}: max_tokens {mt:g} is beyond any model's context; give at most "
+                                      f"{MAX_TOKENS:,}")
             duration = _number(rec, "duration_s", n)
             session = rec.get("session", rec.get("user", body.get("user")))
             if session is not None and not isinstance(session, str | int):

@@ -58,6 +58,10 @@ def test_a_users_token_log_and_a_checkpoint_config(tmp_path, capsys):
     (["--model", "/no/such/model"], "--model '/no/such/model': no such model"),
     (["--log", "/no/such.jsonl"], "--log /no/such.jsonl: no such file"),
     (["--device-kv", "lots"], "--device-kv 'lots': write a number and a unit"),
+    (["--within", "nan"], "--within nan: give a share in [0, 1)"),
+    (["--knee-share", "0"], "--knee-share 0.0: give a share in (0, 1]"),
+    (["--output-tokens", "100000000000"], "--output-tokens 100000000000: give 1 to 10,000,000"),
+    (["--limit", "0"], "--limit 0: give at least 1 request"),
 ])
 def test_what_cannot_be_planned_is_one_line(args, words, capsys):
     base = {"--log": "sample", "--model": "tiny", "--tiers": "cpu:1MiB", **dict(zip(args[::2], args[1::2]))}
@@ -97,3 +101,20 @@ def test_bench_serve_writes_the_log_plan_reads(tmp_path, capsys):
     # A returning turn finds what the turn before computed, in whole blocks of 16: 80 + 4 - 1
     # tokens (5 blocks) for the second turn, 100 + 4 - 1 (6 blocks) for the third.
     assert doc["results"][0]["tiers"][0]["tokens_served"] == 3 * (80 + 96)
+
+
+def test_a_petabyte_tier_is_a_tier_that_never_evicts(tmp_path, capsys):
+    """Sizes are hostile too: the ledger is never larger than the blocks the log stores, so a
+    petabyte plans in moments, and as a tier that holds everything."""
+    out = tmp_path / "p.json"
+    assert plan("--log", "sample", "--model", "tiny", "--tiers", "cpu:{64MiB,1024TiB}+disk:{1,1024}TiB",
+                "--device-blocks", "1000000000000", "--json", str(out)) == 0
+    results = json.loads(out.read_text())["results"]
+    assert len({(r["device_tokens"], r["prefill_tokens_saved"]) for r in results}) == 1
+
+
+def test_a_reply_beyond_any_context_is_a_broken_line(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"prompt": "hello", "max_tokens": 1e300}\n')
+    assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:1MiB") == 2
+    assert "line 1: max_tokens 1e+300 is beyond any model's context" in capsys.readouterr().err
