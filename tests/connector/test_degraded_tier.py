@@ -58,6 +58,12 @@ def _run(model: str, kv_offload: dict | None) -> tuple[list[list[list[int]]], li
                        max_num_seqs=8, kv_offload=kv_offload)
     outs, stats = [], []
     with LLM(cfg) as llm:
+        if kv_offload is not None:
+            # A tier judged too slow is probed again 30 s after its last load: a busy machine
+            # (CI) can take that long between the burst and the last phase, whose hits would
+            # then be probes. This test is about the give-up; probes have tests of their own.
+            cost = llm.scheduler_connector.connector_scheduler.cost
+            cost.probe_after_s = cost.max_probe_after_s = 1e9
         outs.append([_serve(llm, [_prompt(i, 0)])[0] for i in range(14)])
         while llm.scheduler_connector is not None and llm.scheduler_connector.has_pending_work():
             llm.step()  # every store has reached the disk
