@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvoffload.plan.advice import advise
     from kvoffload.plan.log_reader import read_log
     from kvoffload.plan.model_shape import kv_shape
-    from kvoffload.plan.planner import make_plan
+    from kvoffload.plan.planner import make_plan, require_speeds
     from kvoffload.plan.profile import load_profile
     from kvoffload.plan.tier_spec import expand, parse_chain
 
@@ -103,16 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     chains = [parse_chain(s) for s in expand(args.tiers)]
     shape = kv_shape(args.model, args.kv_dtype)
     profile = load_profile(args.profile)
-    for tiers in chains:
-        for t in tiers:
-            profile.tier(t.medium, f"--profile {args.profile or '(shipped)'}")
+    source = f"--profile {args.profile or '(shipped)'}"
+    require_speeds(profile, chains, source)  # before the log is read: a large one takes a while
     # Token ids are only hashed here, whatever the model's vocabulary; text is hashed into ids.
     log = read_log(args.log, args.block_size, vocab=1 << 62, output_tokens=args.output_tokens, limit=args.limit)
     block_bytes = shape.bytes_per_token * log.block_tokens
     device = _device_blocks(args, shape.bytes_per_token * args.block_size) * args.block_size // log.block_tokens
     total = len(log.requests) * len(chains)
     with tqdm(total=total, unit="req", desc="replaying", disable=None, leave=False) as bar:
-        plan = make_plan(log, chains, block_bytes, device, profile, args.output_tokens, bar.update)
+        plan = make_plan(log, chains, block_bytes, device, profile, args.output_tokens, bar.update, source)
     print(f"log {args.log}: {plan.requests:,} requests over {log.duration_s:,.1f} s ({log.form}); blocks of "
           f"{log.block_tokens} tokens, {format_size(block_bytes)} each ({shape.name}: {shape.bytes_per_token:,} B "
           f"of KV per token); device prefix cache {device:,} blocks; profile: {args.profile or 'shipped'}"

@@ -100,12 +100,18 @@ def _peak(t: np.ndarray, nbytes: np.ndarray) -> float:
     return float(np.bincount(windows - windows.min(), weights=nbytes).max() / PEAK_WINDOW_S)
 
 
-def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_bytes: int, device_blocks: int,
-              profile: Profile, output_tokens: int = 128,
-              progress: Callable[[int], None] | None = None) -> Plan:
-    for tiers in chains:  # a tier the profile lacks fails before any replay
+def require_speeds(profile: Profile, chains: Sequence[tuple[PlannedTier, ...]], source: str) -> None:
+    """ProfileError, naming ``source``, for the first tier of ``chains`` the profile has no speeds for."""
+    for tiers in chains:
         for t in tiers:
-            profile.tier(t.medium)
+            profile.tier(t.medium, source)
+
+
+def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_bytes: int, device_blocks: int,
+              profile: Profile, output_tokens: int = 128, progress: Callable[[int], None] | None = None,
+              profile_source: str = "the profile") -> Plan:
+    """``profile_source`` names the profile in the error for a tier it lacks."""
+    require_speeds(profile, chains, profile_source)  # before any replay
     reqs = log.requests
     bt = log.block_tokens
     arrival = np.array([r.t for r in reqs])
@@ -128,7 +134,7 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
                                          device_blocks, after=after, think_s=think)
         order = np.argsort(started, kind="stable").tolist()
     span = max(log.duration_s, PEAK_WINDOW_S)
-    alone = np.array([eng.prefill_s(int(n), int(c)) for n, c in zip(base_new, dev_tok)])  # one at a time
+    alone = eng.prefill_s(base_new, dev_tok)  # each by itself
     base_prefill = float(alone.sum())
     plan = Plan(log.form, len(reqs), bt, block_bytes, device_blocks, log.stand_in,
                 queueing=float(np.median(base / np.maximum(alone, 1e-12))))
@@ -141,8 +147,7 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
         for t in tiers:
             blocks = counts.loaded_blocks[t.medium]
             nbytes = blocks * block_bytes
-            speed = profile.tier(t.medium)
-            load_s += np.where(blocks > 0, speed.load_latency_s + nbytes / (speed.load_gb_per_s * 1e9), 0.0)
+            load_s += profile.tier(t.medium).load_s(nbytes)
             hit += blocks * bt
             tokens = int(blocks.sum()) * bt
             saved += tokens
@@ -153,7 +158,7 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
         new = prompt - hit
         ttft, _, _ = simulate_ttft(arrival, load_s, new, hit, outputs, eng, kv, device_blocks, after=after,
                                    think_s=think)
-        prefill = sum(eng.prefill_s(int(n), int(c)) for n, c in zip(new, hit))
+        prefill = float(eng.prefill_s(new, hit).sum())
         ret = returning if returning.any() else np.ones(len(reqs), dtype=bool)
         plan.results.append(PlanResult(
             chain_label(tiers), sum(t.size_bytes for t in tiers), figures, int(prompt.sum()), int(dev_tok.sum()),

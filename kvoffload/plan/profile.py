@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
+from numpy.typing import ArrayLike
 
 VERSION = 1
 
@@ -31,11 +33,14 @@ class TierSpeed:
     load_latency_s: float = 0.0
     store_latency_s: float = 0.0
 
-    def load_s(self, nbytes: int) -> float:
-        return self.load_latency_s + nbytes / (self.load_gb_per_s * 1e9) if nbytes else 0.0
+    # Each price takes one job's figures or an array of them (numpy): one formula for both.
+    def load_s(self, nbytes: ArrayLike) -> np.ndarray:
+        n = np.asarray(nbytes, dtype=float)
+        return np.where(n > 0, self.load_latency_s + n / (self.load_gb_per_s * 1e9), 0.0)
 
-    def store_s(self, nbytes: int) -> float:
-        return self.store_latency_s + nbytes / (self.store_gb_per_s * 1e9) if nbytes else 0.0
+    def store_s(self, nbytes: ArrayLike) -> np.ndarray:
+        n = np.asarray(nbytes, dtype=float)
+        return np.where(n > 0, self.store_latency_s + n / (self.store_gb_per_s * 1e9), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +54,12 @@ class EngineSpeed:
     decode_s: float = 0.0
     decode_context_s: float = 0.0
 
-    def prefill_s(self, new: int, cached: int = 0) -> float:
-        if new <= 0:
-            return self.step_s  # one token is always computed: the step that samples
-        steps = math.ceil(new / self.max_batched_tokens)
-        return steps * self.step_s + new * self.token_s + new * (cached + new / 2) * self.attention_s
+    def prefill_s(self, new: ArrayLike, cached: ArrayLike = 0) -> np.ndarray:
+        """A prefill alone (one request, or an array of them, each by itself)."""
+        n, c = np.asarray(new, dtype=float), np.asarray(cached, dtype=float)
+        steps = np.ceil(n / self.max_batched_tokens)
+        alone = steps * self.step_s + n * self.token_s + n * (c + n / 2) * self.attention_s
+        return np.where(n > 0, alone, self.step_s)  # one token is always computed: the step that samples
 
 
 @dataclass(frozen=True, slots=True)
