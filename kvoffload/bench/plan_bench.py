@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.bench.serve_workloads import Workload
 from kvoffload.bench.served_log import write_served_log
+from kvoffload.plan.tier_spec import PlannedTier
 
 BLOCK = 16
 
@@ -38,7 +38,7 @@ def _workloads(args: Any) -> dict[str, Workload]:
 def _run(wl: Workload, tiers: list[dict[str, Any]] | None, device_blocks: int, mbt: int,
          steps: list[tuple[dict[str, float], float]] | None = None) -> tuple[list[tuple[str, int, Any]], dict[str, Any]]:
     """One run of ``wl``; ``steps`` (if given) receives each step's terms and seconds."""
-    from kvoffload.bench.profile_bench import StepRecorder, step_terms
+    from kvoffload.bench.profile_bench import StepRecorder
     from kvoffload.bench.serve_bundled import run_bundled
     from kvoffload.engine import LLM, EngineConfig
 
@@ -47,19 +47,27 @@ def _run(wl: Workload, tiers: list[dict[str, Any]] | None, device_blocks: int, m
                        max_num_seqs=max(8, wl.concurrency), max_num_batched_tokens=mbt,
                        kv_offload=None if tiers is None else {"tiers": tiers, "load_mode": "async"})
     with LLM(cfg) as llm:
-        if steps is not None:
-            rec = StepRecorder(llm.runner)
-            plain_step = llm.step
-
-            def timed_step() -> list[str]:
-                t0 = time.perf_counter()
-                done = plain_step()
-                steps.append((step_terms(rec.current), time.perf_counter() - t0))
-                return done
-
-            llm.step = timed_step  # type: ignore[method-assign]
+        rec = StepRecorder(llm) if steps is not None else None  # only the timed run is wrapped
+        if rec is not None:
+            llm.step = rec.step  # type: ignore[method-assign]
         turns, _ = run_bundled(llm, wl)
+        if rec is not None and steps is not None:
+            steps.extend(rec.rows)
         return turns, llm.stats()
+
+
+def _engine_tiers(chain: tuple[PlannedTier, ...], directory: str) -> list[dict[str, Any]]:
+    """The engine's ``tiers`` config for a chain ``plan`` prices (a disk's file in ``directory``)."""
+    out: list[dict[str, Any]] = []
+    for t in chain:
+        tier: dict[str, Any] = {"name": t.medium, "medium": t.medium, "capacity": f"{t.size_bytes}B",
+                                "eviction_policy": t.policy}
+        if t.write_through:
+            tier["write_through"] = True
+        if t.medium == "disk":
+            tier["path"] = directory
+        out.append(tier)
+    return out
 
 
 def _cached(turns: list[tuple[str, int, Any]]) -> float:
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvoffload.plan.model_shape import kv_shape
     from kvoffload.plan.planner import make_plan
     from kvoffload.plan.profile import Profile, load_profile
-    from kvoffload.plan.tier_spec import parse_chain
+    from kvoffload.plan.tier_spec import chain_label, parse_chain
 
     torch.set_num_threads(1)
     print(preamble(args.reps))
@@ -114,13 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             ws_blocks = math.ceil(wl.working_set_tokens / BLOCK)
             device = max(math.ceil(args.device_fraction * ws_blocks), wl.max_context // BLOCK + 2)
             big, small = ws_blocks * 2 * block_bytes, max(ws_blocks // 4, 64) * block_bytes
-            configs = {"cpu": [{"name": "cpu", "medium": "cpu", "capacity": f"{big}B"}],
-                       "cpu+disk": [
-                           {"name": "cpu", "medium": "cpu", "capacity": f"{small}B"},
-                           {"name": "disk", "medium": "disk", "capacity": f"{big}B"}]}
-            specs = [f"cpu:{big}B", f"cpu:{small}B+disk:{big}B"]
+            chains = {"cpu": parse_chain(f"cpu:{big}B"), "cpu+disk": parse_chain(f"cpu:{small}B+disk:{big}B")}
             print(f"\n{name}: {len(wl.sessions)} sessions, working set {ws_blocks} blocks, device {device} blocks; "
-                  f"chains {specs[0]} (cpu) and {specs[1]} (cpu+disk); measured vs predicted (ratio)")
+                  + " and ".join(f"{chain_label(c)} ({k})" for k, c in chains.items())
+                  + "; measured vs predicted (ratio)")
             for rep in range(args.reps):
                 steps: list[tuple[dict[str, float], float]] = []
                 base_turns, _ = _run(wl, None, device, args.max_batched_tokens, steps)
@@ -128,17 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                 log = Path(tmp) / f"{name}-{rep}.jsonl"
                 write_served_log(wl, base_turns, log)
                 rlog = read_log(log, BLOCK, vocab=258, output_tokens=wl.max_tokens)
-                plan = make_plan(rlog, [parse_chain(spec) for spec in specs], block_bytes, device, profile,
-                                 wl.max_tokens)
+                plan = make_plan(rlog, list(chains.values()), block_bytes, device, profile, wl.max_tokens)
                 first = plan.results[0]
                 print(f"  rep {rep + 1} no offload: " + "; ".join([
                     note(name, "none", "returning TTFT p50 ms", first.base_ttft_p50_s * 1e3,
                          _p50_returning(base_turns) * 1e3),
                     note(name, "none", "prompt tokens cached", first.device_tokens, _cached(base_turns))]))
-                for (config, tiers), res in zip(configs.items(), plan.results):
+                for (config, chain), res in zip(chains.items(), plan.results):
                     # A fresh directory each run: a disk tier keeps its records across restarts.
-                    tiers = [{**t, "path": f"{tmp}/{name}-{rep}-{config}"} if t["medium"] == "disk" else t
-                             for t in tiers]
+                    tiers = _engine_tiers(chain, f"{tmp}/{name}-{rep}-{config}")
                     turns, stats = _run(wl, tiers, device, args.max_batched_tokens)
                     seen = stats["connector"]["load_cost"]["kvoffload_tier_load_bytes_per_second"]
                     parts = [note(name, config, "returning TTFT p50 ms", res.ttft_p50_s * 1e3,

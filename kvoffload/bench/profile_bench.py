@@ -48,14 +48,17 @@ def _prompt(rng: random.Random, n: int) -> list[int]:
 
 
 class StepRecorder:
-    """Wraps the model runner's ``execute_model`` (a measuring wrapper, in the benchmark only)
-    to note what each step computed: per request, its new tokens and what it had computed."""
+    """Wraps an engine's model runner (a measuring wrapper, in the benchmarks only) to note what
+    each step computed (per request: its new tokens, what it had computed, whether it decodes),
+    and times its steps: ``rows`` collects (step terms, seconds) per step run by ``step``."""
 
-    def __init__(self, runner: Any) -> None:
-        self.inner = runner.execute_model
+    def __init__(self, llm: Any) -> None:
+        self.inner = llm.runner.execute_model
+        self.plain_step = llm.step
         self.prompt_len: dict[str, int] = {}
         self.current: list[tuple[int, int, bool]] = []
-        runner.execute_model = self
+        self.rows: list[tuple[dict[str, float], float]] = []
+        llm.runner.execute_model = self
 
     def __call__(self, so: Any) -> Any:
         computed = {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs}
@@ -66,6 +69,13 @@ class StepRecorder:
         self.current = [(n, computed[rid], computed[rid] >= self.prompt_len.get(rid, 0))
                         for rid, n in so.num_scheduled_tokens.items() if n > 0]
         return self.inner(so)
+
+    def step(self) -> list[str]:
+        """One engine step, timed and noted."""
+        t0 = time.perf_counter()
+        done = self.plain_step()
+        self.rows.append((step_terms(self.current), time.perf_counter() - t0))
+        return done
 
 
 def step_terms(parts: list[tuple[int, int, bool]]) -> dict[str, float]:
@@ -105,17 +115,12 @@ def measure_prefill(model: str, block_size: int, mbt: int, reps: int) -> EngineS
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     try:
         llm.generate([_prompt(rng, 64)], SamplingParams(max_tokens=2))  # warm-up
-        rec = StepRecorder(llm.runner)
-        rows: list[tuple[dict[str, float], float]] = []
+        rec = StepRecorder(llm)
         for n in LENGTHS * reps:  # prefill alone: what pins a step's own cost apart from decoding's
             llm.add_request(_prompt(rng, n), SamplingParams(max_tokens=1))
-            while True:
-                t0 = time.perf_counter()
-                done = llm.step()
-                rows.append((step_terms(rec.current), time.perf_counter() - t0))
-                if done:
-                    llm.collect(done[0])
-                    break
+            while not (done := rec.step()):
+                pass
+            llm.collect(done[0])
         queue = [_prompt(rng, n) for n in LENGTHS * reps]
         rng.shuffle(queue)
         running: dict[str, tuple[list[int], bool]] = {}
@@ -123,17 +128,14 @@ def measure_prefill(model: str, block_size: int, mbt: int, reps: int) -> EngineS
             while queue and len(running) < 4:
                 prompt = queue.pop()
                 running[llm.add_request(prompt, params)] = (prompt, len(prompt) in LENGTHS)
-            t0 = time.perf_counter()
-            done = llm.step()
-            rows.append((step_terms(rec.current), time.perf_counter() - t0))
-            for rid in done:
+            for rid in rec.step():
                 out = llm.collect(rid)
                 prompt, fresh = running.pop(rid)
                 if fresh:  # it returns, its answer and 64 new tokens after its prompt
                     queue.insert(0, prompt + list(out.token_ids) + _prompt(rng, 64))
     finally:
         llm.close()
-    return fit_steps(rows, mbt, model)
+    return fit_steps(rec.rows, mbt, model)
 
 
 def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, directory: str) -> TierSpeed:
@@ -171,10 +173,9 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
     if not bw:
         raise RuntimeError(f"tier {medium}: no load was timed (hits {stats['prefix_hit_tokens']}); nothing to profile")
     lat = cost["kvoffload_tier_load_latency_seconds"].get(medium, 0.0)
-    d2h = stats["transfer"].get("device_to_host", {})
-    store = d2h.get("gb_per_s") or bw / 1e9
-    if medium != "cpu":
-        store = bw / 1e9
+    # Stores: the host tier's are the run's device-to-host copies; a lower tier's are demotions
+    # beside the steps, not timed per tier, so its load speed stands in.
+    store = (stats["transfer"].get("device_to_host", {}).get("gb_per_s") if medium == "cpu" else None) or bw / 1e9
     return TierSpeed(bw / 1e9, float(store), float(lat), float(lat))
 
 
