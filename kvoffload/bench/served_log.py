@@ -14,7 +14,6 @@ from kvoffload.bench.serve_workloads import Workload
 
 def prompts_of(wl: Workload, turns: Sequence[tuple[str, int, Any]]) -> dict[tuple[str, int], list[int]]:
     """Each request's prompt, rebuilt from its session and the answers before it."""
-    {s.sid: s for s in wl.sessions}
     answers = {(sid, turn): c.tokens.get(0, []) for sid, turn, c in turns}
     out: dict[tuple[str, int], list[int]] = {}
     for s in wl.sessions:
