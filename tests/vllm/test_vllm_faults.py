@@ -5,11 +5,11 @@ kill vLLM's EngineCore (``assert req_id in self.requests``): kvoffload reported 
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.vllm import forkserver
 
 # One worker runs the module (CI: --dist loadgroup), for its plain-run fixture to start vLLM once.
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("faults")]
@@ -20,8 +20,7 @@ CPU = [{"medium": "cpu", "capacity": "64MiB"}]
 
 
 def run_fault_job(spec: dict) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(JOB), json.dumps(spec)], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ))
+    proc = forkserver.run(JOB, json.dumps(spec), {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])

@@ -11,13 +11,16 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvoffload.testing.faults import flip_every_disk_record
+
+try:
+    from tests.vllm import forkserver
+except ImportError:  # imported as a top-level module (its folder on sys.path)
+    import forkserver  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -75,8 +78,7 @@ def _run_job(spec: dict, log: list | None = None) -> list[dict]:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if spec.get("tp", 1) > 1:  # one OpenMP thread set per rank on vLLM's CPU backend
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(spec["tp"]))
-    proc = subprocess.run([sys.executable, str(JOB), json.dumps(spec)], capture_output=True, text=True, timeout=600,
-                          env=env)
+    proc = forkserver.run(JOB, json.dumps(spec), env, timeout=600)
     if log is not None:
         log.extend(line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
                    if "kvoffload:" in line or "hybrid kv cache manager" in line)
