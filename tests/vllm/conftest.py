@@ -21,7 +21,7 @@ def plain_runs(tmp_path_factory):
     os.environ.pop("KVOFFLOAD_TEST_PLAIN_RUNS", None)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(JOB.parent)!r}); "

@@ -1,5 +1,6 @@
 """Smoke test of `kvoffload bench serve` against real `vllm serve` processes: a tiny
-Llama-shaped model with dummy weights, a few chat turns, plain vLLM vs a CPU tier."""
+Llama-shaped model with dummy weights, a few chat turns, plain vLLM vs a CPU tier; then
+`kvoffload plan` on the request log the plain run wrote, against the CPU tier's own counter."""
 
 import json
 
@@ -13,8 +14,8 @@ pytest.importorskip("aiohttp")
 def test_bench_serve_chat_runs_end_to_end(tmp_path, capsys):
     from kvoffload.bench.serve_bench import main
 
-    out_json, out_png = tmp_path / "serve.json", tmp_path / "serve.png"
-    assert main(["--workload", "chat", "--configs", "plain,cpu", "--conversations", "3", "--turns", "3",
+    out_json, out_png, log = tmp_path / "serve.json", tmp_path / "serve.png", tmp_path / "served.jsonl"
+    assert main(["--write-log", str(log),"--workload", "chat", "--configs", "plain,cpu", "--conversations", "3", "--turns", "3",
                  "--context", "384", "--user-tokens", "64", "--max-tokens", "4", "--think", "0", "--layers", "2",
                  "--hidden", "128", "--heads", "4", "--kv-heads", "2", "--vocab", "512", "--reps", "1",
                  "--json", str(out_json), "--plot", str(out_png)]) == 0
@@ -25,3 +26,16 @@ def test_bench_serve_chat_runs_end_to_end(tmp_path, capsys):
     data = json.loads(out_json.read_text())
     assert data["configs"]["cpu"]["hit_tokens_per_run"]["cpu"] > 0  # returning turns came from the CPU tier
     assert out_png.stat().st_size > 10_000
+
+    # The plain run's log, planned with the served model's shape, vLLM's 128-token blocks and
+    # its device cache: the tokens the CPU tier served, as vLLM's own counter has them.
+    from kvoffload.bench.serve_bench import write_model
+    from kvoffload.plan.cli import main as plan
+
+    write_model(tmp_path / "shape", layers=2, hidden=128, heads=4, kv_heads=2, vocab=512)
+    plan_json = tmp_path / "plan.json"
+    assert plan(["--log", str(log), "--model", str(tmp_path / "shape"), "--tiers", "cpu:2GiB", "--block-size", "128",
+                 "--device-blocks", str(data["device_blocks"]), "--output-tokens", "4", "--json", str(plan_json)]) == 0
+    (planned,) = json.loads(plan_json.read_text())["results"]
+    measured = data["configs"]["cpu"]["hit_tokens_per_run"]["cpu"]
+    assert planned["tiers"][0]["tokens_served"] == pytest.approx(measured, rel=0.10), (planned, measured)

@@ -32,7 +32,7 @@ def ktc(tiers: list, load_mode: str = "auto", **extra) -> dict:
             "kv_connector_extra_config": {"config": {"tiers": tiers, "load_mode": load_mode}}, **extra}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plain(model):
     (r,) = run_fault_job({"model": model, "rounds": [{}]})
     return {rid.split("-", 1)[1]: out["tokens"] for rid, out in r["done"].items()}

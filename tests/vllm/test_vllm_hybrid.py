@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("hybrid")]
 pytest.importorskip("vllm")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gemma3(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-gemma3")
     subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(JOB.parent)!r}); "
@@ -23,7 +23,7 @@ def gemma3(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plain(gemma3):
     log: list[str] = []
     rounds = run_job({"model": gemma3, "dtype": "float32"}, log)

@@ -99,12 +99,12 @@ def ktc(tiers, **extra):
 CPU = [{"medium": "cpu", "capacity": "64MiB"}]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plain(model):
     return run_job({"model": model})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def by_name(model):
     """The connector by name over a CPU tier, two rounds and its counters: one vLLM start for
     the tests that read it, in vLLM's own processes (metadata, results and stats cross them)."""
@@ -314,7 +314,7 @@ def test_cache_salt_separates_tenants_in_the_offload_tiers(model, plain, tmp_pat
 DEGRADE_PROMPTS = [[(i * 53 + j) % 500 + 1 for j in range(300)] for i in range(8)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def degrade_plain(model):
     return run_job({"model": model, "prompts": DEGRADE_PROMPTS, "rounds": 4})
 
