@@ -28,9 +28,11 @@ def _workloads(args: Any, block_tokens: int) -> dict[str, Workload]:
 
     out = {"chat": serve_workloads.chat(conversations=args.conversations, turns=4, context=args.context, user=64,
                                         max_tokens=16, think_s=0.2, vocab=VOCAB)}
-    if args.weka:  # a trace block of 64 tokens as an eighth of an engine block
-        out["weka"] = serve_workloads.weka(args.weka, conversations=6, turns=6, block_tokens=max(1, block_tokens // 16),
-                                           max_blocks=1200, time_scale=0.01, max_tokens=8, vocab=VOCAB)
+    if args.weka:  # a trace block of 64 tokens as 1 token (bundled) or 8 (vLLM, prompts up to 2,048 tokens)
+        per_block = max(1, block_tokens // 16)
+        out["weka"] = serve_workloads.weka(args.weka, conversations=6, turns=6, block_tokens=per_block,
+                                           max_blocks=1200 if per_block == 1 else 2048 // per_block, time_scale=0.01,
+                                           max_tokens=8, vocab=VOCAB)
     return out
 
 

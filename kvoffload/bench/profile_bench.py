@@ -179,6 +179,23 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
     return TierSpeed(bw / 1e9, float(store), float(lat), float(lat))
 
 
+def _vllm_engine(args: Any) -> EngineSpeed:
+    """vLLM's steps timed offline with the server's settings; its OpenMP threads are the server's
+    engine's (one a core it binds: ``--threads``), not every core, which vLLM takes in one process."""
+    import json
+    from pathlib import Path
+
+    from kvoffload.bench.vllm_steps import vllm_engine_speed
+
+    config = Path(args.model) / "config.json"
+    if not config.is_file():
+        raise ValueError(f"--model {args.model}: --engine vllm needs a checkpoint directory with a config.json")
+    vocab = int(json.loads(config.read_text()).get("vocab_size", 32000))
+    settings = {"max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
+                "dtype": args.dtype, "gpu_memory_utilization": 0.3}
+    return vllm_engine_speed(args.model, settings, args.reps, min(vocab, 32000), {"OMP_NUM_THREADS": str(args.threads)})
+
+
 def _plain_copy_gbps(nbytes: int = 64 << 20) -> float:
     a = np.ones(nbytes, dtype=np.uint8)
     b = np.empty_like(a)
@@ -191,7 +208,13 @@ def _plain_copy_gbps(nbytes: int = 64 << 20) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("profile", __doc__)
     p.add_argument("--out", default="kvoffload_profile.yaml", help="where the profile goes")
-    p.add_argument("--model", default="tiny", help="the bundled engine's model whose prefill is timed")
+    p.add_argument("--engine", choices=["bundled", "vllm"], default="bundled",
+                   help="vllm: time vLLM's own steps (offline, with this python's vLLM) on --model, a checkpoint "
+                        "directory, with the server's --max-batched-tokens, --max-model-len, --dtype and --threads")
+    p.add_argument("--model", default="tiny", help="the model whose prefill is timed (bundled: tiny, small; vllm: a "
+                                                    "checkpoint directory)")
+    p.add_argument("--max-model-len", type=int, default=4096, help="--engine vllm: the server's max_model_len")
+    p.add_argument("--dtype", default="auto", help="--engine vllm: the server's dtype")
     p.add_argument("--tiers", default="cpu,disk,fs", help="comma-separated media to time (cpu, disk, fs)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per engine block")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step budget")
@@ -206,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     print(preamble(args.reps))
-    engine = measure_prefill(args.model, args.block_size, args.max_batched_tokens, args.reps)
+    if args.engine == "vllm":
+        engine = _vllm_engine(args)
+    else:
+        engine = measure_prefill(args.model, args.block_size, args.max_batched_tokens, args.reps)
     print(f"engine ({args.model}): a step {engine.step_s * 1e3:.3f} ms + {engine.token_s * 1e6:.2f} us a prefill "
           f"token + {engine.attention_s * 1e9:.3f} ns a (new x earlier) token pair + {engine.decode_s * 1e3:.3f} ms a "
           f"decoding request + {engine.decode_context_s * 1e9:.1f} ns a token of its context "
@@ -215,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     plain = _plain_copy_gbps()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for medium in [m.strip() for m in args.tiers.split(",") if m.strip()]:
-            s = measure_tier(medium, args.model, args.block_size, args.max_batched_tokens, args.reps, tmp)
+            # The tiers' copies are timed on the bundled engine: bytes a second, whatever the model.
+            model = args.model if args.engine == "bundled" else "tiny"
+            s = measure_tier(medium, model, args.block_size, args.max_batched_tokens, args.reps, tmp)
             speeds[medium] = s
             print(f"{medium}: loads {s.load_gb_per_s:.3f} GB/s + {s.load_latency_s * 1e6:.0f} us a job, stores "
                   f"{s.store_gb_per_s:.3f} GB/s; plain memory copy {plain:.2f} GB/s, ratio "
