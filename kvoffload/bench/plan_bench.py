@@ -83,17 +83,19 @@ def main(argv: list[str] | None = None) -> int:
             speeds = {m: measure_tier(m, "tiny", 16, args.max_batched_tokens, 3, tmp) for m in ("cpu", "disk")}
         else:
             speeds = load_profile(args.profile).tiers
+        from kvoffload.bench.plan_runs import BundledRuns, ServedRuns
+
         ratios: dict[tuple[str, str, str], list[float]] = {}
-        block = 128 if args.engine == "vllm" else 16
+        block = (ServedRuns if args.engine == "vllm" else BundledRuns).block_tokens
         for name, wl in _workloads(args, block).items():
-            _validate(args, name, wl, speeds, Path(tmp) / name, ratios)
+            _validate(args, name, wl, block, speeds, Path(tmp) / name, ratios)
         print("\nsummary, predicted / measured (median ± half-range of the reps):")
         for (workload, config, figure), values in ratios.items():
             print(f"  {workload:<5} {config:<9} {figure:<22} {Sample(tuple(values)).fmt()}x")
     return 0
 
 
-def _validate(args: Any, name: str, wl: Workload, speeds: dict[str, Any], work: Path,
+def _validate(args: Any, name: str, wl: Workload, bt: int, speeds: dict[str, Any], work: Path,
               ratios: dict[tuple[str, str, str], list[float]]) -> None:
     """Every rep of one workload: the live runs beside `plan`'s prediction of each."""
     from kvoffload.bench.plan_runs import BundledRuns, LiveRuns, ServedRuns
@@ -109,7 +111,6 @@ def _validate(args: Any, name: str, wl: Workload, speeds: dict[str, Any], work: 
         return f"{figure} {measured:,.1f} vs {predicted:,.1f} ({ratio:.2f})"
 
     work.mkdir(parents=True, exist_ok=True)
-    bt = 128 if args.engine == "vllm" else 16
     model = args.model
     if args.engine == "vllm" and model is None:
         from kvoffload.bench.serve_bench import write_model
@@ -130,8 +131,8 @@ def _validate(args: Any, name: str, wl: Workload, speeds: dict[str, Any], work: 
                       if args.engine == "vllm" else BundledRuns(wl, device, args.max_batched_tokens, work))
     try:
         for rep in range(args.reps):
-            base_turns, fitted = runs.base()
-            profile = Profile(fitted or runs.engine(), speeds, "fitted now")
+            base_turns, engine = runs.base()
+            profile = Profile(engine, speeds, "fitted now")
             log = work / f"{name}-{rep}.jsonl"
             write_served_log(wl, base_turns, log)
             rlog = read_log(log, bt, vocab=vocab, output_tokens=wl.max_tokens)

@@ -49,20 +49,15 @@ class LiveRuns(ABC):
     """One engine's runs of one workload, a device cache of ``device_blocks`` blocks."""
 
     block_tokens: int
-    #: A plain run's engine fit is its own (bundled) or measured once before (vLLM).
-    fits_each_base_run: bool
 
     @abstractmethod
-    def base(self) -> tuple[Turns, EngineSpeed | None]:
-        """The run without offload, and the engine speed fitted on its steps (None: use ``engine``)."""
+    def base(self) -> tuple[Turns, EngineSpeed]:
+        """The run without offload, and the engine's speed to price it with: fitted on the run's
+        own steps (bundled), or vLLM's steps timed offline before the servers started."""
 
     @abstractmethod
     def with_tiers(self, label: str, chain: tuple[PlannedTier, ...]) -> Measured:
         """The run with ``chain`` behind the device cache."""
-
-    @abstractmethod
-    def engine(self) -> EngineSpeed:
-        """The engine's speed measured apart from the runs (vLLM's steps timed offline)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -73,7 +68,6 @@ class BundledRuns(LiveRuns):
     """The bundled engine in this process, a fresh engine per run."""
 
     block_tokens = 16
-    fits_each_base_run = True
 
     def __init__(self, wl: Workload, device_blocks: int, mbt: int, work: Path) -> None:
         self.wl, self.device_blocks, self.mbt, self.work = wl, device_blocks, mbt, work
@@ -99,7 +93,7 @@ class BundledRuns(LiveRuns):
                 steps.extend(rec.rows)
             return turns, llm.stats()
 
-    def base(self) -> tuple[Turns, EngineSpeed | None]:
+    def base(self) -> tuple[Turns, EngineSpeed]:
         from kvoffload.bench.profile_bench import fit_steps
 
         steps: list[tuple[dict[str, float], float]] = []
@@ -114,9 +108,6 @@ class BundledRuns(LiveRuns):
             + "; loads seen " + ", ".join(f"{m} {bw / 1e9:.2f} GB/s" for m, bw in seen.items())
         return Measured(turns, {t.medium: stats["prefix_hit_tokens"].get(t.medium, 0) for t in chain}, remark)
 
-    def engine(self) -> EngineSpeed:
-        raise NotImplementedError("the bundled engine's speed is fitted on each run without offload")
-
     def close(self) -> None:
         pass
 
@@ -127,7 +118,6 @@ class ServedRuns(LiveRuns):
     is vLLM's steps timed offline with the same settings."""
 
     block_tokens = 128  # vLLM's CPU backend
-    fits_each_base_run = False
 
     def __init__(self, wl: Workload, device_blocks: int, mbt: int, work: Path, model: str, load_dummy: bool,
                  chains: dict[str, tuple[PlannedTier, ...]], vocab: int) -> None:
@@ -174,15 +164,12 @@ class ServedRuns(LiveRuns):
         res = run_once(label or "plain", self.servers[label], self.wl, None)
         return [(t.sid, t.turn, t.completion) for t in res.turns], res.hits
 
-    def base(self) -> tuple[Turns, EngineSpeed | None]:
-        return self._once(None)[0], None
+    def base(self) -> tuple[Turns, EngineSpeed]:
+        return self._once(None)[0], self._engine
 
     def with_tiers(self, label: str, chain: tuple[PlannedTier, ...]) -> Measured:
         turns, hits = self._once(label)
         return Measured(turns, {t.medium: hits.get(t.medium, 0.0) for t in chain})
-
-    def engine(self) -> EngineSpeed:
-        return self._engine
 
     def close(self) -> None:
         for server in self.servers.values():
