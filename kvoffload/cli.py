@@ -217,6 +217,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     return sim_main(args.rest)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from kvoffload.plan.cli import main as plan_main
+
+    return plan_main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvoffload", description="KV-cache offload connector and bundled engine")
     parser.add_argument("--version", action="version", version=f"kvoffload {__version__}")
@@ -279,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="size the tiers from a request log: hits, bandwidth, prefill saved, TTFT",
                           add_help=False)
     plan.add_argument("rest", nargs=argparse.REMAINDER)
+    plan.set_defaults(func=cmd_plan)
 
     from kvoffload.cache_cli import add_parser as add_cache_parser
 
@@ -299,29 +306,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Subcommands that parse their own options: argparse's REMAINDER cannot take options that come
+#: right after a subcommand (``kvoffload plan --log F`` would be "unrecognized arguments").
+OWN_PARSERS = ("sim", "plan")
+
+
+def _split_own_parser(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(the global options and the subcommand, its own arguments) where the subcommand is one of
+    OWN_PARSERS, after any global options (``--log-level info plan ...``); else (argv, None)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "--log-level" else 1
+    if i < len(argv) and argv[i] in OWN_PARSERS:
+        return argv[: i + 1], argv[i + 1 :]
+    return argv, None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "" not in sys.path and os.getcwd() not in sys.path:
         # `module:Class` plugins (policies, specs, tier kinds) next to the user resolve as they
         # would under `python -m kvoffload`; appended, so nothing installed is shadowed.
         sys.path.append(os.getcwd())
-    if argv[:1] == ["plan"]:  # its own parser, as sim's
-        from kvoffload.plan.cli import main as plan_main
-
-        try:
-            return plan_main(argv[1:])
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if argv[:1] == ["sim"]:  # its own parser: options start right after the subcommand
-        from kvoffload_policies.experiment import main as sim_main
-
-        try:
-            return sim_main(argv[1:])
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    args = build_parser().parse_args(argv)
+    head, own = _split_own_parser(argv)
+    args = build_parser().parse_args(head)
+    if own is not None:
+        args.rest = own
     try:
         configure_cli(args.log_level)
         return int(args.func(args) or 0)

@@ -118,3 +118,13 @@ def test_a_reply_beyond_any_context_is_a_broken_line(tmp_path, capsys):
     log.write_text('{"prompt": "hello", "max_tokens": 1e300}\n')
     assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:1MiB") == 2
     assert "line 1: max_tokens 1e+300 is beyond any model's context" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("level", [["--log-level", "info"], ["--log-level=warning"]])
+def test_a_global_option_may_come_before_plan_and_sim(level, capsys):
+    assert cli.main([*level, "plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB",
+                     "--device-blocks", "16"]) == 0
+    assert "tokens from cpu" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:  # sim's own parser answers its --help
+        cli.main([*level, "sim", "--help"])
+    assert done.value.code == 0 and "usage:" in capsys.readouterr().out
