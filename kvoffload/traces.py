@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 #: The trace shipped with the package: the first 1,500 requests of Mooncake's conversation trace.
 SAMPLE_TRACE = "mooncake-sample"
@@ -45,14 +45,15 @@ def resolve_trace(value: str, flag: str = "--trace") -> Path:
     return path
 
 
-def _open_text(path: Path):
-    return gzip.open(path, "rt") if path.suffix == ".gz" else open(path)
+def open_text(path: Path) -> TextIO:
+    """A text log, gzipped (``.gz``) or plain, read as UTF-8."""
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
 def load_mooncake(path: str | Path, limit: int | None = None) -> list[list[int]]:
     """Mooncake FAST'25 JSONL: ``hash_ids`` are already prefix (chained) block ids."""
     out: list[list[int]] = []
-    with _open_text(Path(path)) as f:
+    with open_text(Path(path)) as f:
         for line in f:
             if line.strip():
                 out.append(list(json.loads(line)["hash_ids"]))
@@ -98,7 +99,7 @@ def synthetic_prefix_workload(
 def load_arc_lis(path: str | Path, limit: int | None = None) -> list[list[int]]:
     """IBM ARC traces: each line ``start n ...`` is n consecutive page refs (one request each)."""
     out: list[list[int]] = []
-    with _open_text(Path(path)) as f:
+    with open_text(Path(path)) as f:
         for line in f:
             parts = line.split()
             if len(parts) < 2:

@@ -60,10 +60,9 @@ class RequestLog:
 def detect_form(path: Path) -> str:
     if path.name.endswith((".tar.gz", ".tgz")):
         return "weka"
-    import gzip
+    from kvoffload.traces import open_text
 
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    with open_text(path) as f:
         for line in f:
             if line.strip():
                 try:
@@ -122,11 +121,10 @@ def _openai(p: Path, block_size: int, vocab: int, output_tokens: int, limit: int
 
 
 def _mooncake(p: Path, limit: int | None) -> RequestLog:
-    import gzip
+    from kvoffload.traces import open_text
 
-    opener = gzip.open if p.suffix == ".gz" else open
     reqs = []
-    with opener(p, "rt", encoding="utf-8") as f:
+    with open_text(p) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

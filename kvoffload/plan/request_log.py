@@ -22,6 +22,8 @@ from typing import Any
 
 import xxhash
 
+from kvoffload.traces import open_text
+
 #: A reply longer than this is a broken log line, not a request.
 MAX_TOKENS = 10_000_000
 #: Token ids below this are left to the model's special tokens.
@@ -101,7 +103,7 @@ def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = N
     if not p.is_file():
         raise RequestLogError(f"--log {path}: no such file; give an OpenAI-style JSONL request log")
     out: list[LoggedRequest] = []
-    with open(p, encoding="utf-8") as f:
+    with open_text(p) as f:  # plain or gzipped
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue

@@ -128,3 +128,20 @@ def test_a_global_option_may_come_before_plan_and_sim(level, capsys):
     with pytest.raises(SystemExit) as done:  # sim's own parser answers its --help
         cli.main([*level, "sim", "--help"])
     assert done.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_a_gzipped_log_plans_as_the_plain_one(tmp_path, capsys):
+    import gzip
+    from importlib import resources
+
+    sample = (resources.files("kvoffload") / "examples" / "plan" / "sample.jsonl").read_bytes()
+    plain, packed = tmp_path / "log.jsonl", tmp_path / "log.jsonl.gz"
+    plain.write_bytes(sample)
+    packed.write_bytes(gzip.compress(sample))
+    docs = []
+    for log in (plain, packed):
+        out = tmp_path / f"{log.name}.json"
+        assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:1MiB", "--device-blocks", "16",
+                    "--json", str(out)) == 0
+        docs.append(json.loads(out.read_text())["results"])
+    assert docs[0] == docs[1] and docs[0][0]["tiers"][0]["tokens_served"] > 0
