@@ -94,7 +94,7 @@ class BundledRuns(LiveRuns):
             return turns, llm.stats()
 
     def base(self) -> tuple[Turns, EngineSpeed]:
-        from kvoffload.bench.profile_bench import fit_steps
+        from kvoffload.bench.step_fit import fit_steps
 
         steps: list[tuple[dict[str, float], float]] = []
         turns, _ = self._run(None, steps)

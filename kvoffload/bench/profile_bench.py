@@ -28,12 +28,8 @@ from typing import Any
 import numpy as np
 
 from kvoffload.bench.measure import add_reps, bench_parser, preamble
+from kvoffload.bench.step_fit import LENGTHS, fit_steps, step_terms
 from kvoffload.plan.profile import EngineSpeed, Profile, TierSpeed
-
-#: Prompt lengths of the profiling load (each several times, arriving a few at a time).
-LENGTHS = (16, 64, 256, 512, 1024, 2048)
-#: Step terms the engine's speed is fitted on, in EngineSpeed's names.
-TERMS = ("step_s", "token_s", "attention_s", "decode_s", "decode_context_s")
 
 
 def _engine(model: str, block_size: int, mbt: int, kv_offload: Any, device_blocks: int) -> Any:
@@ -76,31 +72,6 @@ class StepRecorder:
         done = self.plain_step()
         self.rows.append((step_terms(self.current), time.perf_counter() - t0))
         return done
-
-
-def step_terms(parts: list[tuple[int, int, bool]]) -> dict[str, float]:
-    """One step's regressors: its prefill tokens, their attention, its decodes and their context."""
-    prefill = [(n, c) for n, c, decode in parts if not decode]
-    decodes = [c for _, c, decode in parts if decode]
-    return {"step_s": 1.0, "token_s": float(sum(n for n, _ in prefill)),
-            "attention_s": float(sum(n * (c + n / 2) for n, c in prefill)),
-            "decode_s": float(len(decodes)), "decode_context_s": float(sum(decodes))}
-
-
-def fit_steps(rows: list[tuple[dict[str, float], float]], mbt: int, model: str) -> EngineSpeed:
-    """Least squares over steps (terms, seconds); a term that fits negative is dropped and the
-    rest refitted, so every speed is >= 0."""
-    y = np.array([t for _, t in rows])
-    keep = list(TERMS)
-    while True:
-        a = np.array([[terms[k] for k in keep] for terms, _ in rows])
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        if (coef >= 0).all() or len(keep) == 1:
-            break
-        keep.pop(int(np.argmin(coef)))
-    got = {k: float(v) for k, v in zip(keep, np.maximum(coef, 0.0))}
-    return EngineSpeed(model, got.get("step_s", 0.0), got.get("token_s", 0.0) or 1e-9, got.get("attention_s", 0.0),
-                       mbt, got.get("decode_s", 0.0), got.get("decode_context_s", 0.0))
 
 
 def measure_prefill(model: str, block_size: int, mbt: int, reps: int) -> EngineSpeed:

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from kvoffload.bench.profile_bench import LENGTHS, fit_steps, step_terms
+from kvoffload.bench.step_fit import LENGTHS, fit_steps, step_terms
 from kvoffload.plan.profile import EngineSpeed
 
 
