@@ -121,6 +121,7 @@ class ServedRuns(LiveRuns):
 
     def __init__(self, wl: Workload, device_blocks: int, mbt: int, work: Path, model: str, load_dummy: bool,
                  chains: dict[str, tuple[PlannedTier, ...]], vocab: int) -> None:
+        from kvoffload.bench.vllm_steps import vllm_engine_speed
         from kvoffload.testing.vllm_server import VllmServer
 
         self.wl, self.model, self.work = wl, model, work
@@ -134,8 +135,6 @@ class ServedRuns(LiveRuns):
         flags = [a for k, v in self.settings.items() if k != "gpu_memory_utilization"
                  for a in (f"--{k.replace('_', '-')}", str(v))]
         env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(RESERVED_CPUS)}
-        from kvoffload.bench.vllm_steps import vllm_engine_speed
-
         # First, on a quiet machine (no server runs yet). The server's engine process binds one
         # OpenMP thread a core left after the reserved one; offline, in one process, vLLM binds
         # none and torch takes every core (1024-token prefills 0.55 s vs the server's 1.0 s here).

@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=16, help="tokens per engine block")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step budget")
     p.add_argument("--dir", default=None, help="directory for the disk tier's file (default: a temporary one)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (--engine vllm: the OpenMP threads the server's engine binds)")
     add_reps(p, 3)
     args = p.parse_args(argv)
     if args.block_size < 1 or args.max_batched_tokens < 1:

@@ -99,8 +99,7 @@ def vllm_engine_speed(model: str, engine: dict[str, Any], reps: int, vocab: int,
     rows = next((json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("ROWS ")), None)
     if rows is None:
         raise RuntimeError(f"timing vLLM's steps failed (rc={proc.returncode}): {proc.stderr[-3000:]}")
-    mbt = int(engine.get("max_num_batched_tokens") or 0) or 2048
-    return fit_steps([(terms, secs) for terms, secs in rows], mbt, model)
+    return fit_steps([(terms, secs) for terms, secs in rows], int(engine["max_num_batched_tokens"]), model)
 
 
 if __name__ == "__main__":
