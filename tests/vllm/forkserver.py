@@ -17,32 +17,26 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
-
-@dataclass(slots=True)
-class Finished:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 _server: subprocess.Popen | None = None
+#: Reply bytes read from the server past the last whole line (a fast job's pid and exit status
+#: can arrive in one read).
+_pending = b""
 
 
-def run(script: Path, arg: str, env: dict[str, str], timeout: float) -> Finished:
+def run(script: Path, arg: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """``python script arg`` under ``env``: forked from the server where it can be."""
     if env.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0" or os.environ.get("KVOFFLOAD_TEST_NO_FORKSERVER"):
-        proc = subprocess.run([sys.executable, str(script), arg], capture_output=True, text=True, timeout=timeout,
+        return subprocess.run([sys.executable, str(script), arg], capture_output=True, text=True, timeout=timeout,
                               env=env)
-        return Finished(proc.returncode, proc.stdout, proc.stderr)
     server = _started()
-    assert server.stdin is not None and server.stdout is not None
+    assert server.stdin is not None
     with tempfile.TemporaryDirectory(prefix="kvoffload-job-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         server.stdin.write(json.dumps({"script": str(script), "arg": arg, "env": env, "stdout": str(out),
-                                       "stderr": str(err)}) + "\n")
+                                       "stderr": str(err)}).encode() + b"\n")
         server.stdin.flush()
         pid = int(_line(server, 120))
         try:
@@ -51,25 +45,35 @@ def run(script: Path, arg: str, env: dict[str, str], timeout: float) -> Finished
             os.killpg(pid, signal.SIGKILL)  # the job is its own process group
             _line(server, 60)
             raise subprocess.TimeoutExpired([str(script), arg], timeout) from None
-        return Finished(code, out.read_text(errors="replace"), err.read_text(errors="replace"))
+        return subprocess.CompletedProcess([str(script), arg], code, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
 
 
 def _line(server: subprocess.Popen, timeout: float) -> str:
+    """The server's next reply line. Read from its pipe unbuffered: a buffered reader may hold
+    the next line already, where select() on the pipe would wait for more in vain."""
+    global _pending
     assert server.stdout is not None
-    ready, _, _ = select.select([server.stdout], [], [], timeout)
-    if not ready:
-        raise TimeoutError
-    line = server.stdout.readline()
-    if not line:
-        raise RuntimeError(f"the vLLM fork server died (rc={server.wait()})")
-    return line
+    fd = server.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    while b"\n" not in _pending:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise RuntimeError(f"the vLLM fork server died (rc={server.wait()})")
+        _pending += chunk
+    line, _, _pending = _pending.partition(b"\n")
+    return line.decode()
 
 
 def _started() -> subprocess.Popen:
-    global _server
+    global _server, _pending
     if _server is None or _server.poll() is not None:
-        _server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        _server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+        _pending = b""
     return _server
 
 
