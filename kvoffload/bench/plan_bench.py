@@ -22,6 +22,9 @@ from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.bench.serve_workloads import Workload
 from kvoffload.bench.served_log import write_served_log
 
+#: The workloads' token ids (below both engines' vocabularies).
+VOCAB = 250
+
 
 def _workloads(args: Any, block_tokens: int) -> dict[str, Workload]:
     from kvoffload.bench import serve_workloads
@@ -34,10 +37,6 @@ def _workloads(args: Any, block_tokens: int) -> dict[str, Workload]:
                                            max_blocks=1200 if per_block == 1 else 2048 // per_block, time_scale=0.01,
                                            max_tokens=8, vocab=VOCAB)
     return out
-
-
-#: The workloads' token ids (below both engines' vocabularies).
-VOCAB = 250
 
 
 def _cached(turns: list[tuple[str, int, Any]]) -> float:

@@ -121,29 +121,27 @@ class ServedRuns(LiveRuns):
 
     def __init__(self, wl: Workload, device_blocks: int, mbt: int, work: Path, model: str, load_dummy: bool,
                  chains: dict[str, tuple[PlannedTier, ...]], vocab: int) -> None:
+        from kvoffload.bench.serve_configs import kv_transfer_config, server_flags
         from kvoffload.bench.vllm_steps import vllm_engine_speed
         from kvoffload.testing.vllm_server import VllmServer
 
-        self.wl, self.model, self.work = wl, model, work
+        self.wl = wl
         bt = self.block_tokens
-        self.settings: dict[str, Any] = {
+        settings: dict[str, Any] = {
             "dtype": "float32", "max_num_seqs": max(8, wl.concurrency), "gpu_memory_utilization": 0.1,
             "max_model_len": math.ceil((wl.max_context + 1) / bt) * bt, "num_gpu_blocks_override": device_blocks,
             "max_num_batched_tokens": mbt}
         if load_dummy:
-            self.settings["load_format"] = "dummy"
-        flags = [a for k, v in self.settings.items() if k != "gpu_memory_utilization"
-                 for a in (f"--{k.replace('_', '-')}", str(v))]
+            settings["load_format"] = "dummy"
+        flags = server_flags(settings)
         env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(RESERVED_CPUS)}
         # First, on a quiet machine (no server runs yet). The server's engine process binds one
         # OpenMP thread a core left after the reserved one; offline, in one process, vLLM binds
         # none and torch takes every core (1024-token prefills 0.55 s vs the server's 1.0 s here).
         print("  timing vLLM's steps offline ...", flush=True)
         threads = str(max(1, (os.cpu_count() or 2) - RESERVED_CPUS))
-        self._engine = vllm_engine_speed(model, dict(self.settings), 2, vocab, {**env, "OMP_NUM_THREADS": threads})
-        kv = {label: {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                      "kv_connector_extra_config": {"config": {"tiers": engine_tiers(c, str(work / label)),
-                                                               "load_mode": "async"}}}
+        self._engine = vllm_engine_speed(model, settings, 2, vocab, {**env, "OMP_NUM_THREADS": threads})
+        kv = {label: kv_transfer_config({"tiers": engine_tiers(c, str(work / label)), "load_mode": "async"})
               for label, c in chains.items()}
         self.servers: dict[str | None, Any] = {}
         try:

@@ -32,6 +32,7 @@ from kvoffload.bench.serve_configs import (
     effective_differences,
     offload_config,
     sends_hints,
+    server_flags,
     tier_sets,
 )
 from kvoffload.bench.serve_report import plot, report
@@ -266,11 +267,6 @@ def _engine(args: argparse.Namespace, wl: Workload, work: Path) -> tuple[str, di
     return model, engine, ws_blocks, device_blocks
 
 
-def _cli_args(engine: dict[str, Any]) -> list[str]:
-    """``vllm serve`` flags for the settings (the memory share is VllmServer's own argument)."""
-    return [a for k, v in engine.items() if k != "gpu_memory_utilization" for a in (f"--{k.replace('_', '-')}", str(v))]
-
-
 def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: str) -> int:
     from kvoffload.bench.serve_routing import run_routed
 
@@ -280,7 +276,7 @@ def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name:
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {sum(len(s.turns) for s in wl.sessions)} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; {args.replicas} "
           f"replicas ({config_name}), each a device cache of {device_blocks} blocks and one core; model {model}")
-    runs = run_routed(args, wl, work, model, _cli_args(engine), kv, VLLM_BLOCK)
+    runs = run_routed(args, wl, work, model, server_flags(engine), kv, VLLM_BLOCK)
     if runs is None:
         return 2
     return _finish(args, wl, runs, device_blocks, ws_blocks, references=("round-robin",))
@@ -297,7 +293,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
         print(report(attached)[0])
         return 0
     model, engine, ws_blocks, device_blocks = _engine(args, wl, work)
-    extra = _cli_args(engine)
+    extra = server_flags(engine)
     configs = configurations(config_names(args.configs), args.cpu, args.disk, work, bool(args.throttle_tier),
                              hints_section(args, wl))
     for line in effective_differences(model, engine, configs):

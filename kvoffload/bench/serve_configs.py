@@ -62,10 +62,19 @@ def configurations(names: list[str], cpu: str, disk: str, workdir: Path, throttl
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
         config = offload_config(name, tiers, throttled, hints)
-        out[name] = None if config is None else {
-            "kv_connector": "KVOffloadConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"config": config}}
+        out[name] = None if config is None else kv_transfer_config(config)
     return out
+
+
+def kv_transfer_config(config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` serving kvoffload ``config`` (a failed load recomputes)."""
+    return {"kv_connector": "KVOffloadConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"config": config}}
+
+
+def server_flags(engine: dict[str, Any]) -> list[str]:
+    """``vllm serve`` flags for engine settings (the memory share is VllmServer's own argument)."""
+    return [a for k, v in engine.items() if k != "gpu_memory_utilization" for a in (f"--{k.replace('_', '-')}", str(v))]
 
 
 def config_names(spec: str) -> list[str]:

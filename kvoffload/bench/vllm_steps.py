@@ -99,7 +99,7 @@ def vllm_engine_speed(model: str, engine: dict[str, Any], reps: int, vocab: int,
     rows = next((json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("ROWS ")), None)
     if rows is None:
         raise RuntimeError(f"timing vLLM's steps failed (rc={proc.returncode}): {proc.stderr[-3000:]}")
-    return fit_steps([(terms, secs) for terms, secs in rows], int(engine["max_num_batched_tokens"]), model)
+    return fit_steps(rows, int(engine["max_num_batched_tokens"]), model)
 
 
 if __name__ == "__main__":
