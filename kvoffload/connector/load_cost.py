@@ -87,6 +87,11 @@ class TierCost:
     warmup_given: int = 0
     #: Seconds from a measurement to the next probe (doubles while probes find it slow).
     probe_after_s: float = 0.0
+    #: Since a load of this tier was given up and until one completes: its loads cost at least
+    #: this many times recomputing their tokens (what the given-up job had read, over the
+    #: recompute estimate it was judged against). The job had not finished, so that ratio is a
+    #: lower bound; kept relative, an engine that slows later does not make the tier look fast.
+    floor: float = 0.0
 
 
 class LoadCostModel:
@@ -162,6 +167,7 @@ class LoadCostModel:
         tier = self._tier(medium)
         tier.loads.add(blocks, seconds, trusted)
         tier.last_load_at = self.clock()
+        tier.floor = 0.0  # a load that finished: the tier is measured again
 
     def load_reading(self, medium: str, job_id: int, seconds: float) -> None:
         """A worker reports a load job of ``medium`` has been reading for ``seconds``."""
@@ -176,11 +182,16 @@ class LoadCostModel:
             given_up = tier.queue.overdue(tier.queue.slowdown())
             if head is not None and head[0] in given_up:
                 # It read past what recomputing would have taken: the tier is not what its fit
-                # says. What it read (a lower bound) is all that is known of it now, and the
-                # give-up is a verdict: the tier loads again only when clearly faster than
-                # recomputing (the lower bound sits near a tie, where the old verdict would
-                # have kept it loading) or when a probe finds it well.
-                tier.loads.restart(head[1].blocks, head[1].read_s)
+                # says. What it read is all that is known of it now, and a lower bound: the
+                # give-up is a verdict that holds until a load of the tier completes (a probe).
+                # The fit restarts at what it read, and the floor keeps it at least that much
+                # dearer than recomputing: an engine that slows later (a busy machine) raises
+                # both sides, so the old tie does not turn into "clearly faster to load".
+                blocks, read_s = head[1].blocks, head[1].read_s
+                tier.loads.restart(blocks, read_s)
+                recompute_s = self.prefill.seconds(blocks * self.tokens_per_block)
+                if recompute_s:
+                    tier.floor = read_s / recompute_s
                 tier.loads.samples = max(tier.loads.samples, self.warmup_jobs)  # measured: no more warm-up
                 tier.last_load_at = self.clock()
                 tier.verdict = False
@@ -321,7 +332,10 @@ class LoadCostModel:
         the slowdown the tier's running job has shown."""
         tier = self._tier(medium)
         slowdown = tier.queue.slowdown()
-        return tier.queue.wait_s(slowdown) + tier.loads.estimate(blocks) * slowdown
+        own = tier.loads.estimate(blocks) * slowdown
+        if tier.floor:
+            own = max(own, tier.floor * (self.prefill.seconds(blocks * self.tokens_per_block) or 0.0))
+        return tier.queue.wait_s(slowdown) + own
 
     def _consistent_cut(self, segments: Sequence[Segment], forced: int) -> int:
         """The cut each tier's last verdict asks for: load up to the first run of a tier judged

@@ -282,23 +282,29 @@ def test_a_load_running_far_past_its_estimate_is_evidence_before_it_ends() -> No
     assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.RECOMPUTE  # until a probe finds it well
 
 
-def test_a_given_up_load_is_a_verdict_the_tier_keeps_until_clearly_faster() -> None:
-    """What a given-up load read is a lower bound near a tie with recomputing: a later prefill
-    estimate a little slower (a busy machine) must not make the tier load again."""
-    m, _ = model({"DISK": "auto"}, margin=0.25, min_gain_s=0.0)
+def test_a_given_up_load_is_a_verdict_the_tier_keeps_until_one_of_its_loads_completes() -> None:
+    """What a given-up load read is a lower bound (the job had not finished), judged against the
+    recompute estimate of that moment: an engine that slows afterwards (a busy machine) must not
+    make the tier load again, however much slower it gets; a completed load (a probe) measures it."""
+    m, clock = model({"DISK": "auto"}, margin=0.25, min_gain_s=0.0)
     _timed(m)
     m.load_planned("DISK", 1, 4, cancellable=True)
     m.load_reading("DISK", 1, 0.090)
     assert m.overdue() == [1]  # read 90 ms: past the 64 ms (+25%) recompute
     m.load_ended("DISK", 1)
-    for _ in range(60):  # the engine slows: recomputing 4 blocks now takes ~100 ms
-        m.observe_step(64, 0.100)
-    choice = m.choose([Segment("DISK", 4)])
-    assert choice.load_s < choice.recompute_s  # 90 ms < ~100 ms: loading looks a little faster ...
-    assert choice.decision is LoadDecision.RECOMPUTE  # ... not clearly: the verdict holds
-    for _ in range(60):  # the engine much slower: recomputing is 200 ms, loading clearly wins
-        m.observe_step(64, 0.200)
-    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+    for slower in (0.100, 0.200, 1.0):  # recomputing 4 blocks: ~100 ms, ~200 ms, ~1 s
+        for _ in range(60):
+            m.observe_step(64, slower)
+        choice = m.choose([Segment("DISK", 4)])
+        assert choice.decision is LoadDecision.RECOMPUTE, slower
+        assert choice.load_s >= 0.090 / 0.064 * choice.recompute_s * 0.99  # still 1.4x recomputing
+    clock.now += m.probe_after_s
+    probe = m.choose([Segment("DISK", 4)])
+    assert probe.why == "probe" and probe.blocks == 4  # the run's head (probe_blocks 8 >= 4)
+    m.load_planned("DISK", 2, 4, cancellable=True)
+    m.load_ended("DISK", 2, 0.004)  # the probe: the disk is healthy again (4 ms)
+    assert m.tiers["DISK"].floor == 0.0
+    assert m.choose([Segment("DISK", 4)]).load_s < 0.090  # measured, not floored any more
 
 
 def test_a_job_queued_for_its_thread_is_no_evidence() -> None:
