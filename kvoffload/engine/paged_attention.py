@@ -11,6 +11,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+#: torch >= 2.5 attends grouped-query heads in place (``enable_gqa``); older ones get each KV
+#: head repeated for its query heads first, a copy of the whole context per layer and request
+#: (a fifth of a decode step on the bundled models).
+_SDPA_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -61,7 +66,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
         first_block = max(0, seq_len - n - window + 1) // meta.block_size if window is not None else 0
         k, v = gather_context(kv_cache, meta.block_tables[r], seq_len, meta.block_size, first_block)
         groups = num_heads // k.shape[1]
-        if groups > 1:
+        gqa = groups > 1 and _SDPA_GQA
+        if groups > 1 and not gqa:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         q_pos = torch.arange(seq_len - n, seq_len, device=query.device).unsqueeze(1)
@@ -70,6 +76,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
         if window is not None:
             mask &= k_pos > q_pos - window
         q = query[start:end].transpose(0, 1)
-        attn = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
+        attn = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
+                                              **({"enable_gqa": True} if gqa else {}))
         out[start:end] = attn.transpose(0, 1)
     return out

@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -57,3 +58,28 @@ def test_paged_attention_matches_dense_for_random_block_tables():
         ref = dense_reference(qs[i], full_k[i], full_v[i], d**-0.5)
         torch.testing.assert_close(out[qsl[i]: qsl[i + 1]], ref, rtol=1e-5, atol=1e-5)
     assert cache[:, 0].abs().sum() == 0  # the padding slot wrote nothing into block 0
+
+
+def test_grouped_query_heads_in_place_equal_repeated_heads_bit_for_bit(monkeypatch):
+    """torch >= 2.5 attends GQA heads in place; the result must be the repeated-heads one exactly
+    (greedy generations may not depend on the torch version), windowed or not."""
+    from kvoffload.engine import paged_attention as pa
+
+    if not pa._SDPA_GQA:
+        pytest.skip(f"torch {torch.__version__} has no enable_gqa: only the repeated path runs")
+    gen = torch.Generator().manual_seed(1)
+    bs, kvh, heads, d = 16, 4, 8, 64
+    cache = torch.randn(2, 40, bs, kvh, d, generator=gen)
+    tables = torch.stack([torch.randperm(39, generator=gen)[:20] + 1 for _ in range(3)])
+    specs = [(300, 300), (301, 1), (150, 7)]  # a prefill, a decode, a turn's suffix
+    qsl = [0]
+    for _, n in specs:
+        qsl.append(qsl[-1] + n)
+    meta = AttentionMetadata(torch.full((qsl[-1],), -1), qsl, [s for s, _ in specs], tables, bs)
+    q = torch.randn(qsl[-1], heads, d, generator=gen)
+    for window in (None, 64):
+        in_place = paged_attention(q, cache, meta, d**-0.5, window=window)
+        monkeypatch.setattr(pa, "_SDPA_GQA", False)
+        repeated = paged_attention(q, cache, meta, d**-0.5, window=window)
+        monkeypatch.setattr(pa, "_SDPA_GQA", True)
+        assert torch.equal(in_place, repeated), window
