@@ -361,8 +361,8 @@ def test_host_memory_forced_modes_and_failing_engines_never_give_up_a_load() -> 
 
 def test_a_layer_wise_load_that_slows_its_step_more_than_a_step_is_loaded_asynchronously() -> None:
     """The copy alone is fast (10 µs a block), but steps that carried layer-wise loads of 4 blocks
-    ran 30 ms past a 10 ms step of their size (copies competing with the forward pass for its
-    cores): the wait an asynchronous load costs (a step, 10 ms) is the cheaper one."""
+    waited 30 ms for their layers (the copy lane busy): the wait an asynchronous load costs (a
+    step, 10 ms) is the cheaper one."""
     m, clock = model()
     teach(m, cpu_s_per_block=1e-5, disk_latency=0.0, disk_per_block=1e-5)
     for _ in range(20):
@@ -370,8 +370,8 @@ def test_a_layer_wise_load_that_slows_its_step_more_than_a_step_is_loaded_asynch
     assert m.choose([Segment("CPU", 4)], sync_possible=True).sync
     step = m.prefill.seconds(256)  # ~10 ms (the taught 25.6 ms nearly forgotten)
     for _ in range(3):
-        m.observe_step(256, 0.04, sync_blocks=4)  # no wait for layers: the step itself was slower
-    assert m.sync_stall.estimate(4) == pytest.approx(0.04 - step)
+        m.observe_step(256, step + 0.03, sync_blocks=4, sync_wait_s=0.03)
+    assert m.sync_stall.estimate(4) == pytest.approx(0.03)
     assert not m.choose([Segment("CPU", 4)], sync_possible=True).sync
     assert m.prefill.seconds(256) == pytest.approx(step)  # the engine's rate is not what the loads cost
     # Once the stall's measurement is stale, one hit loads layer by layer again to measure it.
@@ -382,6 +382,29 @@ def test_a_layer_wise_load_that_slows_its_step_more_than_a_step_is_loaded_asynch
     for _ in range(40):
         m.observe_step(256, 0.01, sync_blocks=4)
     assert m.choose([Segment("CPU", 4)], sync_possible=True).sync
+
+
+def test_a_steps_time_past_its_size_is_charged_to_its_copies_only_up_to_their_own_time() -> None:
+    """A returning turn's 128 tokens attend to the 1,280 tokens loaded for them: its step runs
+    40 ms past a 128-token prefill without waiting for any layer, against copies of 4.5 ms. The
+    loads lost at most what the copies took; the rest is the step's own work (an asynchronous
+    load pays it too), which the prefill rate learns: it was charged to the loads before, the
+    prefill rate never learnt it, and the stall outgrew a decode step (the bundled chat
+    benchmark then loaded 5 of 24 returning turns asynchronously, each waiting a step)."""
+    m, _ = model()
+    teach(m, cpu_s_per_block=5e-5, s_per_token=1.6e-3)  # 90 blocks: 4.5 ms; 128 tokens: 205 ms
+    copies = m.tiers["CPU"].loads.estimate(90)
+    for _ in range(5):
+        m.observe_step(128, 0.245, sync_blocks=90)
+    assert m.sync_stall.estimate(90) == pytest.approx(copies, rel=0.05)
+    assert m.prefill.seconds(128) > 0.205 + 0.01  # the steps' own time, less the copies', is the engine's
+    m.step_s = 0.05  # decode steps of 50 ms
+    assert m.choose([Segment("CPU", 90)], sync_possible=True).sync
+    # Before the host tier's copies are timed, nothing caps what a step's excess says.
+    fresh, _ = model()
+    fresh.observe_step(128, 0.205)
+    fresh.observe_step(128, 0.245, sync_blocks=90)
+    assert fresh.sync_stall.estimate(90) == pytest.approx(0.04)
 
 
 def test_a_steps_wait_for_its_layers_is_the_loads_cost_and_not_the_engines() -> None:
