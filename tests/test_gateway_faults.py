@@ -9,6 +9,7 @@ import http.client
 import json
 import socket
 import socketserver
+import struct
 import threading
 import time
 from typing import Any
@@ -250,3 +251,22 @@ def test_a_whole_stream_ends_cleanly(servers):
     servers.append(r1)
     status, data, _ = request(gateway(servers, None, {1: r1.url}), b'{"prompt": [1], "stream": true}')
     assert status == 200 and data == b"data: r1-1\n\ndata: [DONE]\n\n"
+
+
+def test_clients_that_reset_their_connection_leave_no_traceback_and_the_gateway_serves_on(servers, capfd, caplog):
+    """A client that resets (a pool dropping a keep-alive connection, a killed client) before or
+    after its request: the standard server printed a traceback to stderr per reset (seven in a
+    routed benchmark run), burying the gateway's own errors."""
+    r1 = replica("r1")
+    servers.append(r1)
+    port = gateway(servers, None, {1: r1.url})
+    for payload in (b"", b"POST /v1/comp"):  # nothing sent, or half a request line
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(payload)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        s.close()
+    time.sleep(0.3)  # the handler threads meet the resets
+    status, data, _ = request(port, b'{"prompt": [1]}')
+    assert status == 200 and json.loads(data) == {"served_by": "r1"}
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -29,6 +29,7 @@ import http.client
 import itertools
 import json
 import logging
+import sys
 import threading
 import uuid
 from http.server import ThreadingHTTPServer
@@ -155,9 +156,24 @@ class Gateway:
             self.release(selection_id)
 
 
+class GatewayServer(ThreadingHTTPServer):
+    """A client that leaves (a reset or a closed pipe, e.g. a keep-alive connection its pool
+    dropped) ends its connection and nothing else: the standard server printed a traceback to
+    stderr for each, which buried the gateway's own errors. Anything else is logged once, with
+    its cause."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            logger.debug("client %s left: %s", client_address, exc)
+            return
+        logger.error("gateway: request from %s failed", client_address, exc_info=True)
+
+
 def serve(gateway: Gateway, host: str, port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((host, port), make_handler(gateway))
-    server.daemon_threads = True
+    server = GatewayServer((host, port), make_handler(gateway))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
