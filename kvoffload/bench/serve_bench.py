@@ -45,6 +45,10 @@ from kvoffload.traces import SAMPLE_TRACE, resolve_trace
 VLLM_BLOCK = 128  # vLLM's CPU backend block size (tokens)
 BUNDLED_BLOCK = 16  # the bundled engine's default block size
 BUNDLED_BATCH_TOKENS = 2048
+#: Dynamo selection-service settings for the routed runs (see docs/routing.md for why): cached
+#: blocks weigh twice a block of load, and a block in kvoffload's host tier as much as one on
+#: the device (it loads in milliseconds).
+ROUTER_SETTINGS = {"DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT": "2", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "1.0"}
 
 
 # ---- the model and the servers ---------------------------------------------------------------
@@ -190,9 +194,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="--replicas: the KV-aware router (Dynamo's standalone selection service)")
     p.add_argument("--dynamo-python", default=None,
                    help="--router dynamo: a python with ai-dynamo-runtime==1.6.1 (default: $KVOFFLOAD_DYNAMO_PYTHON)")
+    p.add_argument("--router-setting", action="append", default=None, metavar="NAME=VALUE",
+                   help="--router dynamo: a selection-service setting, as its environment variable (repeat it; "
+                        "given any, they replace the defaults; NAME=default: Dynamo's own defaults). Default: "
+                        + " ".join(f"{k}={v}" for k, v in ROUTER_SETTINGS.items()))
     add_reps(p, default=3)
     args = p.parse_args(argv)
     routed_config = None
+    args.router_settings = router_settings(p, args.router_setting)
     if args.replicas > 1:
         names = ["cpu"] if args.configs == p.get_default("configs") else config_names(args.configs)
         if len(names) != 1 or names[0] == "plain":
@@ -267,6 +276,23 @@ def _engine(args: argparse.Namespace, wl: Workload, work: Path) -> tuple[str, di
     return model, engine, ws_blocks, device_blocks
 
 
+def router_settings(p: argparse.ArgumentParser, given: list[str] | None) -> dict[str, str]:
+    """The selection service's settings: ``--router-setting`` NAME=VALUE pairs (``DYN_`` names),
+    else :data:`ROUTER_SETTINGS`; ``default`` alone: none (Dynamo's own defaults)."""
+    if given is None:
+        return dict(ROUTER_SETTINGS)
+    if given == ["default"]:
+        return {}
+    out = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("DYN_") or not value.strip():
+            p.error(f"--router-setting {item[:80]!r}: give NAME=VALUE with a Dynamo variable, e.g. "
+                    "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT=2, or 'default' for Dynamo's own defaults")
+        out[name] = value.strip()
+    return out
+
+
 def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: str) -> int:
     from kvoffload.bench.serve_routing import run_routed
 
@@ -275,7 +301,8 @@ def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name:
     assert kv is not None, "main() refuses plain vLLM as the replicas' configuration"
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {sum(len(s.turns) for s in wl.sessions)} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; {args.replicas} "
-          f"replicas ({config_name}), each a device cache of {device_blocks} blocks and one core; model {model}")
+          f"replicas ({config_name}), each a device cache of {device_blocks} blocks and one core; model {model}; "
+          f"router settings: {' '.join(f'{k}={v}' for k, v in args.router_settings.items()) or 'Dynamo defaults'}")
     runs = run_routed(args, wl, work, model, server_flags(engine), kv, VLLM_BLOCK)
     if runs is None:
         return 2

@@ -30,11 +30,13 @@ from kvoffload.testing.vllm_server import VllmServer, free_port
 ROUTERS = ("round-robin", "dynamo")
 
 
-def start_selector(python: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_selector(python: str, log: Path, settings: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """Dynamo's selection service, with ``settings`` (its environment variables) over this
+    process's environment."""
     port = free_port()
     out = open(log, "wb")  # noqa: SIM115 - the service writes it until it stops
     proc = subprocess.Popen([python, "-m", "dynamo.select_service", "--port", str(port), "--threads", "1"],
-                            stdout=out, stderr=subprocess.STDOUT)
+                            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(settings or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -80,7 +82,7 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
             servers.append(server)
             server.start()
         workers = {i + 1: s.url for i, s in enumerate(servers)}
-        selector, selector_url = start_selector(python, work / "select_service.log")
+        selector, selector_url = start_selector(python, work / "select_service.log", args.router_settings)
         dynamo_gateway.register(selector_url, workers, events, block_size, model="default")
         urls = {}
         for name in ROUTERS:
