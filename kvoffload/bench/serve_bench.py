@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="--router dynamo: a python with ai-dynamo-runtime==1.6.1 (default: $KVOFFLOAD_DYNAMO_PYTHON)")
     p.add_argument("--router-setting", action="append", default=None, metavar="NAME=VALUE",
                    help="--router dynamo: a selection-service setting, as its environment variable (repeat it; "
-                        "given any, they replace the defaults; NAME=default: Dynamo's own defaults). Default: "
+                        "given any, they replace the defaults; '--router-setting default': Dynamo's own). Default: "
                         + " ".join(f"{k}={v}" for k, v in ROUTER_SETTINGS.items()))
     add_reps(p, default=3)
     args = p.parse_args(argv)

@@ -215,9 +215,9 @@ class LoadCostModel:
         if sync_blocks:
             expected = self.prefill.seconds(tokens)  # None before any step was timed
             beyond = 0.0 if expected is None else seconds - expected
-            cpu = self._tier("CPU").loads
-            if cpu.samples:
-                beyond = min(beyond, cpu.estimate(sync_blocks))
+            host = self.tiers.get("CPU")
+            if host is not None and host.loads.samples:
+                beyond = min(beyond, host.loads.estimate(sync_blocks))
             lost = min(seconds, max(0.0, sync_wait_s, beyond))
             self.sync_stall.add(sync_blocks, lost)
             self.last_sync_at = self.clock()
