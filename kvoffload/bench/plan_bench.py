@@ -11,7 +11,6 @@ blocks loaded again (the run's preemptions are shown)."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import tempfile
@@ -116,9 +115,10 @@ def _validate(args: Any, name: str, wl: Workload, bt: int, speeds: dict[str, Any
 
         model = str(work / "model")
         write_model(Path(model), layers=8, hidden=512, heads=8, kv_heads=4, vocab=32000)
-    block_bytes = kv_shape(model or "tiny").bytes_per_token * bt
+    shape = kv_shape(model or "tiny")
+    block_bytes = shape.bytes_per_token * bt
     # The log holds the engine's answers too: any id of the model's vocabulary (the tiny one's 258).
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"] if model else VOCAB + 8
+    vocab = shape.vocab_size or VOCAB + 8
     ws_blocks = math.ceil(wl.working_set_tokens / bt)
     device = max(math.ceil(args.device_fraction * ws_blocks), wl.max_context // bt + 2)
     big, small = ws_blocks * 2 * block_bytes, max(ws_blocks // 4, 64 * 16 // bt) * block_bytes

@@ -153,15 +153,15 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
 def _vllm_engine(args: Any) -> EngineSpeed:
     """vLLM's steps timed offline with the server's settings; its OpenMP threads are the server's
     engine's (one a core it binds: ``--threads``), not every core, which vLLM takes in one process."""
-    import json
     from pathlib import Path
 
     from kvoffload.bench.vllm_steps import vllm_engine_speed
+    from kvoffload.plan.model_shape import kv_shape
 
     config = Path(args.model) / "config.json"
     if not config.is_file():
         raise ValueError(f"--model {args.model}: --engine vllm needs a checkpoint directory with a config.json")
-    vocab = int(json.loads(config.read_text()).get("vocab_size", 32000))
+    vocab = kv_shape(args.model).vocab_size or 32000  # the config's own (a text_config's, for a multimodal one)
     settings = {"max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
                 "dtype": args.dtype, "gpu_memory_utilization": 0.3}
     return vllm_engine_speed(args.model, settings, args.reps, min(vocab, 32000), {"OMP_NUM_THREADS": str(args.threads)})

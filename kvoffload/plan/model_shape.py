@@ -25,6 +25,8 @@ class KVShape:
     kv_heads: int
     head_dim: int
     dtype_bytes: int
+    #: The model's vocabulary (0: its config does not say): the token ids a log of it may hold.
+    vocab_size: int = 0
 
     @property
     def bytes_per_token(self) -> int:
@@ -38,13 +40,13 @@ def kv_shape(model: str, dtype: str | None = None) -> KVShape:
 
     if model in BUILTIN_MODELS:
         cfg = ModelConfig.tiny(model)
-        shape = KVShape(model, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4)
+        shape = KVShape(model, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, cfg.vocab_size)
     else:
         shape = _from_config(Path(model))
     if dtype is not None:
         if dtype not in _DTYPE_BYTES:
             raise ModelShapeError(f"--kv-dtype {dtype!r}: use one of {', '.join(_DTYPE_BYTES)}")
-        shape = KVShape(shape.name, shape.layers, shape.kv_heads, shape.head_dim, _DTYPE_BYTES[dtype])
+        shape = KVShape(shape.name, shape.layers, shape.kv_heads, shape.head_dim, _DTYPE_BYTES[dtype], shape.vocab_size)
     return shape
 
 
@@ -67,6 +69,7 @@ def _from_config(path: Path) -> KVShape:
         heads = int(raw["num_attention_heads"])
         kv_heads = int(raw.get("num_key_value_heads") or heads)
         head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
+        vocab = int(raw.get("vocab_size") or 0)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} lacks the attention shape ({exc!r}); it needs "
                               "num_hidden_layers, num_attention_heads and head_dim or hidden_size") from None
@@ -74,4 +77,4 @@ def _from_config(path: Path) -> KVShape:
     if min(layers, kv_heads, head_dim) < 1:
         raise ModelShapeError(f"--model {str(path)!r}: layers {layers}, KV heads {kv_heads}, head_dim {head_dim}: "
                               "each must be at least 1")
-    return KVShape(path.name or str(path), layers, kv_heads, head_dim, _DTYPE_BYTES.get(dtype, 2))
+    return KVShape(path.name or str(path), layers, kv_heads, head_dim, _DTYPE_BYTES.get(dtype, 2), max(vocab, 0))
