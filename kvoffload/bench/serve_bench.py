@@ -36,6 +36,7 @@ from kvoffload.bench.serve_configs import (
     tier_sets,
 )
 from kvoffload.bench.serve_report import plot, report
+from kvoffload.bench.serve_routing import ROUTER_SETTINGS, router_settings, run_routed
 from kvoffload.bench.serve_runs import RunResult, TurnResult, run_once
 from kvoffload.bench.serve_workloads import Workload, chat, in_rounds, mix, noreuse, rag, request_log, trace, weka
 from kvoffload.errors import ConfigError
@@ -45,10 +46,6 @@ from kvoffload.traces import SAMPLE_TRACE, resolve_trace
 VLLM_BLOCK = 128  # vLLM's CPU backend block size (tokens)
 BUNDLED_BLOCK = 16  # the bundled engine's default block size
 BUNDLED_BATCH_TOKENS = 2048
-#: Dynamo selection-service settings for the routed runs (see docs/routing.md for why): cached
-#: blocks weigh twice a block of load, and a block in kvoffload's host tier as much as one on
-#: the device (it loads in milliseconds).
-ROUTER_SETTINGS = {"DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT": "2", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "1.0"}
 
 
 # ---- the model and the servers ---------------------------------------------------------------
@@ -276,26 +273,7 @@ def _engine(args: argparse.Namespace, wl: Workload, work: Path) -> tuple[str, di
     return model, engine, ws_blocks, device_blocks
 
 
-def router_settings(p: argparse.ArgumentParser, given: list[str] | None) -> dict[str, str]:
-    """The selection service's settings: ``--router-setting`` NAME=VALUE pairs (``DYN_`` names),
-    else :data:`ROUTER_SETTINGS`; ``default`` alone: none (Dynamo's own defaults)."""
-    if given is None:
-        return dict(ROUTER_SETTINGS)
-    if given == ["default"]:
-        return {}
-    out = {}
-    for item in given:
-        name, sep, value = item.partition("=")
-        if not sep or not name.startswith("DYN_") or not value.strip():
-            p.error(f"--router-setting {item[:80]!r}: give NAME=VALUE with a Dynamo variable, e.g. "
-                    "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT=2, or 'default' for Dynamo's own defaults")
-        out[name] = value.strip()
-    return out
-
-
 def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name: str) -> int:
-    from kvoffload.bench.serve_routing import run_routed
-
     model, engine, ws_blocks, device_blocks = _engine(args, wl, work)
     kv = configurations([config_name], args.cpu, args.disk, work, bool(args.throttle_tier))[config_name]
     assert kv is not None, "main() refuses plain vLLM as the replicas' configuration"

@@ -28,6 +28,27 @@ from kvoffload.integrations import dynamo_gateway
 from kvoffload.testing.vllm_server import VllmServer, free_port
 
 ROUTERS = ("round-robin", "dynamo")
+#: Dynamo selection-service settings for the routed runs (see docs/routing.md for why): cached
+#: blocks weigh twice a block of load, and a block in kvoffload's host tier as much as one on
+#: the device (it loads in milliseconds).
+ROUTER_SETTINGS = {"DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT": "2", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "1.0"}
+
+
+def router_settings(p: argparse.ArgumentParser, given: list[str] | None) -> dict[str, str]:
+    """The selection service's settings: ``--router-setting`` NAME=VALUE pairs (``DYN_`` names),
+    else :data:`ROUTER_SETTINGS`; ``default`` alone: none (Dynamo's own defaults)."""
+    if given is None:
+        return dict(ROUTER_SETTINGS)
+    if given == ["default"]:
+        return {}
+    out = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("DYN_") or not value.strip():
+            p.error(f"--router-setting {item[:80]!r}: give NAME=VALUE with a Dynamo variable, e.g. "
+                    "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT=2, or 'default' for Dynamo's own defaults")
+        out[name] = value.strip()
+    return out
 
 
 def start_selector(python: str, log: Path, settings: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
@@ -130,4 +151,4 @@ def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Wo
     return RunResult(name, turns, wall, hits, replicas)
 
 
-__all__ = ["ROUTERS", "run_routed"]
+__all__ = ["ROUTERS", "ROUTER_SETTINGS", "router_settings", "run_routed"]

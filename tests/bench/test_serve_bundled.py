@@ -148,13 +148,15 @@ def test_the_cli_refuses_replicas_it_cannot_route(capsys):
 def test_router_settings_are_dynamo_variables_or_refused_in_one_line(capsys, bad):
     import argparse
 
+    from kvoffload.bench import serve_routing
+
     p = argparse.ArgumentParser(prog="kvoffload bench serve")
-    assert serve_bench.router_settings(p, None) == serve_bench.ROUTER_SETTINGS
-    assert serve_bench.router_settings(p, ["default"]) == {}
-    assert serve_bench.router_settings(p, ["DYN_ROUTER_TEMPERATURE=0.5", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT=0.9"]) == {
+    assert serve_routing.router_settings(p, None) == serve_routing.ROUTER_SETTINGS
+    assert serve_routing.router_settings(p, ["default"]) == {}
+    assert serve_routing.router_settings(p, ["DYN_ROUTER_TEMPERATURE=0.5", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT=0.9"]) == {
         "DYN_ROUTER_TEMPERATURE": "0.5", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "0.9"}
     with pytest.raises(SystemExit):
-        serve_bench.router_settings(p, [bad])
+        serve_routing.router_settings(p, [bad])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--router-setting {bad!r}: give NAME=VALUE with a Dynamo variable" in err
 
