@@ -86,7 +86,10 @@ def test_four_processes_share_one_directory_within_its_capacity(tmp_path, baseli
     watcher.start()
     # No backpressure here: four engines on two cores run every store late, and a skipped
     # store would be a block the others cannot find (backpressure has tests of its own).
-    kv = fs_offload(str(root), str(capacity), max_store_ms_per_mib=60_000)
+    # Found records are loaded whatever auto would judge of them: four engines on two cores time
+    # every load slow, and auto may give a load up and recompute the rest (CI failed once so:
+    # round 3 loaded nothing); auto's choices have tests of their own.
+    kv = fs_offload(str(root), str(capacity), max_store_ms_per_mib=60_000, load_mode="async")
     seeds = [[0, 9, None]] + [[i, None, 9] for i in range(1, 4)]
     try:
         procs = [start({"kv_offload": kv, "seeds": seeds[i],
@@ -101,7 +104,9 @@ def test_four_processes_share_one_directory_within_its_capacity(tmp_path, baseli
         assert r["tokens"] == expected, f"process {i}: tokens differ from no offload"
         assert r["connector"]["tier_io_errors"] == {"fs": 0}
     for r in results[1:]:
-        assert r["fs_hits"][2] >= 128, f"found only {r['fs_hits'][2]} tokens of process 0's workload"
+        assert r["fs_hits"][2] >= 128, (f"found only {r['fs_hits'][2]} tokens of process 0's workload; decisions "
+                                        f"{r['connector'].get('load_decisions')}, cancelled "
+                                        f"{r['connector'].get('loads_cancelled')}")
     assert sum(r["connector"]["blocks_demoted"] for r in results) > 128  # more than the directory holds
     assert 0.9 * capacity <= peak[0] <= capacity, f"directory peaked at {peak[0]} bytes, capacity {capacity}"
     store = FsStore([FsDirectory(root, capacity, 8192 + 64, "fs")])
