@@ -26,8 +26,7 @@ more than recomputing:
   the first ``probe_blocks`` of the run (one request pays a small load, not a slow tier's
   whole run), and each probe that finds the tier still too slow doubles the wait for the
   next, up to ``max_probe_after_s``;
-- modes: a tier in mode ``layerwise``, ``async`` or ``never-recompute`` is always loaded
-  (``auto`` only decides for tiers in mode ``auto``).
+- modes: ``layerwise``, ``async``, ``never-recompute`` always load (``auto`` decides).
 
 A load is synchronous (layer-wise, inside the forward pass of the step that schedules the
 request) where the engine allows it, it comes from host memory only, and it is estimated to
@@ -127,9 +126,7 @@ class LoadCostModel:
 
     def _tier(self, medium: str) -> TierCost:
         tier = self.tiers.get(medium)
-        if tier is None:
-            tier = self.tiers[medium] = self._new_tier()
-        return tier
+        return tier if tier is not None else self.tiers.setdefault(medium, self._new_tier())
 
     def load_planned(self, medium: str, job_id: int, blocks: int, cancellable: bool) -> None:
         """A load job of ``blocks`` from ``medium`` was planned; ``cancellable``: it may be given
@@ -181,17 +178,17 @@ class LoadCostModel:
             head = next(iter(tier.queue.loads.items()), None)
             given_up = tier.queue.overdue(tier.queue.slowdown())
             if head is not None and head[0] in given_up:
-                # It read past what recomputing would have taken: the tier is not what its fit
-                # says. What it read is all that is known of it now, and a lower bound: the
-                # give-up is a verdict that holds until a load of the tier completes (a probe).
-                # The fit restarts at what it read, and the floor keeps it at least that much
-                # dearer than recomputing: an engine that slows later (a busy machine) raises
-                # both sides, so the old tie does not turn into "clearly faster to load".
+                # It read past what recomputing would have taken: the tier is not what its fit says.
+                # What it read is all that is known of it now, and a lower bound: the give-up is a
+                # verdict that holds until a load of the tier completes (a probe). The fit restarts
+                # at what it read; the floor keeps it dearer than recomputing by what it read, and at
+                # least by the margin its budget had (the prefill estimate may have risen since): an
+                # engine that slows later raises both sides, and no tie turns into "faster to load".
                 blocks, read_s = head[1].blocks, head[1].read_s
                 tier.loads.restart(blocks, read_s)
                 recompute_s = self.prefill.seconds(blocks * self.tokens_per_block)
                 if recompute_s:
-                    tier.floor = read_s / recompute_s
+                    tier.floor = max(read_s / recompute_s, 1.0 + self.margin)
                 tier.loads.samples = max(tier.loads.samples, self.warmup_jobs)  # measured: no more warm-up
                 tier.last_load_at = self.clock()
                 tier.verdict = False
@@ -382,8 +379,7 @@ class LoadCostModel:
 
     # ---- reports ---------------------------------------------------------------------------
     def gauges(self) -> dict[str, dict[str, float]]:
-        """Measured throughputs (a tier's: bytes over the seconds its load jobs took, per-job
-        latency included), by tier (lower case) and prefill step bucket."""
+        """Measured throughputs (per-job latency included), by tier (lower case) and step bucket."""
         rate: dict[str, float] = {}
         latency: dict[str, float] = {}
         for medium, tier in self.tiers.items():
