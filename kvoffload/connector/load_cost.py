@@ -27,6 +27,7 @@ more than recomputing:
   whole run), and each probe that finds the tier still too slow doubles the wait for the
   next, up to ``max_probe_after_s``;
 - modes: ``layerwise``, ``async``, ``never-recompute`` always load (``auto`` decides).
+A load also pays the connector's host work per loaded request (``LoadOverheads``).
 
 A load is synchronous (layer-wise, inside the forward pass of the step that schedules the
 request) where the engine allows it, it comes from host memory only, and it is estimated to
@@ -45,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvoffload.connector.cost_fit import LinearFit, PrefillRate
+from kvoffload.connector.load_overheads import LoadOverheads
 from kvoffload.connector.load_queue import InFlightLoad, LoadQueue
 
 
@@ -119,6 +121,7 @@ class LoadCostModel:
         self.sync_stall = LinearFit()
         #: When a step with a layer-wise load last reported (the stall's last measurement).
         self.last_sync_at = clock()
+        self.overheads = LoadOverheads()
 
     # ---- measurements --------------------------------------------------------------------
     def _new_tier(self) -> TierCost:
@@ -328,9 +331,13 @@ class LoadCostModel:
         return cut
 
     def _cost(self, segments: Sequence[Segment], cut: int, total: int) -> float:
-        """Estimated seconds to load the hit's first ``cut`` blocks and recompute the rest."""
+        """Estimated seconds to load the hit's first ``cut`` blocks and recompute the rest; a
+        load adds the host work of loading a request, which every request of its step waits
+        for (``LoadOverheads``)."""
         per_tier = self._loaded(segments, cut)
         load = max((self._load_s(m, n) for m, n in per_tier.items()), default=0.0)
+        if per_tier:
+            load += self.overheads.host_cost_s()
         recompute = self.prefill.seconds((total - cut) * self.tokens_per_block) or 0.0
         return load + recompute
 

@@ -12,6 +12,7 @@ cost model's call (``LoadCostModel``); the rest of the hit is recomputed.
 from __future__ import annotations
 
 import logging
+import time
 from typing import cast
 
 from kvoffload.connector.base import EngineRequest
@@ -175,6 +176,7 @@ class LoadPlanner(Planner):
     def plan(self, request: EngineRequest, state: RequestOffloadState, num_local: int, num_external: int) -> None:
         """The loads of ``num_external`` tokens after ``num_local`` local hits, into the blocks
         the engine allocated (``state.block_ids``)."""
+        t0 = time.perf_counter()
         records = self.records
         rid = request.request_id
         size, block_size, f = records.offloaded_block_size, records.block_size, records.factor
@@ -220,3 +222,4 @@ class LoadPlanner(Planner):
         state.loading = loading
         records.blocks_being_loaded.update(loading)
         state.next_stored = max(state.next_stored, promote_from)
+        self.cost.overheads.observe_host("scheduler", 1, time.perf_counter() - t0)

@@ -21,6 +21,9 @@ class StepTiming:
     seconds: float
     sync_blocks: int = 0
     sync_wait_s: float = 0.0
+    #: Requests whose loads the step issued, and the host seconds issuing them took.
+    load_requests: int = 0
+    load_host_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,6 +175,7 @@ class OffloadingConnectorScheduler:
             num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
         meta.cancel_loads = set(self.cost.overdue())
+        self.cost.overheads.observe_batch(len(scheduler_output.num_scheduled_tokens))
         self.cost.end_step()
         return meta
 
@@ -184,6 +185,7 @@ class OffloadingConnectorScheduler:
         for result in results:
             if isinstance(result, StepTiming):
                 self.cost.observe_step(result.tokens, result.seconds, result.sync_blocks, result.sync_wait_s)
+                self.cost.overheads.observe_host("worker", result.load_requests, result.load_host_s)
                 continue
             if isinstance(result, LoadReading):
                 record = self.records.jobs.get(result.job_id)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
+from kvoffload.connector.step_clock import StepClock
 from kvoffload.connector.transfer_stats import DirectionStatsDict, TransferStats
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferRouter
@@ -77,9 +78,10 @@ class OffloadingConnectorWorker:
         #: A synchronous load of this step failed: its stores are not submitted.
         self._sync_failed = False
         self._results: list[TransferResult | StepTiming] = []
-        #: When this step's forward pass began (begin_step) and the tokens it computes.
-        self._step_start: float | None = None
-        self._step_tokens = 0
+        #: Times each forward pass (begin_step to wait_for_save; on CUDA as the device ran it).
+        self._clock = StepClock()
+        #: This step's requests with loads issued and the host time issuing them (cost model).
+        self._load_requests, self._load_host_s = 0, 0.0
         #: Blocks this step loads inside its forward pass, and how long the pass waited for them.
         self._step_sync_blocks = 0
         self._step_wait_s = 0.0
@@ -97,6 +99,7 @@ class OffloadingConnectorWorker:
     def register_kv_caches(self, kv_caches: KVCaches) -> None:
         canonical = canonicalize(kv_caches, self.spec.kv_info.num_device_blocks)
         self.kv = canonical
+        self._clock.bind(canonical.device)
         self.worker = TransferRouter()
         for src, dst, handler in self.spec.get_handlers(canonical):
             if not isinstance(handler, OffloadingHandler):
@@ -187,7 +190,7 @@ class OffloadingConnectorWorker:
     def begin_step(self, meta: OffloadingConnectorMetadata) -> None:
         """The step's plan is bound, its forward pass about to run: time it (until wait_for_save;
         start_load_kv may come after the forward, as vLLM calls it in steps without sync loads)."""
-        self._step_start, self._step_tokens = time.perf_counter(), meta.num_step_tokens
+        self._clock.begin(meta.num_step_tokens)
         self._step_sync_blocks, self._step_wait_s = 0, 0.0
         self._step_meta = meta
         self._step_stores = {rid: list(jobs) for rid, jobs in meta.reqs_to_store.items()}
@@ -206,9 +209,13 @@ class OffloadingConnectorWorker:
             self._submit_deferred()
             assert self.worker is not None
             self.worker.wait([j for j in meta.flush_jobs if j in self._jobs])
+        t0 = time.perf_counter()
         for rid, jobs in meta.reqs_to_load.items():
             for job in jobs:
                 self._submit(job, sync=rid in meta.sync_loads)
+        if meta.reqs_to_load:
+            self._load_requests += len(meta.reqs_to_load)  # reported with the step that ends next
+            self._load_host_s += time.perf_counter() - t0
         self._submit_deferred()
         # Those not opened layer by layer (the first save_kv_layer may come later: it takes
         # its stores out of this same dict).
@@ -272,10 +279,8 @@ class OffloadingConnectorWorker:
         # A synchronous load that failed (or could not even be submitted) aborts the step's stores.
         sync_ok = not self._sync_failed and all(p is not None and not p.failed for p in self._sync.values())
         self._end_layered_stores(commit=sync_ok)
-        if self._step_start is not None and self._step_tokens > 0:
-            self._results.append(StepTiming(self._step_tokens, time.perf_counter() - self._step_start,
-                                            self._step_sync_blocks, self._step_wait_s))
-        self._step_start = None
+        if self._clock.end(self._step_sync_blocks, self._step_wait_s, self._load_requests, self._load_host_s):
+            self._load_requests, self._load_host_s = 0, 0.0  # else carried to the next step that computes
 
     def _end_layered_stores(self, commit: bool) -> None:
         if self._layered_open:
@@ -357,6 +362,7 @@ class OffloadingConnectorWorker:
         has: the scheduler half judges a tier that slowed down by them before they end)."""
         results: list[TransferResult | StepTiming | LoadReading] = list(self._results)
         self._results = []
+        results += self._clock.take()
         if self.worker is not None and self._jobs:
             results += [LoadReading(job_id, seconds) for job_id, seconds in self.worker.loads_reading().items()]
         return results
