@@ -156,19 +156,19 @@ class TransferRouter:
         self._handlers: dict[tuple[str, str], OffloadingHandler] = {}
         self._job_handler: dict[int, OffloadingHandler] = {}
         self._refusals_logged: set[tuple[str, str]] = set()
+        #: Each handler once (one may serve several pairs), kept: asked for per layer and step.
+        self._unique: list[OffloadingHandler] = []
 
     def register_handler(self, src: type[LoadStoreSpec], dst: type[LoadStoreSpec], handler: OffloadingHandler) -> None:
         key = (src.medium(), dst.medium())
         if key in self._handlers:
             raise ValueError(f"a handler for {key[0]} -> {key[1]} is already registered")
         self._handlers[key] = handler
+        if all(handler is not h for h in self._unique):
+            self._unique.append(handler)
 
     def _unique_handlers(self) -> list[OffloadingHandler]:
-        out: list[OffloadingHandler] = []
-        for h in self._handlers.values():
-            if all(h is not o for o in out):
-                out.append(h)
-        return out
+        return self._unique
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
         src, dst = spec
