@@ -22,7 +22,7 @@ from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE, TransferSp
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import StreamPool
 from kvoffload_ext import copy_block_groups
-from kvoffload_ext.copies import CopyGroup
+from kvoffload_ext.copies import CopyGroup, prepare_copies
 
 
 def host_copy_groups(kv: CanonicalKVCache, host: HostBlockBuffer, direction: str, device_ids: np.ndarray,
@@ -68,6 +68,7 @@ class DeviceHostHandler(TrackedJobsHandler):
         # stores a step: 5.5 ms of host time a step, against 2.5 whole and 1.6 without stores).
         tensors = kv.layer_tensors
         self._layered = kv.device.type == "cpu" and bool(tensors) and len(set(tensors.values())) == len(tensors)
+        prepare_copies(kv.device, {int(view.shape[1]) for view in kv.views})
         super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
 
     def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:

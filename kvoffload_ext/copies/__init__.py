@@ -12,7 +12,7 @@ implementation is picked from the tensors' devices: ``cpu_copy`` (over ``host_lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ import torch
 from kvoffload_ext.copies.cpu_copy import copy_ranges_cpu
 from kvoffload_ext.copies.ranges import CopyGroup, as_ids, byte_ranges, check_group
 
-__all__ = ["CopyGroup", "copy_block_groups", "copy_blocks"]
+__all__ = ["CopyGroup", "copy_block_groups", "copy_blocks", "prepare_copies"]
 
 
 def copy_blocks(
@@ -49,3 +49,13 @@ def copy_block_groups(groups: Sequence[CopyGroup]) -> None:
         copy_groups_cuda(groups, cuda.pop())
     else:
         copy_ranges_cpu(*byte_ranges(groups, by_block=True))
+
+
+def prepare_copies(device: torch.device, widths: Iterable[int]) -> None:
+    """Settle how rows of these widths are copied on ``device`` now (a CUDA device's copy plan,
+    measured once per width class and logged), so that no job pays the measurement. Nothing to
+    settle elsewhere."""
+    if device.type == "cuda":
+        from kvoffload_ext.copies.cuda_copy import copy_plan
+
+        copy_plan(device).prepare(widths)

@@ -11,9 +11,11 @@ host memory is read or written directly through its device-mapped address (unifi
 addressing). The grid is small on purpose: measured on an H100, 32 blocks of 512 threads move
 as much as a full grid, and the SMs they hold are all a compute kernel queued meanwhile waits
 for. Rows of 256 KiB and more (cross-layer blocks) are one ``copy_`` each: the DMA engines
-reach the same bandwidth there without taking any SM. Without CuPy every row is a ``copy_``
-(the per-block loop vLLM's original ``swap_blocks`` used); that is logged once. Only imported
-when CUDA is in use.
+reach the same bandwidth there without taking any SM. Which of the kernel, one
+``cuMemcpyBatchAsync`` call (``batch_memcpy``) or a ``copy_`` per row moves a width fastest is
+measured per device (``copy_plan``); without CuPy or the batch call every row is a ``copy_``
+(the per-block loop vLLM's original ``swap_blocks`` used), logged once. Only imported when
+CUDA is in use.
 """
 
 from __future__ import annotations
@@ -21,18 +23,18 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-import warnings
+import time
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from kvoffload_ext.copies.batch_memcpy import copy_ranges_batch, unavailable_reason
+from kvoffload_ext.copies.copy_plan import BATCH, COPY, D2H, H2D, KERNEL, CopyPlan
 from kvoffload_ext.copies.group_table import GroupTable, group_table
-from kvoffload_ext.copies.ranges import CopyGroup
+from kvoffload_ext.copies.ranges import CopyGroup, byte_ranges
 
 log = logging.getLogger("kvoffload")
-# CuPy 14 deprecates ExternalStream for Stream.from_external; CuPy 13 has only the former.
-warnings.filterwarnings("ignore", message="ExternalStream is deprecated", category=DeprecationWarning)
 
 _KERNEL_SRC = r"""
 __device__ void copy_slice(const unsigned char* s, unsigned char* d, long long lo, long long hi) {
@@ -85,8 +87,8 @@ SLICE_BYTES = 64 << 10
 THREADS = 512
 #: Thread blocks of one launch: enough loads in flight to fill PCIe, few SMs held.
 GRID_BLOCKS = 32
-#: Rows at least this wide are copied by the DMA engines (one ``copy_`` each), not the kernel.
-DMA_MIN_BYTES = 256 << 10
+#: Bytes a probe job of the copy plan moves per method and repetition (rows of the probed width).
+PROBE_BYTES = 16 << 20
 _kernel = None
 _warned = False
 
@@ -159,37 +161,129 @@ def copy_table_cuda(table: GroupTable, device: torch.device) -> None:
     """Launch one kernel on the current stream that copies every row of ``table``'s groups."""
     if not table.num_items:
         return
-    import cupy
-
     stream = torch.cuda.current_stream(device)
     on_device = _table_staging(device).upload(table.data, device, stream)
-    with cupy.cuda.Device(device.index or 0), cupy.cuda.ExternalStream(stream.cuda_stream, device.index or 0):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    import cupy
+
+    with cupy.cuda.Device(index), cupy_stream(stream.cuda_stream, index):
         _get_kernel()((min(table.num_items, GRID_BLOCKS),), (THREADS,),
                       (on_device.data_ptr(), np.int64(table.num_groups), np.int64(table.slice_bytes)))
     on_device.record_stream(stream)
+
+
+_streams: dict[tuple[int, int], object] = {}
+
+
+def cupy_stream(ptr: int, device_index: int):  # -> cupy.cuda.Stream (untyped: CuPy is optional)
+    """torch's stream as a CuPy stream, kept per handle (a wrapper per launch was host time).
+    ``Stream.from_external`` where CuPy has it (14: ``ExternalStream`` is deprecated there and
+    warns on every construction), ``ExternalStream`` on CuPy 13."""
+    key = (ptr, device_index)
+    wrapped = _streams.get(key)
+    if wrapped is None:
+        import cupy
+
+        if hasattr(cupy.cuda.Stream, "from_external"):
+            try:
+                wrapped = cupy.cuda.Stream.from_external(ptr, device_index)
+            except TypeError:  # a release whose from_external takes the handle alone
+                wrapped = cupy.cuda.Stream.from_external(ptr)
+        else:
+            wrapped = cupy.cuda.ExternalStream(ptr, device_index)
+        _streams[key] = wrapped
+    return wrapped
+
+
+def _direction(src: torch.Tensor, dst: torch.Tensor) -> str | None:
+    if src.is_cuda and not dst.is_cuda:
+        return D2H
+    if dst.is_cuda and not src.is_cuda:
+        return H2D
+    return None  # device to device: the kernel (or a copy_ without CuPy)
 
 
 def copy_groups_cuda(groups: Sequence[CopyGroup], device: torch.device) -> None:
     for src, dst, _, _ in groups:
         check_device_addressable(src)
         check_device_addressable(dst)
-    small = [g for g in groups if g[0].shape[1] < DMA_MIN_BYTES]
-    if small and cupy_available():
-        copy_table_cuda(group_table(small, SLICE_BYTES), device)
-    elif small:
-        global _warned
-        if not _warned:
-            _warned = True
-            log.warning("CuPy is not installed: CUDA block copies of rows under %d KiB fall back to one copy per "
-                        "row (slow); pip install 'kvoffload[cuda]'", DMA_MIN_BYTES >> 10)
-        for group in small:
-            copy_blocks_loop(*group)
+    plan = copy_plan(device)
+    kernel = cupy_available()
+    by_method: dict[str, list[CopyGroup]] = {KERNEL: [], BATCH: [], COPY: []}
     for group in groups:
-        if group[0].shape[1] >= DMA_MIN_BYTES:
-            copy_blocks_loop(*group)
+        direction = _direction(group[0], group[1])
+        method = (KERNEL if kernel else COPY) if direction is None else plan.method(group[0].shape[1], direction)
+        by_method[method].append(group)
+    if by_method[KERNEL]:
+        copy_table_cuda(group_table(by_method[KERNEL], SLICE_BYTES), device)
+    if by_method[BATCH]:
+        handle = torch.cuda.current_stream(device).cuda_stream
+        if handle:
+            copy_ranges_batch(*byte_ranges(by_method[BATCH]), handle)
+        else:  # the legacy default stream, which cuMemcpyBatchAsync refuses
+            by_method[COPY] += by_method[BATCH]
+    for group in by_method[COPY]:
+        copy_blocks_loop(*group)
 
 
 def copy_blocks_loop(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_ids: np.ndarray) -> None:
     """Per-row async copies: the fallback and the benchmark baseline."""
     for s, d in zip(src_ids.tolist(), dst_ids.tolist()):
         dst[d].copy_(src[s], non_blocking=True)
+
+
+_plans: dict[int, CopyPlan] = {}
+_plans_lock = threading.Lock()
+
+
+def copy_plan(device: torch.device) -> CopyPlan:
+    """The device's copy plan (one per device and process), its methods those available here."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _plans_lock:
+        plan = _plans.get(index)
+        if plan is None:
+            methods = [m for m, ok in ((KERNEL, cupy_available()), (BATCH, unavailable_reason() is None),
+                                       (COPY, True)) if ok]
+            if methods == [COPY]:
+                log.warning("neither CuPy nor cuMemcpyBatchAsync (%s) is available: CUDA block copies issue one "
+                            "copy per row (slow for per-layer KV); pip install 'kvoffload[cuda]'", unavailable_reason())
+            name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+            dev = torch.device("cuda", index)
+            plan = _plans[index] = CopyPlan(name, lambda m, w, d: _probe(dev, m, w, d), methods)
+        return plan
+
+
+def _probe(device: torch.device, method: str, row_bytes: int, direction: str) -> float | None:
+    """GB/s of ``method`` moving rows of ``row_bytes`` between scattered device rows and pinned
+    host rows, host issue time included (the per-row loop's cost is its calls), best of three."""
+    rows = max(8, min(4096, PROBE_BYTES // row_bytes))
+    gen = torch.Generator().manual_seed(0)
+    dev = torch.empty((2 * rows, row_bytes), dtype=torch.uint8, device=device)
+    host = torch.empty((rows, row_bytes), dtype=torch.uint8, pin_memory=True)
+    dev_ids = torch.randperm(2 * rows, generator=gen)[:rows].numpy()
+    host_ids = torch.randperm(rows, generator=gen).numpy()
+    group = (dev, host, dev_ids, host_ids) if direction == D2H else (host, dev, host_ids, dev_ids)
+    stream = torch.cuda.Stream(device)
+
+    def run() -> None:
+        if method == KERNEL:
+            copy_table_cuda(group_table([group], SLICE_BYTES), device)
+        elif method == BATCH:
+            copy_ranges_batch(*byte_ranges([group]), stream.cuda_stream)
+        else:
+            copy_blocks_loop(*group)
+
+    best = float("inf")
+    with torch.cuda.stream(stream):
+        try:
+            run()  # compiles the kernel, touches every page
+            stream.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a method this driver or build cannot run: not a choice
+            log.info("copy plan: %s on %s rows failed (%s); not used", method, row_bytes, exc)
+            return None
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            stream.synchronize()
+            best = min(best, time.perf_counter() - start)
+    return rows * row_bytes / best / 1e9

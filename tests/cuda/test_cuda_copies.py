@@ -27,12 +27,39 @@ def loop_impl(src, dst, s_ids, d_ids):
     copy_blocks_loop(src, dst, np.asarray(s_ids), np.asarray(d_ids))
 
 
-@pytest.fixture(params=["kernel", "loop"])
+def kernel_impl(src, dst, s_ids, d_ids):
+    from kvoffload_ext.copies.cuda_copy import SLICE_BYTES, copy_table_cuda
+    from kvoffload_ext.copies.group_table import group_table
+
+    device = src.device if src.is_cuda else dst.device
+    copy_table_cuda(group_table([(src, dst, np.asarray(s_ids), np.asarray(d_ids))], SLICE_BYTES), device)
+
+
+def batch_impl(src, dst, s_ids, d_ids):
+    from kvoffload_ext.copies.batch_memcpy import copy_ranges_batch
+    from kvoffload_ext.copies.ranges import byte_ranges
+
+    device = src.device if src.is_cuda else dst.device
+    ranges = byte_ranges([(src, dst, np.asarray(s_ids), np.asarray(d_ids))])
+    side = torch.cuda.Stream(device)  # the batch call refuses the legacy default stream
+    side.wait_stream(torch.cuda.current_stream(device))
+    copy_ranges_batch(*ranges, side.cuda_stream)
+    torch.cuda.current_stream(device).wait_stream(side)
+
+
+@pytest.fixture(params=["plan", "kernel", "batch", "loop"])
 def impl(request):
+    """Each copy method alone, and ``copy_blocks`` as the device's copy plan routes it."""
     if request.param == "kernel":
         pytest.importorskip("cupy")
-        return copy_blocks
-    return loop_impl
+        return kernel_impl
+    if request.param == "batch":
+        from kvoffload_ext.copies.batch_memcpy import unavailable_reason
+
+        if unavailable_reason() is not None:
+            pytest.skip(f"cuMemcpyBatchAsync: {unavailable_reason()}")
+        return batch_impl
+    return copy_blocks if request.param == "plan" else loop_impl
 
 
 @pytest.mark.parametrize("offsets", OFFSETS, ids=["aligned", "same-misalignment", "mixed-misalignment"])
@@ -214,3 +241,42 @@ def test_issuing_copies_never_waits_for_an_earlier_held_up_copy():
     torch.cuda.synchronize()
     assert issued < 0.1, f"issuing 20 copies took {issued * 1e3:.0f} ms: the host waited for the held-up one"
     assert torch.equal(dst, src.cpu())
+
+
+def test_the_copy_plan_measures_each_width_once_and_logs_the_layout(caplog):
+    from kvoffload_ext.copies.copy_plan import D2H, H2D, CopyPlan
+    from kvoffload_ext.copies.cuda_copy import _probe, copy_plan
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    methods = copy_plan(device).methods
+    calls = []
+
+    def probe(method, row, direction):
+        calls.append((method, row, direction))
+        return _probe(device, method, row, direction)
+
+    plan = CopyPlan("test", probe, methods)
+    with caplog.at_level("INFO", logger="kvoffload"):
+        rows = plan.prepare([8192, 65536, 1 << 20])
+        plan.prepare([1 << 20, 8192])
+    assert len(calls) == 3 * 2 * len(methods)
+    assert [(r.row_bytes, r.direction) for r in rows] == [(w, d) for w in (8192, 65536, 1 << 20) for d in (D2H, H2D)]
+    assert all(r.method in r.gbps and r.gbps[r.method] == max(r.gbps.values()) for r in rows)
+    assert len([r for r in caplog.records if "copy plan for test" in r.getMessage()]) == 1
+    for r in rows:
+        print(r.describe())
+
+
+def test_kernel_launches_raise_no_cupy_deprecation_warning():
+    pytest.importorskip("cupy")
+    import warnings
+
+    dev = torch.randint(0, 256, (16, 8192), dtype=torch.uint8, device="cuda")
+    host = torch.empty((16, 8192), dtype=torch.uint8).pin_memory()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.cuda.stream(torch.cuda.Stream()):  # a stream CuPy has not wrapped yet
+            kernel_impl(dev, host, np.arange(16), np.arange(16))
+        torch.cuda.synchronize()
+    assert torch.equal(host, dev.cpu())
+    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning) and "Stream" in str(w.message)] == []
