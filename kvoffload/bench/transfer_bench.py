@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, interleaved, preamble, timed
+from kvoffload.bench.transfer_overlap import kernel_sms, kv_layers, matmul_slowdown, measure_both
 from kvoffload.transfer.device_host_handler import host_copy_groups
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import canonicalize
@@ -27,19 +28,12 @@ from kvoffload_ext.copies.cpu_copy import COPY_THREADS, copy_ranges_cpu
 D2H, H2D = "device->host", "host->device"
 
 
-def _layers(layout: str, layers: int, num_blocks: int, page_bytes: int, device: torch.device) -> list[torch.Tensor]:
-    if layout == "per-layer":
-        row = page_bytes // (2 * layers)
-        return [torch.randint(0, 255, (2, num_blocks, row), dtype=torch.uint8, device=device) for _ in range(layers)]
-    return [torch.randint(0, 255, (num_blocks, page_bytes), dtype=torch.uint8, device=device)]
-
-
 def measure(layout: str, page_bytes: int, total_bytes: int, reps: int, device: torch.device, layers: int,
             direction: str = D2H) -> dict[str, Sample]:
     n = max(8, total_bytes // page_bytes)
     num_blocks = n * 2
     cuda = device.type == "cuda"
-    kv = canonicalize(_layers(layout, layers, num_blocks, page_bytes, device), num_blocks)
+    kv = canonicalize(kv_layers(layout, layers, num_blocks, page_bytes, device), num_blocks)
     host = HostBlockBuffer(n, kv.page_bytes, pin=cuda)
     rng = np.random.default_rng(0)
     dev_ids = rng.permutation(num_blocks)[:n]
@@ -146,3 +140,30 @@ def main(argv: list[str] | None = None) -> None:
                 row = (kib << 10) // (2 * layers) if layout == "per-layer" else kib << 10
                 print(f"{direction:<14}{layout:<12}{kib:>6}Ki{row >> 10:>6}Ki{a.fmt():>16}{b.fmt():>16}{c.fmt():>16}"
                       f"{a.ratio(b).fmt('.1f'):>14}{a.ratio(c).fmt():>14}")
+    if cuda:
+        _beside_compute(device, total, layers, per_layer, cross, args.reps)
+
+
+def _beside_compute(device: torch.device, total: int, layers: int, per_layer: list[int], cross: list[int],
+                    reps: int) -> None:
+    """Both directions at once, the copy plan the runs above settled, and compute beside copies."""
+    from kvoffload_ext.copies.cuda_copy import copy_plan
+
+    print("\nboth directions at once (a store and a load on two streams; GB/s of both; (c) two contiguous copies)")
+    print(f"{'layout':<12}{'block':>8}{'row':>8}{'(a) ext':>16}{'(c) flat':>16}{'a/c':>14}")
+    for layout, pages in (("per-layer", per_layer), ("cross-layer", cross)):
+        for kib in pages:
+            m = measure_both(layout, kib << 10, total, reps, device, layers)
+            row = (kib << 10) // (2 * layers) if layout == "per-layer" else kib << 10
+            print(f"{layout:<12}{kib:>6}Ki{row >> 10:>6}Ki{m['ext'].fmt():>16}{m['flat'].fmt():>16}"
+                  f"{m['ext'].ratio(m['flat']).fmt():>14}")
+    plan = copy_plan(device)
+    print(f"\ncopy plan for {plan.name} (methods: {', '.join(plan.methods)}; GB/s on a 16 MiB probe)")
+    for r in plan.rows():
+        print("  " + r.describe())
+    print("\n" + kernel_sms(device))
+    print("a bf16 8192^3 matmul loop on the compute stream while a store and a load copy beside it; slowdown:")
+    for layout, pages in (("per-layer", per_layer[:1]), ("cross-layer", cross[-1:])):
+        for kib in pages:
+            s = matmul_slowdown(layout, kib << 10, total, device, layers, reps)
+            print(f"  {layout:<12}{kib:>6} KiB blocks: {s.fmt('.1f', 100.0)} %")
