@@ -49,16 +49,16 @@ BUNDLED_BATCH_TOKENS = 2048
 
 
 # ---- the model and the servers ---------------------------------------------------------------
-def write_model(path: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int) -> None:
+def write_model(path: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int,
+                intermediate: int | None = None) -> None:
     """A Llama-shaped config.json for ``--load-format dummy``: random weights, real compute."""
     path.mkdir(parents=True, exist_ok=True)
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-           "intermediate_size": int(hidden * 8 / 3) // 64 * 64, "num_hidden_layers": layers,
+           "intermediate_size": intermediate or int(hidden * 8 / 3) // 64 * 64, "num_hidden_layers": layers,
            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": hidden // heads,
            "vocab_size": vocab, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
            "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
-
 
 
 def cache_geometry(wl: Workload, block: int, device_fraction: float) -> tuple[int, int, int]:
@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--intermediate", type=positive_int, default=None, help="MLP width (default hidden x 8/3)")
     p.add_argument("--reserved-cpus", type=int, default=1,
                    help="VLLM_CPU_NUM_OF_RESERVED_CPU for every server (vLLM's CPU backend): without it vLLM "
                         "reserves one core more for a server with a KV connector, which on a small machine "
@@ -264,7 +265,7 @@ def _engine(args: argparse.Namespace, wl: Workload, work: Path) -> tuple[str, di
                               "gpu_memory_utilization": args.memory_utilization}
     if model is None:
         model = str(work / "model")
-        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
+        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab, args.intermediate)
         engine["load_format"] = "dummy"
     max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
     engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
@@ -361,7 +362,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     model, load_format = args.model, "auto"
     if model is None:
         model, load_format = str(work / "model"), "dummy"
-        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
+        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab, args.intermediate)
     names = config_names(args.configs)
     tiers = tier_sets(args.cpu, args.disk, work)
     offload = {name: offload_config(name, tiers, bool(args.throttle_tier), hints_section(args, wl)) for name in names}

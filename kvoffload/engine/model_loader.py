@@ -39,8 +39,11 @@ def build_model(cfg: ModelConfig, seed: int, dtype: torch.dtype, device: torch.d
 
 
 def _init_random(model: nn.Module, seed: int, norm_weight: float) -> None:
-    """Scaled-normal weights: large enough that greedy argmaxes are well separated."""
-    gen = torch.Generator().manual_seed(seed)
+    """Scaled-normal weights: large enough that greedy argmaxes are well separated. Drawn on
+    the model's device: on a GPU an 8B-parameter model takes a second, not the minutes the
+    host's generator would (the values differ from a CPU model's of the same seed)."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -50,7 +53,7 @@ def _init_random(model: nn.Module, seed: int, norm_weight: float) -> None:
             else:
                 fan_in = p.shape[-1] if name != "model.embed_tokens.weight" else 1
                 std = 2.0 / fan_in**0.5
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32, device=device) * std)
 
 
 def _load_checkpoint(model: nn.Module, path: Path, tie_word_embeddings: bool) -> None:
