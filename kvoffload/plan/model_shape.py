@@ -8,7 +8,7 @@ window layers are counted as full ones: a plan sizes the tiers for the whole pre
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
@@ -46,7 +46,7 @@ def kv_shape(model: str, dtype: str | None = None) -> KVShape:
     if dtype is not None:
         if dtype not in _DTYPE_BYTES:
             raise ModelShapeError(f"--kv-dtype {dtype!r}: use one of {', '.join(_DTYPE_BYTES)}")
-        shape = KVShape(shape.name, shape.layers, shape.kv_heads, shape.head_dim, _DTYPE_BYTES[dtype], shape.vocab_size)
+        shape = replace(shape, dtype_bytes=_DTYPE_BYTES[dtype])
     return shape
 
 
