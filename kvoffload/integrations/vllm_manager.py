@@ -68,9 +68,9 @@ class KVOffloadManager(OffloadingManager):
         #: prepare_store sizes since the last get_stats, and the filter's skip count then.
         self._allocation_sizes: list[int] = []
         self._skipped_reported = chain.report().stores_skipped_by_filter
-        # vLLM looks keys up one at a time: bind the protocol's single-key checks once.
-        self._is_ready: Callable[[OffloadKey], bool] = chain.is_ready
-        self._is_pending: Callable[[OffloadKey], bool] = chain.is_pending
+        # vLLM looks keys up one at a time: bind the cheapest single-key checks once (a host
+        # tier alone: the C ledger's own methods).
+        self._is_ready, self._is_pending = chain.key_probes()
 
     # ---- helpers -------------------------------------------------------------------------
     def _access(self, ctx: ReqContext) -> _RequestAccess:

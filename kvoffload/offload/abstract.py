@@ -14,7 +14,7 @@ neither loadable nor evictable.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar
@@ -23,6 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 BlockHash = Hashable
+#: ``(is_ready, is_pending)`` of one key (``TierChain.key_probes``).
+KeyProbes = tuple[Callable[[BlockHash], bool], Callable[[BlockHash], bool]]
 #: Slot (or device block) ids as the copy layer takes them.
 SlotIds = npt.NDArray[np.int64]
 #: Their dtype, as one object: ``dtype is SLOT_ID_DTYPE`` tells an array needs no conversion.

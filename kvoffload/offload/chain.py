@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from kvoffload.offload.abstract import (
     BlockHash,
     Demotion,
+    KeyProbes,
     LoadStoreSpec,
     LookupResult,
     Medium,
@@ -44,6 +45,11 @@ class TierChain(OffloadingManager):
     def is_pending(self, block_hash: BlockHash) -> bool:
         """Present but its store has not completed: a lookup should wait a step, not recompute."""
         return False
+
+    def key_probes(self) -> KeyProbes:
+        """``(is_ready, is_pending)`` as the cheapest callables that answer them for one key
+        (vLLM asks one key per call); ``is_pending`` is asked only of a key not ready."""
+        return self.is_ready, self.is_pending
 
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """Show the policy the offered hashes that are absent (and would be admitted), before a

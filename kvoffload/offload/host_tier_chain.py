@@ -24,6 +24,7 @@ from kvoffload.offload.abstract import (
     BlockHash,
     BlockNotReadyError,
     Demotion,
+    KeyProbes,
     LoadStoreSpec,
     LookupResult,
     Medium,
@@ -143,6 +144,12 @@ class HostTierChain(TierChain):
     def is_pending(self, block_hash: BlockHash) -> bool:
         return not self.is_ready(block_hash) and (self.primary.is_pending(block_hash) or any(
             t.is_pending(block_hash) for t in self.secondaries if t.in_service))
+
+    def key_probes(self) -> KeyProbes:
+        """A chain of the host tier alone answers as that tier does (unless a subclass answers
+        these itself): vLLM's adapter then asks the ledger directly, not through three frames."""
+        own = type(self).is_ready is HostTierChain.is_ready and type(self).is_pending is HostTierChain.is_pending
+        return self.primary.key_probes() if own and not self.secondaries else (self.is_ready, self.is_pending)
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = list(block_hashes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput, as_list
+from kvoffload.offload.abstract import BlockHash, KeyProbes, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput, as_list
 from kvoffload.offload.event_queue import EventQueue
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy
@@ -146,6 +146,11 @@ class LedgerTier(Tier):
 
     def is_pending(self, block_hash: BlockHash) -> bool:
         return self.slots.is_pending(block_hash)
+
+    def key_probes(self) -> KeyProbes:
+        """The slot table's own, unless a subclass answers these itself."""
+        own = type(self).is_ready is LedgerTier.is_ready and type(self).is_pending is LedgerTier.is_pending
+        return self.slots.key_probes() if own else (self.is_ready, self.is_pending)
 
     def slot_of(self, block_hash: BlockHash) -> int | None:
         return self.slots.slot_of(block_hash)

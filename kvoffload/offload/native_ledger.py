@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from kvoffload.errors import ConfigError, require_positive
-from kvoffload.offload.abstract import SLOT_ID_DTYPE, BlockHash, BlockNotReadyError, SlotIds, as_list
+from kvoffload.offload.abstract import SLOT_ID_DTYPE, BlockHash, BlockNotReadyError, KeyProbes, SlotIds, as_list
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 from kvoffload.offload.policy import CachePolicy
@@ -177,6 +177,9 @@ class NativeSlotTable(SlotTable):
 
     def is_pending(self, block_hash: BlockHash) -> bool:
         return self._core.is_pending(block_hash)
+
+    def key_probes(self) -> KeyProbes:
+        return self._core.is_ready, self._core.is_pending
 
     def busy(self) -> tuple[int, int]:
         return self._core.busy()

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload.offload.abstract import BlockHash, SlotIds
+from kvoffload.offload.abstract import BlockHash, KeyProbes, SlotIds
 from kvoffload.offload.hints import BlockHint
 
 
@@ -130,6 +130,10 @@ class SlotTable(ABC):
 
     @abstractmethod
     def is_pending(self, block_hash: BlockHash) -> bool: ...
+
+    def key_probes(self) -> KeyProbes:
+        """``(is_ready, is_pending)`` as the cheapest callables (the native table's are C's)."""
+        return self.is_ready, self.is_pending
 
     @abstractmethod
     def busy(self) -> tuple[int, int]:
