@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvoffload.connector.cost_fit import CLIP
+
 #: Weight of a new sample in the running averages.
 ALPHA = 0.1
 #: Samples of a side before its per-request host time counts.
@@ -34,7 +36,9 @@ class LoadOverheads:
             return
         per = seconds / requests
         old = self.host_s.get(side)
-        self.host_s[side] = per if old is None else old + ALPHA * (per - old)
+        # A sample far above the average is clipped (a preempted thread, a page fault): host
+        # time on a busy machine would otherwise turn small hits into recomputes.
+        self.host_s[side] = per if old is None else old + ALPHA * (min(per, CLIP * old) - old)
         self.host_samples[side] = self.host_samples.get(side, 0) + 1
 
     def observe_batch(self, requests: int) -> None:

@@ -57,7 +57,10 @@ def test_offload_serves_evicted_prefixes_with_identical_outputs(offload):
     assert tokens == base_tokens
     assert stats["prefix_hit_tokens"]["cpu"] > 0
     assert stats["connector"]["blocks_loaded"] > 0
-    assert stats["prefill_tokens_computed"] <= 0.6 * base_stats["prefill_tokens_computed"]
+    computed = stats["prefill_tokens_computed"]
+    assert computed <= 0.6 * base_stats["prefill_tokens_computed"], (  # here 3,520 of 6,848 (0.51)
+        f"computed {computed} of {base_stats['prefill_tokens_computed']}; decisions "
+        f"{stats['connector'].get('load_decisions')}, hits {stats['prefix_hit_tokens']}")
     assert stats["transfer"]["host_to_device"]["failed"] == 0
     if offload.get("store_threshold"):
         assert stats["connector"]["stores_skipped_by_filter"] > 0

@@ -26,8 +26,11 @@ def test_host_time_counts_per_request_after_warm_up_and_for_every_request_of_the
     assert o.host_cost_s() == pytest.approx(0.003)
     o.observe_batch(8)
     assert o.host_cost_s() == pytest.approx(0.024)
-    o.observe_host("worker", 1, 0.012)  # averaged, recent samples weigh 0.1
-    assert o.host_s["worker"] == pytest.approx(0.002 + 0.1 * 0.010)
+    o.observe_host("worker", 1, 0.006)  # averaged, recent samples weigh 0.1
+    assert o.host_s["worker"] == pytest.approx(0.002 + 0.1 * 0.004)
+    before = o.host_s["worker"]
+    o.observe_host("worker", 1, 1.0)  # one preempted issue: clipped at 4x the average
+    assert o.host_s["worker"] == pytest.approx(before + 0.1 * 3 * before)
 
 
 def taught() -> LoadCostModel:
