@@ -38,6 +38,8 @@ class PlanRow:
     method: str
 
     def describe(self) -> str:
+        if not self.gbps:
+            return f"{_size(self.row_bytes)} rows {self.direction}: {self.method} (not measured)"
         others = ", ".join(f"{m} {g:.1f}" for m, g in self.gbps.items() if m != self.method)
         return (f"{_size(self.row_bytes)} rows {self.direction}: {self.method} "
                 f"{self.gbps.get(self.method, 0.0):.1f} GB/s" + (f" ({others})" if others else ""))
@@ -55,10 +57,14 @@ def width_class(row_bytes: int) -> int:
 class CopyPlan:
     """One device's choices, filled on demand and kept for the process."""
 
-    def __init__(self, name: str, probe: Probe, methods: Sequence[str]) -> None:
+    def __init__(self, name: str, probe: Probe, methods: Sequence[str],
+                 unmeasured: Callable[[int], str] = lambda row_bytes: COPY) -> None:
+        """``unmeasured(width class)``: the method where no probe could run (a device with no
+        room left for one, say)."""
         self.name = name
         self._probe = probe
         self.methods = list(methods)
+        self._unmeasured = unmeasured
         self._rows: dict[tuple[int, str], PlanRow] = {}
         self._lock = threading.Lock()
         self._logged: set[tuple[int, ...]] = set()
@@ -93,7 +99,7 @@ class CopyPlan:
                 rate = self._probe(m, row_bytes, direction)
                 if rate is not None and rate > 0:
                     gbps[m] = rate
-            method = _choose(gbps)
+            method = _choose(gbps) if gbps else self._unmeasured(row_bytes)
             row = self._rows[(row_bytes, direction)] = PlanRow(row_bytes, direction, gbps, method)
             return row
 

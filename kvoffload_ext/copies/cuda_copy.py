@@ -89,6 +89,8 @@ THREADS = 512
 GRID_BLOCKS = 32
 #: Bytes a probe job of the copy plan moves per method and repetition (rows of the probed width).
 PROBE_BYTES = 16 << 20
+#: Where the plan could measure nothing, rows this wide and wider go to the copy engines.
+UNMEASURED_DMA_BYTES = 256 << 10
 _kernel = None
 _warned = False
 
@@ -249,8 +251,13 @@ def copy_plan(device: torch.device) -> CopyPlan:
                             "copy per row (slow for per-layer KV); pip install 'kvoffload[cuda]'", unavailable_reason())
             name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
             dev = torch.device("cuda", index)
-            plan = _plans[index] = CopyPlan(name, lambda m, w, d: _probe(dev, m, w, d), methods)
+            plan = _plans[index] = CopyPlan(name, lambda m, w, d: _probe(dev, m, w, d), methods, _unmeasured)
         return plan
+
+
+def _unmeasured(row_bytes: int) -> str:
+    """Where no probe ran: the kernel for rows under 256 KiB (where CuPy is), copies above."""
+    return KERNEL if cupy_available() and row_bytes < UNMEASURED_DMA_BYTES else COPY
 
 
 def _probe(device: torch.device, method: str, row_bytes: int, direction: str) -> float | None:
@@ -258,8 +265,13 @@ def _probe(device: torch.device, method: str, row_bytes: int, direction: str) ->
     host rows, host issue time included (the per-row loop's cost is its calls), best of three."""
     rows = max(8, min(4096, PROBE_BYTES // row_bytes))
     gen = torch.Generator().manual_seed(0)
-    dev = torch.empty((2 * rows, row_bytes), dtype=torch.uint8, device=device)
-    host = torch.empty((rows, row_bytes), dtype=torch.uint8, pin_memory=True)
+    try:
+        dev = torch.empty((2 * rows, row_bytes), dtype=torch.uint8, device=device)
+        host = torch.empty((rows, row_bytes), dtype=torch.uint8, pin_memory=True)
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # a device the engine filled already
+        log.info("copy plan: no room for a %d MiB probe (%s); %s not measured", 3 * rows * row_bytes >> 20, exc,
+                 method)
+        return None
     dev_ids = torch.randperm(2 * rows, generator=gen)[:rows].numpy()
     host_ids = torch.randperm(rows, generator=gen).numpy()
     group = (dev, host, dev_ids, host_ids) if direction == D2H else (host, dev, host_ids, dev_ids)

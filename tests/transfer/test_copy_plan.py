@@ -44,6 +44,11 @@ def test_a_method_that_cannot_run_is_never_chosen_and_none_left_means_copy():
     assert plan.rows()[0].gbps == {COPY: 2.0}
     nothing = CopyPlan("fake", fake_probe({}, []), [BATCH])
     assert nothing.method(4096, H2D) == COPY
+    # No probe could run (no room on the device): the plan's own rule for unmeasured widths.
+    full = CopyPlan("fake", fake_probe({}, []), [KERNEL, COPY], lambda w: KERNEL if w < 256 << 10 else COPY)
+    assert (full.method(8192, D2H), full.method(1 << 20, D2H)) == (KERNEL, COPY)
+    assert full.rows()[0].gbps == {}
+    assert full.rows()[0].describe() == "8 KiB rows device->host: kernel (not measured)"
 
 
 def test_prepare_settles_a_layout_in_both_directions_and_logs_it_once(caplog):
