@@ -59,7 +59,6 @@ class OffloadingConnectorWorker:
         self.spec = spec
         self.worker: TransferRouter | None = None
         self.kv: CanonicalKVCache | None = None
-        self.handlers: list[OffloadingHandler] = []
         self._deferred: dict[str, list[TransferJob]] = {}
         self._jobs: dict[int, TransferJob] = {}
         #: One record per request with copies in flight or a report owed. A request one of whose
@@ -106,8 +105,11 @@ class OffloadingConnectorWorker:
                 raise TypeError(f"{type(self.spec).__name__}.get_handlers gave {type(handler).__name__} for "
                                 f"{src.__name__} -> {dst.__name__}; a handler must subclass OffloadingHandler")
             self.worker.register_handler(src, dst, handler)
-            if all(handler is not h for h in self.handlers):
-                self.handlers.append(handler)
+
+    @property
+    def handlers(self) -> list[OffloadingHandler]:
+        """Each handler of the registered caches once (the router's list)."""
+        return self.worker.handlers if self.worker is not None else []
 
     def _state(self, rid: str) -> WorkerRequestState:
         st = self._requests.get(rid)

@@ -167,7 +167,9 @@ class TransferRouter:
         if all(handler is not h for h in self._unique):
             self._unique.append(handler)
 
-    def _unique_handlers(self) -> list[OffloadingHandler]:
+    @property
+    def handlers(self) -> list[OffloadingHandler]:
+        """Each registered handler once, in registration order."""
         return self._unique
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
@@ -197,7 +199,7 @@ class TransferRouter:
 
     def loads_reading(self) -> dict[int, float]:
         out: dict[int, float] = {}
-        for handler in self._unique_handlers():
+        for handler in self._unique:
             out.update(handler.loads_reading())
         return out
 
@@ -210,16 +212,16 @@ class TransferRouter:
         return True
 
     def layer_written(self, layer: int) -> None:
-        for handler in self._unique_handlers():
+        for handler in self._unique:
             handler.layer_written(layer)
 
     def end_layered_stores(self, commit: bool) -> None:
-        for handler in self._unique_handlers():
+        for handler in self._unique:
             handler.end_layered_stores(commit)
 
     def get_finished(self) -> list[TransferResult]:
         results: list[TransferResult] = []
-        for handler in self._unique_handlers():
+        for handler in self._unique:
             results.extend(handler.get_finished())
         for r in results:
             self._job_handler.pop(r.job_id, None)
@@ -235,5 +237,5 @@ class TransferRouter:
             handler.wait(ids)
 
     def close(self) -> None:
-        for handler in self._unique_handlers():
+        for handler in self._unique:
             handler.close()

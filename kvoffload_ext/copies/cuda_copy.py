@@ -10,8 +10,8 @@ the host's work per call does not grow with layers x blocks. Pinned
 host memory is read or written directly through its device-mapped address (unified
 addressing). The grid is small on purpose: measured on an H100, 32 blocks of 512 threads move
 as much as a full grid, and the SMs they hold are all a compute kernel queued meanwhile waits
-for. Rows of 256 KiB and more (cross-layer blocks) are one ``copy_`` each: the DMA engines
-reach the same bandwidth there without taking any SM. Which of the kernel, one
+for. For rows of 256 KiB and more (cross-layer blocks) the DMA engines reached the same
+bandwidth there without taking any SM. Which of the kernel, one
 ``cuMemcpyBatchAsync`` call (``batch_memcpy``) or a ``copy_`` per row moves a width fastest is
 measured per device (``copy_plan``); without CuPy or the batch call every row is a ``copy_``
 (the per-block loop vLLM's original ``swap_blocks`` used), logged once. Only imported when
@@ -92,7 +92,6 @@ PROBE_BYTES = 16 << 20
 #: Where the plan could measure nothing, rows this wide and wider go to the copy engines.
 UNMEASURED_DMA_BYTES = 256 << 10
 _kernel = None
-_warned = False
 
 
 def _get_kernel():
@@ -153,8 +152,12 @@ _staging: dict[int, _TableStaging] = {}
 _staging_lock = threading.Lock()
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _table_staging(device: torch.device) -> _TableStaging:
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(device)
     with _staging_lock:
         return _staging.setdefault(index, _TableStaging())
 
@@ -165,7 +168,7 @@ def copy_table_cuda(table: GroupTable, device: torch.device) -> None:
         return
     stream = torch.cuda.current_stream(device)
     on_device = _table_staging(device).upload(table.data, device, stream)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(device)
     import cupy
 
     with cupy.cuda.Device(index), cupy_stream(stream.cuda_stream, index):
@@ -240,7 +243,7 @@ _plans_lock = threading.Lock()
 
 def copy_plan(device: torch.device) -> CopyPlan:
     """The device's copy plan (one per device and process), its methods those available here."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(device)
     with _plans_lock:
         plan = _plans.get(index)
         if plan is None:
