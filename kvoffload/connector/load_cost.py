@@ -316,14 +316,14 @@ class LoadCostModel:
         return LoadDecision.LOAD if cut == total else LoadDecision.RECOMPUTE if cut == 0 else LoadDecision.PARTIAL
 
     def _warm_up(self, segments: Sequence[Segment], forced: int) -> int:
-        """Before the timings exist: load up to the first run of a tier (host memory excepted)
-        with as many loads given or in flight as it still needs timings, and count the loaded
-        tiers' warm-up loads as given."""
+        """Before the timings exist: load up to the first run of a tier judged too slow, or (host
+        memory excepted) one with as many loads out as it needs timings; count the loads given."""
         cut = 0
         for s in segments:
             tier = self._tier(s.medium)
             needed = self.warmup_jobs - tier.loads.samples
-            if cut >= forced and s.medium != "CPU" and 0 < needed <= len(tier.queue.loads) + tier.warmup_given:
+            timing = s.medium != "CPU" and 0 < needed <= len(tier.queue.loads) + tier.warmup_given
+            if cut >= forced and (tier.verdict is False or timing):
                 break
             cut += s.blocks
         for medium in self._loaded(segments, cut):
