@@ -23,6 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvoffload.bench.measure import Sample
+from kvoffload.bench.serve_bench import rotation
+
 CPU = "1GiB"
 
 
@@ -69,8 +72,8 @@ def _one(config: str, first: str) -> dict[str, float]:
     return json.loads(line[len("RESULT "):])
 
 
-def _fmt(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ±{(max(values) - min(values)) / 2:.2f}x ({', '.join(f'{v:.2f}' for v in values)})"
+def _fmt(ratios: Sample) -> str:
+    return f"{ratios.fmt()}x ({', '.join(f'{v:.2f}' for v in ratios.values)})"
 
 
 def main() -> None:
@@ -87,7 +90,7 @@ def main() -> None:
     names = args.configs.split(",")
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for rep in range(args.reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
+        for name in rotation(names, rep):
             runs[name].append(_one(name, args.first))
             r = runs[name][-1]
             print(f"rep {rep} {name:<10} returning-turn TTFT p50 {r['p50'] * 1e3:7.0f} ms  p95 {r['p95'] * 1e3:7.0f} ms",
@@ -99,7 +102,7 @@ def main() -> None:
             if name == base:
                 continue
             for q in ("p50", "p95"):
-                ratios = [b[q] / r[q] for b, r in zip(runs[base], runs[name])]
+                ratios = Sample(tuple(b[q] for b in runs[base])).ratio(Sample(tuple(r[q] for r in runs[name])))
                 print(f"{name} vs {base}, returning-turn {q}: {_fmt(ratios)}")
 
 

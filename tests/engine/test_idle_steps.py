@@ -1,7 +1,7 @@
-"""A caller's loop of steps that run nothing (waiting for loads to land, or for held hits) lets
-the copy threads run: such a loop kept the GIL from a disk tier's reader, which gives it up on
-every read and then waited a switch interval (5 ms) to get it back. A 2 MiB disk load took
-28-349 ms under the loop on a 2-core machine, 1.7 ms once an empty step slept 0.2 ms."""
+"""A caller's loop of steps that run nothing (waiting for loads to land) lets the copy threads
+run: such a loop kept the GIL from a disk tier's reader, which gives it up on every read and
+then waited to get it back. A 2 MiB disk load took 28-349 ms under the loop on a 2-core
+machine, 1.7 ms once an empty step slept 0.2 ms."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ def _config(master):
     this tiny model's 256 tokens takes milliseconds, and a Mooncake read on a busy 2-core CI
     machine can take longer: CI once saw [256, 256, 0] cached (our reading: ``auto`` gave the
     tier up and recomputed the third prompt, as it should there)."""
-    return ktc(_tiers(master), extra={"config": {"tiers": _tiers(master), "load_mode": "never-recompute"}})
+    tiers = _tiers(master)
+    return ktc(tiers, extra={"config": {"tiers": tiers, "load_mode": "never-recompute"}})
 
 
 @pytest.mark.parametrize("tp", [1, 2])
