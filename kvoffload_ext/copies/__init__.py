@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from kvoffload_ext.copies.cpu_copy import copy_ranges_cpu
+from kvoffload_ext.copies.host_loop import native_lib
 from kvoffload_ext.copies.ranges import CopyGroup, as_ids, byte_ranges, check_group
 
 __all__ = ["CopyGroup", "copy_block_groups", "copy_blocks", "prepare_copies"]
@@ -52,9 +53,11 @@ def copy_block_groups(groups: Sequence[CopyGroup]) -> None:
 
 
 def prepare_copies(device: torch.device, widths: Iterable[int]) -> None:
-    """Settle how rows of these widths are copied on ``device`` now (a CUDA device's copy plan,
-    measured once per width class and logged), so that no job pays the measurement. Nothing to
-    settle elsewhere."""
+    """Settle how rows of these widths are copied on ``device`` now, so that no job pays for it:
+    the host copy loop is built (on a fresh machine it is compiled, 0.8 s, which stalled the
+    first store and let a tiny tier fill with blocks still in flight, dropping the stores after
+    it), and a CUDA device's copy plan is measured once per width class and logged."""
+    native_lib()
     if device.type == "cuda":
         from kvoffload_ext.copies.cuda_copy import copy_plan
 

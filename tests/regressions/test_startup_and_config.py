@@ -248,3 +248,21 @@ def test_config_check_describes_the_hints_section_when_set():
                                                                         "tool_return_s": 7, "clock_speed": 20}}))
     assert "hints: an output holding token 151657 ended in a tool call, back within 7 s; hint clock 20x wall time" \
         in text and "policy hinted" in text
+
+
+def test_start_up_builds_the_host_copy_loop_before_the_first_store(tmp_path):
+    # On a fresh machine the copy loop was compiled by the first store (0.8 s inside a step): a
+    # tiny CPU tier filled with blocks still in flight and dropped the stores after them, so a
+    # second vLLM process found nothing on disk. A new process (its own library cache) now has
+    # the library built once the engine is up, before any request.
+    import subprocess
+    import sys
+
+    code = ("from kvoffload.engine import LLM, EngineConfig\n"
+            "llm = LLM(EngineConfig(kv_offload={'tiers': [{'medium': 'cpu', 'capacity': '1MiB'}]}))\n"
+            "import kvoffload_ext.build as b; print(sorted(b._libs))\n")
+    env = {**os.environ, "KVOFFLOAD_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "['kvo_copy']"
+    assert [p.name.split("_")[:2] for p in tmp_path.glob("*.so")] == [["kvo", "copy"]]
