@@ -25,7 +25,6 @@ from kvoffload.connector.request_state import RequestOffloadState
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_records import Planner, SchedulerRecords
 from kvoffload.connector.scheduler_stats import SchedulerSideStats
-from kvoffload.connector.step_batch import StepBatch
 from kvoffload.offload.abstract import BlockHash, LookupResult, Medium
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import GPULoadStoreSpec
@@ -41,8 +40,6 @@ class LoadPlanner(Planner):
         self.cost = cost
         #: Gives a request's hint with the blocks its first lookup touches.
         self.hints = hints
-        #: The layer-wise hits planned into the step being scheduled (reset when it is built).
-        self.batch = StepBatch()
 
     def hit_tokens(self, request: EngineRequest, state: RequestOffloadState,
                    num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -122,8 +119,9 @@ class LoadPlanner(Planner):
         sync_possible = groups.num_groups == 1 and end * self.records.offloaded_block_size < request.num_tokens
         choice = self.cost.choose(segments, sync_possible)
         cut = start + choice.blocks
+        new_tokens = request.num_tokens - cut * self.records.offloaded_block_size
         if (choice.sync and choice.why == "measured" and all(self.cost.modes.get(s.medium) == "auto" for s in segments)
-                and not self.batch.joins(request.num_tokens - cut * self.records.offloaded_block_size, self.cost.prefill)):
+                and not self.records.next_step.batch.joins(new_tokens, self.cost.prefill)):
             choice = replace(choice, sync=False)  # the next step: the hits in this one would wait for its tokens
         if cut < end and groups.sliding_groups:
             sliding_end = self._sliding_hit_end(hashes, start, cut, found_media)
@@ -225,7 +223,7 @@ class LoadPlanner(Planner):
         if state.sync_answer:
             state.sync_answer = False
             records.next_step.sync_loads.add(rid)
-            self.batch.add(request.num_tokens - full_tokens)
+            records.next_step.batch.add(request.num_tokens - full_tokens)
             state.sync_load = True
         state.loading = loading
         records.blocks_being_loaded.update(loading)

@@ -177,7 +177,6 @@ class OffloadingConnectorScheduler:
         meta.cancel_loads = set(self.cost.overdue())
         self.cost.overheads.observe_batch(len(scheduler_output.num_scheduled_tokens))
         self.cost.end_step()
-        self.loads.batch.reset()
         return meta
 
     # ---- completions -------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from kvoffload.connector.kv_event_translator import KVEventTranslator
 from kvoffload.connector.request_state import JobRecord, RequestOffloadState
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_stats import SchedulerSideStats
+from kvoffload.connector.step_batch import StepBatch
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, as_list
 from kvoffload.offload.chain import TierChain
 
@@ -36,6 +37,8 @@ class NextStep:
     swap_out: dict[str, list[TransferJob]] = field(default_factory=dict)
     #: Finished requests whose copies end before the step's report frees them.
     await_finish: set[str] = field(default_factory=set)
+    #: The synchronous loads' new tokens, for whether one more joins the step.
+    batch: StepBatch = field(default_factory=StepBatch)
 
 
 class SchedulerRecords:

@@ -23,6 +23,9 @@ from kvoffload.connector.cost_fit import PrefillRate
 
 @dataclass(slots=True)
 class StepBatch:
+    """Part of the plan of the step being scheduled (``NextStep``): a new schedule starts an
+    empty one."""
+
     #: Layer-wise hits planned into the step being scheduled, and their new tokens.
     hits: int = 0
     tokens: int = 0
@@ -40,7 +43,3 @@ class StepBatch:
     def add(self, new_tokens: int) -> None:
         self.hits += 1
         self.tokens += max(new_tokens, 0)
-
-    def reset(self) -> None:
-        """The step was built: the next schedule starts an empty one."""
-        self.hits = self.tokens = 0
