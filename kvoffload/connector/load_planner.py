@@ -120,7 +120,7 @@ class LoadPlanner(Planner):
         choice = self.cost.choose(segments, sync_possible)
         cut = start + choice.blocks
         new_tokens = request.num_tokens - cut * self.records.offloaded_block_size
-        if (choice.sync and choice.why == "measured" and all(self.cost.modes.get(s.medium) == "auto" for s in segments)
+        if (choice.sync and choice.why == "measured" and all(self.cost.modes.get(s.medium, "auto") == "auto" for s in segments)
                 and not self.records.next_step.batch.joins(new_tokens, self.cost.prefill)):
             choice = replace(choice, sync=False)  # the next step: the hits in this one would wait for its tokens
         if cut < end and groups.sliding_groups:
