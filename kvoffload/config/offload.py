@@ -12,15 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kvoffload.auth import AuthConfig, parse_auth
 from kvoffload.config.sections import HintsConfig, MetricsConfig, TransferConfig, parse_hints
 from kvoffload.config.tiers import TierConfig, parse_tiers
 from kvoffload.config.values import check_keys, int_key, load_mode_of, section
-from kvoffload.errors import ConfigError, UnknownPluginError
+from kvoffload.errors import ConfigError, UnknownPluginError, describe_value
 from kvoffload.examples import resolve_config
 from kvoffload.registry import SPECS, TIER_KINDS
+from kvoffload.yaml_input import load_yaml
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +48,7 @@ class OffloadConfig:
         except (OSError, ValueError) as exc:  # missing, unreadable, binary (UnicodeDecodeError), NUL in name
             reason = getattr(exc, "strerror", None) or type(exc).__name__
             raise ConfigError(f"cannot read config file {str(path)[:200]!r} ({reason}); give a readable YAML file") from None
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
-        except RecursionError:
-            raise ConfigError(f"{path}: YAML nested too deeply; the schema is at most three levels deep") from None
+        raw = load_yaml(text, str(path)[:200])
         try:
             return cls.from_dict(raw if raw is not None else {})
         except ConfigError as exc:
@@ -72,12 +66,12 @@ class OffloadConfig:
         check_keys(transfer_raw, {"backend", "num_streams"}, "transfer")
         backend = transfer_raw.get("backend", "auto")
         if backend not in ("auto", "cuda", "cpu"):
-            raise ConfigError(f"transfer.backend: {backend!r}; use auto, cuda or cpu")
+            raise ConfigError(f"transfer.backend: {describe_value(backend)}; use auto, cuda or cpu")
         metrics_raw = section(raw, "metrics")
         check_keys(metrics_raw, {"events", "prometheus_port"}, "metrics")
         events = metrics_raw.get("events", False)
         if not isinstance(events, bool):
-            raise ConfigError(f"metrics.events: {events!r}; use true or false")
+            raise ConfigError(f"metrics.events: {describe_value(events)}; use true or false")
         port = int_key(metrics_raw, "prometheus_port", None, "metrics.", 1)
         if port is not None and port > 65535:
             raise ConfigError(f"metrics.prometheus_port: {port} is not a TCP port (1-65535)")
@@ -85,7 +79,7 @@ class OffloadConfig:
         spec_module_path = raw.get("spec_module_path")
         for key, value in (("spec_name", spec_name), ("spec_module_path", spec_module_path)):
             if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{key}: {value!r} must be a string")
+                raise ConfigError(f"{key}: {describe_value(value)} must be a string")
         _check_spec(spec_name, spec_module_path)
         return cls(
             tiers=tiers,
@@ -146,4 +140,5 @@ def _check_spec(spec_name: str, spec_module_path: str | None) -> None:
     except UnknownPluginError as exc:
         raise UnknownPluginError(f"spec_name: {exc}; or set spec_module_path") from None
     if inspect.isabstract(cls):
-        raise ConfigError(f"spec_name: {spec_name!r} is abstract; name a class that implements get_manager and get_handlers")
+        raise ConfigError(f"spec_name: {describe_value(spec_name)} is abstract; name a class that implements get_manager "
+                          "and get_handlers")

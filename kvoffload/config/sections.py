@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvoffload.config.values import check_keys
-from kvoffload.errors import ConfigError
+from kvoffload.errors import ConfigError, describe_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +51,19 @@ def parse_hints(raw: Mapping[str, Any]) -> HintsConfig:
     check_keys(raw, {"tool_call_token_ids", "tool_return_s", "clock_speed", "max_priority", "tenant_keys"}, "hints")
     speed = raw.get("clock_speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.001 <= speed <= 1e6:
-        raise ConfigError(f"hints.clock_speed: {str(speed)[:40]!r} must be a number in [0.001, 1e6]; 1 = real time")
+        raise ConfigError(f"hints.clock_speed: {describe_value(speed)} must be a number in [0.001, 1e6]; 1 = real time")
     ids = raw.get("tool_call_token_ids", [])
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-        raise ConfigError(f"hints.tool_call_token_ids: {str(ids)[:80]!r} must be a list of token ids (integers >= 0)")
+        raise ConfigError(f"hints.tool_call_token_ids: {describe_value(ids)} must be a list of token ids (integers >= 0)")
     ret = raw.get("tool_return_s", 10.0)
     if isinstance(ret, bool) or not isinstance(ret, (int, float)) or not 0 < ret <= 86400:
-        raise ConfigError(f"hints.tool_return_s: {str(ret)[:40]!r} must be seconds in (0, 86400], e.g. 10")
+        raise ConfigError(f"hints.tool_return_s: {describe_value(ret)} must be seconds in (0, 86400], e.g. 10")
     top = raw.get("max_priority", 0)
     if isinstance(top, bool) or not isinstance(top, int) or not -MAX_PRIORITY <= top <= MAX_PRIORITY:
-        raise ConfigError(f"hints.max_priority: {str(top)[:40]!r} must be an integer in [-{MAX_PRIORITY}, "
+        raise ConfigError(f"hints.max_priority: {describe_value(top)} must be an integer in [-{MAX_PRIORITY}, "
                           f"{MAX_PRIORITY}]; 0 lets no client raise its priority")
     keys = raw.get("tenant_keys", [])
     if not isinstance(keys, list) or not all(isinstance(k, str) and k and k != "kvoffload" for k in keys):
-        raise ConfigError(f"hints.tenant_keys: {str(keys)[:80]!r} must be a list of kv_transfer_params entry names "
+        raise ConfigError(f"hints.tenant_keys: {describe_value(keys)} must be a list of kv_transfer_params entry names "
                           "(not 'kvoffload'), e.g. [tenant]")
     return HintsConfig(tuple(ids), float(ret), float(speed), top, tuple(keys))

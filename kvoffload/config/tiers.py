@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvoffload.config.values import capacity_share_of, check_keys, expand_path, load_mode_of, parse_size
-from kvoffload.errors import ConfigError, UnknownPluginError
+from kvoffload.errors import ConfigError, UnknownPluginError, describe_value
 from kvoffload.registry import TIER_KINDS, PolicyRef, resolve_policy
 
 
@@ -71,9 +71,9 @@ def parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{key}.medium: a second {medium} tier; one tier per medium (copies are routed by it)")
         name = raw.get("name", medium)
         if not isinstance(name, str) or not name:
-            raise ConfigError(f"{key}.name: {name!r} must be a non-empty string")
+            raise ConfigError(f"{key}.name: {describe_value(name)} must be a non-empty string")
         if any(t.name == name for t in tiers):
-            raise ConfigError(f"{key}.name: duplicate tier name {name!r}; give each tier its own name")
+            raise ConfigError(f"{key}.name: duplicate tier name {describe_value(name)}; give each tier its own name")
         default_capacity = kind.default_capacity(options) if kind is not None else None
         if "capacity" not in raw and default_capacity is None:
             raise ConfigError(f"{key}.capacity: required, e.g. 8GiB")
@@ -83,21 +83,23 @@ def parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
         assert isinstance(medium, str)
         policy = raw.get("eviction_policy", "lru")
         if not isinstance(policy, str):
-            raise ConfigError(f"{key}.eviction_policy: {policy!r} must be a string")
+            raise ConfigError(f"{key}.eviction_policy: {describe_value(policy)} must be a string")
         try:
             policy_ref = resolve_policy(policy)
         except UnknownPluginError as exc:
             raise ConfigError(f"{key}.eviction_policy: {exc}") from None
         policy_cls = policy_ref.cls
         if inspect.isabstract(policy_cls):
-            raise ConfigError(f"{key}.eviction_policy: {policy!r} is abstract; name a class that implements every method")
+            raise ConfigError(f"{key}.eviction_policy: {describe_value(policy)} is abstract; name a class that "
+                              "implements every method")
         try:
             policy_cls(1)  # what start-up will do (with the real capacity)
         except Exception as exc:  # noqa: BLE001 - a plugin's constructor may raise anything
-            raise ConfigError(f"{key}.eviction_policy: {policy!r} cannot be created ({type(exc).__name__}: "
+            raise ConfigError(f"{key}.eviction_policy: {describe_value(policy)} cannot be created ({type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:120]}); fix the class or pick another policy") from None
         if policy_cls.needs_future:
-            raise ConfigError(f"{key}.eviction_policy: {policy!r} needs the future of the trace (offline, `kvoffload sim` "
+            raise ConfigError(f"{key}.eviction_policy: {describe_value(policy)} needs the future of the trace "
+                              "(offline, `kvoffload sim` "
                               "only); use lru, arc or an online policy here")
         path = raw.get("path")
         default_path = kind.default_path() if kind is not None else None
@@ -105,14 +107,15 @@ def parse_tiers(raw_tiers: Any) -> tuple[TierConfig, ...]:
             if path is None:
                 path = default_path
             if not path:
-                raise ConfigError(f"{key}.path: {path!r}; give a directory, or leave path out for the default ({default_path})")
+                raise ConfigError(f"{key}.path: {describe_value(path)}; give a directory, or leave path out for the "
+                                  f"default ({default_path})")
         if path is not None and (not isinstance(path, str) or "\0" in path or len(path) > 4000):
-            raise ConfigError(f"{key}.path: {str(path)[:60]!r} is not a usable directory path; give a string path")
+            raise ConfigError(f"{key}.path: {describe_value(path)} is not a usable directory path; give a string path")
         if medium == "cpu" and path is not None:
             raise ConfigError(f"{key}.path: the cpu tier takes no path; remove it")
         write_through = raw.get("write_through", kind.default_write_through if kind is not None else False)
         if not isinstance(write_through, bool):
-            raise ConfigError(f"{key}.write_through: {write_through!r}; use true or false")
+            raise ConfigError(f"{key}.write_through: {describe_value(write_through)}; use true or false")
         if medium == "cpu" and write_through:
             raise ConfigError(f"{key}.write_through: only a disk tier (or another tier behind cpu) is written "
                               "through to; remove it from the cpu tier")
@@ -135,16 +138,16 @@ def _check_medium(medium: Any, i: int, key: str) -> Any:
     """tiers[0] is the host (cpu) tier; every later tier is a registered tier kind (returned)."""
     if i == 0:
         if medium != "cpu" and not (isinstance(medium, str) and medium in TIER_KINDS.known()):
-            raise ConfigError(f"{key}.medium: {medium!r} is not a medium; the first tier is cpu, later ones one of "
+            raise ConfigError(f"{key}.medium: {describe_value(medium)} is not a medium; the first tier is cpu, later ones one of "
                               f"{', '.join(TIER_KINDS.known())}")
         if medium != "cpu":
-            raise ConfigError(f"{key}.medium: {medium!r}; the first (fastest) tier must be cpu: every other tier's "
+            raise ConfigError(f"{key}.medium: {describe_value(medium)}; the first (fastest) tier must be cpu: every other tier's "
                               "loads pass through host memory")
         return None
     if medium == "cpu":
         raise ConfigError(f"{key}.medium: cpu; only the first tier is cpu, list it first and once")
     if not isinstance(medium, str) or not medium:
-        raise ConfigError(f"{key}.medium: {medium!r}; use cpu, or a tier kind: {', '.join(TIER_KINDS.known())}")
+        raise ConfigError(f"{key}.medium: {describe_value(medium)}; use cpu, or a tier kind: {', '.join(TIER_KINDS.known())}")
     try:
         return TIER_KINDS.load(medium)
     except UnknownPluginError as exc:

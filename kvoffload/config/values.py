@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kvoffload.errors import ConfigError
+from kvoffload.errors import ConfigError, describe_value
 
 _UNITS = {
     "": 1, "b": 1,
@@ -27,28 +27,28 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 def parse_size(value: Any, key: str) -> int:
     """``8GiB``, ``1.5GB``, ``512MiB`` or an int → bytes (> 0)."""
     if isinstance(value, bool):
-        raise ConfigError(f"{key}: {value!r} is not a size; use bytes or a string like '8GiB'")
+        raise ConfigError(f"{key}: {describe_value(value)} is not a size; use bytes or a string like '8GiB'")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str):
         if _SIZE_RE.match(value.strip().lstrip("-+")) and value.strip().startswith("-"):
-            raise ConfigError(f"{key}: size must be positive, got {value!r}")
+            raise ConfigError(f"{key}: size must be positive, got {describe_value(value)}")
         m = _SIZE_RE.match(value)
         unit = m.group(2).lower() if m else None
         if m is None or unit not in _UNITS:
             raise ConfigError(
-                f"{key}: cannot parse size {value!r}; use a number with KiB, MiB, GiB, TiB, KB, MB, GB or TB"
+                f"{key}: cannot parse size {describe_value(value)}; use a number with KiB, MiB, GiB, TiB, KB, MB, GB or TB"
             )
         scaled = float(m.group(1)) * _UNITS[unit]  # inf for hundreds of digits
         if not scaled <= MAX_SIZE:
-            raise ConfigError(f"{key}: {value[:40]!r} is too large; at most {MAX_SIZE} bytes (1 EiB)")
+            raise ConfigError(f"{key}: {describe_value(value)} is too large; at most {MAX_SIZE} bytes (1 EiB)")
         size = int(scaled)
     else:
-        raise ConfigError(f"{key}: {value!r} is not a size; use bytes or a string like '8GiB'")
+        raise ConfigError(f"{key}: {describe_value(value)} is not a size; use bytes or a string like '8GiB'")
     if size <= 0:
-        raise ConfigError(f"{key}: size must be positive, got {value!r}")
+        raise ConfigError(f"{key}: size must be positive, got {describe_value(value)}")
     if size > MAX_SIZE:
-        raise ConfigError(f"{key}: {str(value)[:40]} is too large; at most {MAX_SIZE} bytes (1 EiB)")
+        raise ConfigError(f"{key}: {describe_value(value)} is too large; at most {MAX_SIZE} bytes (1 EiB)")
     return size
 
 
@@ -67,7 +67,7 @@ def section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: {value!r} must be a mapping of its keys (or left out)")
+        raise ConfigError(f"{key}: {describe_value(value)} must be a mapping of its keys (or left out)")
     return value
 
 
@@ -76,7 +76,7 @@ def int_key(raw: Mapping[str, Any], key: str, default: int | None, path: str, mi
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{path}{key}: {value!r} must be an integer >= {minimum}")
+        raise ConfigError(f"{path}{key}: {describe_value(value)} must be an integer >= {minimum}")
     return value
 
 
@@ -86,7 +86,7 @@ def capacity_share_of(value: Any, key: str, allowed: bool) -> float | None:
     if not isinstance(value, str) or not value.strip().endswith("%"):
         return None
     if not allowed:
-        raise ConfigError(f"{key}: {value[:40]!r} is a share of the free disk space, which only a disk tier takes; "
+        raise ConfigError(f"{key}: {describe_value(value)} is a share of the free disk space, which only a disk tier takes; "
                           "give a size, e.g. 8GiB")
     number = value.strip()[:-1].strip()
     try:
@@ -94,7 +94,7 @@ def capacity_share_of(value: Any, key: str, allowed: bool) -> float | None:
     except ValueError:
         share = float("nan")
     if not 0 < share <= 100:
-        raise ConfigError(f"{key}: {value[:40]!r}; give a share of the free space in (0%, 100%], e.g. 50%, or a "
+        raise ConfigError(f"{key}: {describe_value(value)}; give a share of the free space in (0%, 100%], e.g. 50%, or a "
                           "size, e.g. 200GiB")
     return share / 100
 
@@ -134,5 +134,5 @@ LOAD_MODES = ("auto", "layerwise", "async", "never-recompute")
 def load_mode_of(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
     value = raw.get("load_mode", default)
     if value is not None and value not in LOAD_MODES:
-        raise ConfigError(f"{key}: {str(value)[:40]!r} is not a load mode; use one of {', '.join(LOAD_MODES)}")
+        raise ConfigError(f"{key}: {describe_value(value)} is not a load mode; use one of {', '.join(LOAD_MODES)}")
     return value

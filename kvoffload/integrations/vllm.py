@@ -18,10 +18,10 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -47,6 +47,7 @@ from kvoffload.integrations.vllm_stats import (
 from kvoffload.kv_info import EngineKVInfo
 from kvoffload.metrics import gauge_values
 from kvoffload.offload.spec import OffloadingSpecFactory
+from kvoffload.yaml_input import load_yaml
 
 CONNECTOR_NAME = "KVOffloadConnector"
 # Under "vllm." so vLLM's logging config (level, format) applies to our start-up lines too.
@@ -106,8 +107,7 @@ def load_extra_config(extra: dict[str, Any]) -> OffloadConfig:
     base = OffloadConfig.from_yaml(path)  # validates the file on its own, errors name the file
     if not raw:
         return base
-    with open(path) as f:
-        merged = dict(yaml.safe_load(f) or {})
+    merged = dict(load_yaml(Path(path).read_text(), str(path)[:200]) or {})
     merged.update(raw)
     return OffloadConfig.from_dict(merged)
 

@@ -51,7 +51,7 @@ def test_sizes(text, expected):
         ({**cpu(), "metrics": "on"}, "metrics: 'on' must be a mapping"),
         ({**cpu(), "auth": "hunter2"}, "auth: 'hunter2' must be a mapping"),
         ({**cpu(), "load_mode": "layerwize"}, "load_mode: 'layerwize' is not a load mode; use one of auto, layerwise, async"),
-        (cpu(load_mode=3), r"tiers\[0\].load_mode: '3' is not a load mode"),
+        (cpu(load_mode=3), r"tiers\[0\].load_mode: 3 is not a load mode"),
     ],
 )
 def test_invalid_configs_name_the_key(raw, key):
