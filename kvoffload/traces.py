@@ -7,14 +7,16 @@ Formats: Mooncake JSONL (``hash_ids`` are prefix hashes of
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import random
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from kvoffload.errors import describe_value
+from kvoffload.log_lines import RequestLogError, number, parse_json, read_lines
 
 #: The trace shipped with the package: the first 1,500 requests of Mooncake's conversation trace.
 SAMPLE_TRACE = "mooncake-sample"
@@ -45,20 +47,18 @@ def resolve_trace(value: str, flag: str = "--trace") -> Path:
     return path
 
 
-def open_text(path: Path) -> TextIO:
-    """A text log, gzipped (``.gz``) or plain, read as UTF-8."""
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
-
-
 def load_mooncake(path: str | Path, limit: int | None = None) -> list[list[int]]:
     """Mooncake FAST'25 JSONL: ``hash_ids`` are already prefix (chained) block ids."""
     out: list[list[int]] = []
-    with open_text(Path(path)) as f:
-        for line in f:
-            if line.strip():
-                out.append(list(json.loads(line)["hash_ids"]))
-                if limit is not None and len(out) >= limit:
-                    break
+    for n, line in read_lines(Path(path)):
+        rec = parse_json(line, f"{path} line {n}")
+        ids = rec.get("hash_ids") if isinstance(rec, dict) else None
+        if not isinstance(ids, list) or not all(type(h) is int for h in ids):
+            raise RequestLogError(f"{path} line {n}: a Mooncake trace line needs hash_ids, a list of ints; got "
+                                  f"{describe_value(ids)}")
+        out.append(ids)
+        if limit is not None and len(out) >= limit:
+            break
     return out
 
 
@@ -99,16 +99,15 @@ def synthetic_prefix_workload(
 def load_arc_lis(path: str | Path, limit: int | None = None) -> list[list[int]]:
     """IBM ARC traces: each line ``start n ...`` is n consecutive page refs (one request each)."""
     out: list[list[int]] = []
-    with open_text(Path(path)) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) < 2:
-                continue
-            start, n = int(parts[0]), int(parts[1])
-            for page in range(start, start + n):
-                out.append([page])
-                if limit is not None and len(out) >= limit:
-                    return out
+    for _, line in read_lines(Path(path)):
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        start, n = int(parts[0]), int(parts[1])
+        for page in range(start, start + n):
+            out.append([page])
+            if limit is not None and len(out) >= limit:
+                return out
     return out
 
 
@@ -138,6 +137,12 @@ def load_weka(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -
     return [r.blocks for r in load_weka_requests(path, limit, gap_s)]
 
 
+#: One conversation's trace file (the largest WEKA ones are a few MiB).
+MAX_WEKA_MEMBER_BYTES = 256 << 20
+#: Seconds past the conversation's start: beyond this (3,000 years) a time is corrupt.
+MAX_WEKA_TIME_S = 1e11
+
+
 def load_weka_requests(path: str | Path, limit: int | None = None, gap_s: float = 30.0) -> list[TraceRequest]:
     """WEKA's requests with their conversation (the session) and stop reason.
 
@@ -146,37 +151,63 @@ def load_weka_requests(path: str | Path, limit: int | None = None, gap_s: float 
     starting ``gap_s`` after the previous one (the traces carry no absolute timestamps); a
     sub-agent's requests belong to its conversation, at the sub-agent's start plus their own
     times (theirs count from the sub-agent's start, not the conversation's).
+
+    A ``RequestLogError`` names the member and the field of anything else: an archive that is
+    not a tar, a member too large or not a JSON object, a time that is not a finite number.
     """
     import tarfile
 
     timed: list[tuple[float, int, TraceRequest]] = []
     ids: dict[tuple[str, int], int] = {}  # (trace id, local hash) -> dense global id
-    with open(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r:gz") as tar, progress_bar(path) as bar:
-        for k, member in enumerate(m for m in tar if m.isfile() and m.name.endswith(".json")):
-            bar.update(raw.tell() - bar.n)  # compressed bytes read so far
-            f = tar.extractfile(member)
-            if f is None:
-                continue
-            trace = json.load(f)
-            tid = str(trace.get("id", member.name))
-            offset = k * gap_s
-            for at, req in _flatten_weka(trace.get("requests", [])):
-                blocks = [ids.setdefault((tid, h), len(ids)) for h in req.get("hash_ids", [])]
-                t = offset + at
-                timed.append((t, len(timed), TraceRequest(t, tid, str(req.get("stop") or ""), blocks)))
-            if limit is not None and len(timed) >= limit:
-                break
+    try:
+        with open(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r:gz") as tar, progress_bar(path) as bar:
+            for k, member in enumerate(m for m in tar if m.isfile() and m.name.endswith(".json")):
+                bar.update(raw.tell() - bar.n)  # compressed bytes read so far
+                where = f"{path}: {member.name[:200]}"
+                if member.size > MAX_WEKA_MEMBER_BYTES:
+                    raise RequestLogError(f"{where}: {member.size:,} bytes, more than a conversation's trace "
+                                          f"({MAX_WEKA_MEMBER_BYTES >> 20} MiB at most); remove it from the archive")
+                f = tar.extractfile(member)
+                if f is None:
+                    continue
+                trace = parse_json(f.read().decode("utf-8", "replace"), where)
+                if not isinstance(trace, dict) or not isinstance(trace.get("requests", []), list):
+                    raise RequestLogError(f"{where}: a WEKA trace is a JSON object with a list of requests, got "
+                                          f"{describe_value(trace)}")
+                tid = str(trace.get("id", member.name))[:200]
+                offset = k * gap_s
+                for at, req in _flatten_weka(trace.get("requests", []), where):
+                    hashes = req.get("hash_ids", [])
+                    if not isinstance(hashes, list) or not all(type(h) is int for h in hashes):
+                        raise RequestLogError(f"{where}: hash_ids must be a list of ints, got {describe_value(hashes)}")
+                    blocks = [ids.setdefault((tid, h), len(ids)) for h in hashes]
+                    t = offset + at
+                    stop = req.get("stop")
+                    timed.append((t, len(timed), TraceRequest(t, tid, stop if isinstance(stop, str) else "", blocks)))
+                if limit is not None and len(timed) >= limit:
+                    break
+    except tarfile.TarError as exc:
+        raise RequestLogError(f"{path}: not a WEKA trace archive ({exc}); give the .tar.gz of trace_*.json") from None
+    except (EOFError, zlib.error) as exc:
+        raise RequestLogError(f"{path}: a damaged gzip file ({exc}); download or pack the archive again") from None
     timed.sort(key=lambda x: (x[0], x[1]))
     reqs = [r for _, _, r in timed]
     return reqs[:limit] if limit is not None else reqs
 
 
-def _flatten_weka(requests: list[dict], start: float = 0.0) -> Iterator[tuple[float, dict]]:
+def _flatten_weka(requests: list[Any], where: str, start: float = 0.0, depth: int = 0) -> Iterator[tuple[float, dict]]:
     """(time since the conversation's start, request), sub-agents' requests included."""
+    if depth > 100:
+        raise RequestLogError(f"{where}: sub-agents nested more than 100 deep")
     for req in requests:
-        at = start + float(req.get("t", 0.0))
+        if not isinstance(req, dict):
+            raise RequestLogError(f"{where}: a request must be a JSON object, got {describe_value(req)}")
+        at = start + number(req.get("t", 0.0), f"{where}: t", MAX_WEKA_TIME_S)
         if req.get("type") == "subagent" and "requests" in req:
-            yield from _flatten_weka(req["requests"], at)
+            sub = req["requests"]
+            if not isinstance(sub, list):
+                raise RequestLogError(f"{where}: a sub-agent's requests must be a list, got {describe_value(sub)}")
+            yield from _flatten_weka(sub, where, at, depth + 1)
         else:
             yield at, req
 

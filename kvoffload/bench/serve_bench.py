@@ -278,6 +278,8 @@ def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name:
     model, engine, ws_blocks, device_blocks = _engine(args, wl, work)
     kv = configurations([config_name], args.cpu, args.disk, work, bool(args.throttle_tier))[config_name]
     assert kv is not None, "main() refuses plain vLLM as the replicas' configuration"
+    if wl.note:
+        print(f"note: {wl.note}")
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {sum(len(s.turns) for s in wl.sessions)} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; {args.replicas} "
           f"replicas ({config_name}), each a device cache of {device_blocks} blocks and one core; model {model}; "
@@ -304,6 +306,8 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
                              hints_section(args, wl))
     for line in effective_differences(model, engine, configs):
         print(f"warning: engine settings differ: {line}")
+    if wl.note:
+        print(f"note: {wl.note}")
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total_turns} requests, concurrency {wl.concurrency}, "
           f"working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; device cache {device_blocks} blocks "
           f"({device_blocks / ws_blocks:.0%}); model {model}")
@@ -368,6 +372,8 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     offload = {name: offload_config(name, tiers, bool(args.throttle_tier), hints_section(args, wl)) for name in names}
     max_len, ws_blocks, device_blocks = cache_geometry(wl, BUNDLED_BLOCK, args.device_fraction)
     total_turns = sum(len(s.turns) for s in wl.sessions)
+    if wl.note:
+        print(f"note: {wl.note}")
     print(f"workload {wl.name} on the bundled engine: {len(wl.sessions)} sessions, {total_turns} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {BUNDLED_BLOCK} tokens; device cache "
           f"{device_blocks} blocks ({device_blocks / ws_blocks:.0%}) on {args.device}; {args.threads} thread(s)")

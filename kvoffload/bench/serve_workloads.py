@@ -59,6 +59,8 @@ class Workload:
     working_set_tokens: int
     #: Run in this many rounds, each starting once the last has finished (0: sessions run freely).
     rounds: int = 0
+    #: What the reader changed or found that the user should see before the run (one line).
+    note: str = ""
 
     def round_of(self, r: int, histories: dict[str, list[int]]) -> tuple[Workload, dict[str, int]]:
         """Round ``r`` as a workload of its own: one request per session with a turn in it (its
@@ -211,7 +213,8 @@ def request_log(path: str | Path, clients: int = 4, max_tokens: int = 16, time_s
     ``clients`` is free); a request without a session is a conversation of its own."""
     from kvoffload.plan.request_log import read_request_log
 
-    reqs = read_request_log(path, vocab, limit)
+    longest = MAX_IDLE_S / time_scale if time_scale > 0 else 0.0
+    reqs, note = cut_idle_gaps(read_request_log(path, vocab, limit), longest, time_scale)
     by_session: dict[str, list[Any]] = {}
     for r in reqs:
         by_session.setdefault(r.session if r.session is not None else f"line{r.line}", []).append(r)
@@ -228,7 +231,37 @@ def request_log(path: str | Path, clients: int = 4, max_tokens: int = 16, time_s
             blocks.add(h)
     longest = max(len(r.tokens) for r in reqs)
     return Workload("log", sessions, max_tokens, len(sessions) if timed else clients, longest + max_tokens,
-                    max(len(blocks) * 16, longest))
+                    max(len(blocks) * 16, longest), note=note)
+
+
+#: The longest pause a replay sits through (seconds of replay): a log with one epoch timestamp
+#: among relative ones would otherwise sleep for years.
+MAX_IDLE_S = 60.0
+
+
+def cut_idle_gaps(reqs: list[Any], longest: float, time_scale: float = 1.0) -> tuple[list[Any], str]:
+    """``reqs`` (in arrival order) with every pause between two requests longer than ``longest``
+    seconds of the log cut to it, and a line saying the replay's span and what was cut."""
+    if not reqs:
+        return reqs, ""
+    out = [reqs[0]]
+    cut, worst, worst_line = 0, 0.0, 0
+    shift = 0.0
+    for a, b in itertools.pairwise(reqs):
+        gap = b.t - a.t
+        if gap > longest > 0:
+            cut += 1
+            if gap > worst:
+                worst, worst_line = gap, b.line
+            shift += gap - longest
+        out.append(replace(b, t=b.t - shift))
+    span = (out[-1].t - out[0].t) * time_scale
+    note = f"the replay spans {span:,.1f} s ({len(out):,} requests)"
+    if cut:
+        note += (f"; {cut:,} pause(s) between requests longer than {longest * time_scale:g} s of replay were cut to "
+                 f"it (the longest, {worst:,.0f} s of the log, before line {worst_line:,}: a timestamp in another "
+                 "unit or clock?)")
+    return out, note
 
 
 def in_rounds(wl: Workload, run: Callable[[Workload], tuple[list[tuple[str, int, Any]], float]]

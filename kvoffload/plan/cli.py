@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
+from kvoffload.errors import describe_value
+from kvoffload.plan.log_reader import RequestLog
 from kvoffload.plan.planner import Plan
 from kvoffload.plan.request_log import MAX_TOKENS
-from kvoffload.plan.tier_spec import format_size
+from kvoffload.plan.tier_spec import TierSpecError, format_size
 
 DEFAULT_DEVICE_BLOCKS = 64
+#: 2^40 blocks: more than any device holds at any block size.
+MAX_DEVICE_BLOCKS = 1 << 40
 #: A median TTFT this many times the prefill alone means requests queue (the output says so).
 QUEUEING_NOTE = 5.0
 
@@ -48,16 +53,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _device_blocks(args: argparse.Namespace, block_bytes: int) -> int:
-    from kvoffload.plan.tier_spec import TierSpecError, parse_size
+    from kvoffload.plan.tier_spec import parse_size
 
     if args.device_blocks is not None and args.device_kv is not None:
         raise TierSpecError("--device-blocks and --device-kv both given; give one")
     if args.device_kv is not None:
         return parse_size(args.device_kv, "--device-kv") // block_bytes
     n = DEFAULT_DEVICE_BLOCKS if args.device_blocks is None else args.device_blocks
-    if n < 0:
-        raise TierSpecError(f"--device-blocks {n}: give 0 (no device prefix cache) or more")
+    if not 0 <= n <= MAX_DEVICE_BLOCKS:
+        raise TierSpecError(f"--device-blocks {describe_value(n)}: give 0 (no device prefix cache) to "
+                            f"{MAX_DEVICE_BLOCKS:,}")
     return n
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """An OSError naming ``flag`` unless ``path`` can be written (a file created to find out is removed)."""
+    p = Path(path)
+    if p.is_dir():
+        raise OSError(f"{flag} {path}: a directory; give a file name")
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as exc:
+        raise OSError(f"{flag} {path}: cannot be written ({exc.strerror or exc}); give a writable path") from None
+    if not existed:
+        p.unlink(missing_ok=True)
+
+
+def _check_tiers_hold_a_block(chains: list, block_bytes: int, block_tokens: int, model: str) -> None:
+    for tiers in chains:
+        for t in tiers:
+            if t.size_bytes < block_bytes:
+                raise TierSpecError(f"--tiers {t.label}: smaller than one block ({format_size(block_bytes)}: "
+                                    f"{block_tokens} tokens of {model}); give at least {format_size(block_bytes)}")
+
+
+#: A gap between two requests longer than this is worth a note (a timestamp in another unit?).
+LONG_GAP_S = 86_400.0
+
+
+def _longest_gap(log: RequestLog) -> str | None:
+    """A note on the log's longest pause between requests, where it is over a day."""
+    if len(log.requests) < 2:
+        return None
+    gaps = [(b.t - a.t, i + 1) for i, (a, b) in enumerate(itertools.pairwise(log.requests))]
+    gap, at = max(gaps)
+    if gap <= LONG_GAP_S:
+        return None
+    return (f"note: the log pauses {gap / 86_400:,.1f} days between its requests {at:,} and {at + 1:,} (in arrival "
+            "order); is a timestamp in another unit or clock (epoch among relative times)? The plan idles through it")
 
 
 def _table(plan: Plan) -> str:
@@ -101,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.knee_share <= 1:
         raise ValueError(f"--knee-share {args.knee_share}: give a share in (0, 1], e.g. 0.1")
     chains = [parse_chain(s) for s in expand(args.tiers)]
+    for out, flag in ((args.json, "--json"), (args.plot, "--plot")):
+        if out:
+            _check_writable(out, flag)  # before the replay, not after it
     shape = kv_shape(args.model, args.kv_dtype)
     profile = load_profile(args.profile)
     source = f"--profile {args.profile or '(shipped)'}"
@@ -108,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     # Token ids are only hashed here, whatever the model's vocabulary; text is hashed into ids.
     log = read_log(args.log, args.block_size, vocab=1 << 62, output_tokens=args.output_tokens, limit=args.limit)
     block_bytes = shape.bytes_per_token * log.block_tokens
+    _check_tiers_hold_a_block(chains, block_bytes, log.block_tokens, shape.name)
     device = _device_blocks(args, shape.bytes_per_token * args.block_size) * args.block_size // log.block_tokens
     total = len(log.requests) * len(chains)
     with tqdm(total=total, unit="req", desc="replaying", disable=None, leave=False) as bar:
@@ -116,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{log.block_tokens} tokens, {format_size(block_bytes)} each ({shape.name}: {shape.bytes_per_token:,} B "
           f"of KV per token); device prefix cache {device:,} blocks; profile: {args.profile or 'shipped'}"
           + (f" ({profile.machine})" if profile.machine else ""))
+    gap = _longest_gap(log)
+    if gap is not None:
+        print(gap)
     if log.stand_in:
         print("note: the prompts are text, tokenized by the stand-in (words and punctuation, not the model's "
               "tokenizer): prefixes are kept, token counts are words")

@@ -19,12 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.engine.hashing import hash_request_blocks
-from kvoffload.plan.request_log import RequestLogError, read_request_log
+from kvoffload.errors import describe_value
+from kvoffload.log_lines import number, parse_json, read_lines
+from kvoffload.plan.request_log import MAX_TIMESTAMP, RequestLogError, read_request_log
 
 #: ``--log sample``: a small chat log shipped with kvoffload (8 chats x 3 turns, two shared system prompts).
 SAMPLE_LOG = "sample"
 MOONCAKE_BLOCK_TOKENS = 512
 WEKA_BLOCK_TOKENS = 64
+#: A prompt longer than this is a broken line (the longest contexts are a few million tokens).
+MAX_PROMPT_TOKENS = 100_000_000
 
 
 @dataclass(slots=True)
@@ -60,16 +64,12 @@ class RequestLog:
 def detect_form(path: Path) -> str:
     if path.name.endswith((".tar.gz", ".tgz")):
         return "weka"
-    from kvoffload.traces import open_text
-
-    with open_text(path) as f:
-        for line in f:
-            if line.strip():
-                try:
-                    first = json.loads(line)
-                except ValueError:
-                    return "openai"  # its reader names the line and the fault
-                return "mooncake" if isinstance(first, dict) and "hash_ids" in first else "openai"
+    for _, line in read_lines(path):
+        try:
+            first = json.loads(line)
+        except (ValueError, RecursionError):
+            return "openai"  # its reader names the line and the fault
+        return "mooncake" if isinstance(first, dict) and "hash_ids" in first else "openai"
     return "openai"
 
 
@@ -80,6 +80,8 @@ def read_log(path: str | Path, block_size: int, vocab: int = 32000, output_token
 
         path = str(resources.files("kvoffload") / "examples" / "plan" / "sample.jsonl")
     p = Path(path)
+    if p.is_dir():
+        raise RequestLogError(f"--log {path}: a directory; give a request log file inside it")
     if not p.is_file():
         raise RequestLogError(f"--log {path}: no such file; give a request log (OpenAI-style JSONL, a Mooncake "
                               f"trace or WEKA's .tar.gz), or {SAMPLE_LOG} (shipped)")
@@ -92,7 +94,7 @@ def read_log(path: str | Path, block_size: int, vocab: int = 32000, output_token
 
 
 def _openai(p: Path, block_size: int, vocab: int, output_tokens: int, limit: int | None) -> RequestLog:
-    logged = read_request_log(p, vocab=vocab, limit=limit)
+    logged = read_request_log(p, vocab=vocab, limit=limit, vocab_flag=None)  # plan hashes any id
     full: list[list[Hashable]] = [list(hash_request_blocks(r.tokens, block_size)) for r in logged]
     # A hit leaves the engine the prompt's last token to compute: a block-aligned prompt's last
     # block is never loaded.
@@ -120,28 +122,29 @@ def _openai(p: Path, block_size: int, vocab: int, output_tokens: int, limit: int
     return RequestLog(reqs, block_size, "openai", any(r.from_text for r in logged))
 
 
-def _mooncake(p: Path, limit: int | None) -> RequestLog:
-    from kvoffload.traces import open_text
+def _mooncake_line(rec: object, n: int) -> tuple[list[int], float, int]:
+    """(hash ids, arrival in seconds, prompt tokens) of one Mooncake line."""
+    where = f"line {n}"
+    if not isinstance(rec, dict):
+        raise RequestLogError(f"{where}: a Mooncake trace line is a JSON object, got {type(rec).__name__}")
+    ids = rec.get("hash_ids")
+    if not isinstance(ids, list) or not all(type(h) is int for h in ids):
+        raise RequestLogError(f"{where}: a Mooncake trace line needs hash_ids (a list of ints), timestamp (ms) and "
+                              f"input_length; got hash_ids {describe_value(ids)}: fix or drop the line")
+    ts = number(rec.get("timestamp", 0), f"{where}: timestamp (ms)", MAX_TIMESTAMP)
+    length = number(rec.get("input_length", len(ids) * MOONCAKE_BLOCK_TOKENS), f"{where}: input_length",
+                    MAX_PROMPT_TOKENS)
+    return ids, ts / 1000.0, int(length)
 
+
+def _mooncake(p: Path, limit: int | None) -> RequestLog:
     reqs = []
-    with open_text(p) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                ids = rec["hash_ids"]
-                if not isinstance(ids, list) or not all(type(h) is int for h in ids):
-                    raise TypeError
-                ts = float(rec.get("timestamp", 0)) / 1000.0
-                length = int(rec.get("input_length", len(ids) * MOONCAKE_BLOCK_TOKENS))
-            except (ValueError, KeyError, TypeError):
-                raise RequestLogError(f"line {n}: a Mooncake trace line needs hash_ids (a list of ints), timestamp "
-                                      "(ms) and input_length; fix or drop the line") from None
-            full = ids[: max(0, length) // MOONCAKE_BLOCK_TOKENS] if length else ids
-            reqs.append(PlanRequest(ts, None, list(full), max(length, 1), list(full)))
-            if limit is not None and len(reqs) >= limit:
-                break
+    for n, line in read_lines(p):
+        ids, ts, length = _mooncake_line(parse_json(line, f"line {n}"), n)
+        full = ids[: length // MOONCAKE_BLOCK_TOKENS] if length else ids
+        reqs.append(PlanRequest(ts, None, list(full), max(length, 1), list(full)))
+        if limit is not None and len(reqs) >= limit:
+            break
     if not reqs:
         raise RequestLogError(f"--log {p}: no requests in it")
     t0 = min(r.t for r in reqs)
@@ -156,12 +159,15 @@ def _weka(p: Path, limit: int | None) -> RequestLog:
 
     try:
         trace = load_weka_requests(p, limit)
-    except (OSError, ValueError, KeyError) as exc:
-        raise RequestLogError(f"--log {p}: not a WEKA trace archive ({exc}); give the .tar.gz of trace_*.json") from None
+    except RequestLogError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        raise RequestLogError(f"--log {p}: not a WEKA trace archive ({str(exc)[:200]}); give the .tar.gz of "
+                              "trace_*.json") from None
     if not trace:
         raise RequestLogError(f"--log {p}: no requests in it")
     reqs = []
     for r in trace:
         blocks: list[Hashable] = list(r.blocks)
-        reqs.append(PlanRequest(r.t, r.session, blocks, len(blocks) * WEKA_BLOCK_TOKENS, blocks))
+        reqs.append(PlanRequest(r.t, r.session, blocks, max(1, len(blocks) * WEKA_BLOCK_TOKENS), blocks))
     return RequestLog(reqs, WEKA_BLOCK_TOKENS, "weka")

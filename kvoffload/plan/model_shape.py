@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvoffload.errors import describe_value
+
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
 
 
@@ -50,6 +52,10 @@ def kv_shape(model: str, dtype: str | None = None) -> KVShape:
     return shape
 
 
+#: Layers, KV heads or head size past this are a broken config, not a model.
+MAX_DIMENSION = 1 << 20
+
+
 def _from_config(path: Path) -> KVShape:
     from kvoffload.engine.model_config import BUILTIN_MODELS
 
@@ -60,7 +66,9 @@ def _from_config(path: Path) -> KVShape:
     try:
         raw = json.loads(cfg_file.read_text())
     except (OSError, ValueError) as exc:
-        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} is not readable JSON ({exc})") from None
+        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} is not readable JSON ({str(exc)[:200]})") from None
+    except RecursionError:
+        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} is nested too deeply to be a model config") from None
     if not isinstance(raw, dict):
         raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} is not a JSON object")
     raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
@@ -70,11 +78,15 @@ def _from_config(path: Path) -> KVShape:
         kv_heads = int(raw.get("num_key_value_heads") or heads)
         head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
         vocab = int(raw.get("vocab_size") or 0)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} lacks the attention shape ({exc!r}); it needs "
-                              "num_hidden_layers, num_attention_heads and head_dim or hidden_size") from None
-    dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
-    if min(layers, kv_heads, head_dim) < 1:
-        raise ModelShapeError(f"--model {str(path)!r}: layers {layers}, KV heads {kv_heads}, head_dim {head_dim}: "
-                              "each must be at least 1")
-    return KVShape(path.name or str(path), layers, kv_heads, head_dim, _DTYPE_BYTES.get(dtype, 2), max(vocab, 0))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise ModelShapeError(f"--model {str(path)!r}: {cfg_file.name} lacks the attention shape "
+                              f"({type(exc).__name__}: {str(exc)[:100]}); it needs num_hidden_layers, "
+                              "num_attention_heads and head_dim or hidden_size") from None
+    dtype = raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
+    if min(layers, kv_heads, head_dim) < 1 or max(layers, kv_heads, head_dim) > MAX_DIMENSION:
+        raise ModelShapeError(f"--model {str(path)!r}: layers {describe_value(layers)}, KV heads "
+                              f"{describe_value(kv_heads)}, "
+                              f"head_dim {describe_value(head_dim)}: "
+                              f"each must be 1 to {MAX_DIMENSION:,}")
+    dtype_bytes = _DTYPE_BYTES.get(dtype, 2) if isinstance(dtype, str) else 2
+    return KVShape(path.name or str(path), layers, kv_heads, head_dim, dtype_bytes, max(vocab, 0))

@@ -96,8 +96,10 @@ def _pct(values: np.ndarray, q: float) -> float:
 def _peak(t: np.ndarray, nbytes: np.ndarray) -> float:
     if not nbytes.any():
         return 0.0
-    windows = (t // PEAK_WINDOW_S).astype(np.int64)
-    return float(np.bincount(windows - windows.min(), weights=nbytes).max() / PEAK_WINDOW_S)
+    # Only the windows that hold a request: one bin per second of the log's span would take
+    # gigabytes for a log spanning years (an epoch timestamp among relative ones).
+    _, window = np.unique(np.floor(t / PEAK_WINDOW_S), return_inverse=True)
+    return float(np.bincount(window.ravel(), weights=nbytes).max() / PEAK_WINDOW_S)
 
 
 def require_speeds(profile: Profile, chains: Sequence[tuple[PlannedTier, ...]], source: str) -> None:

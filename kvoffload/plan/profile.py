@@ -19,6 +19,9 @@ import numpy as np
 import yaml
 from numpy.typing import ArrayLike
 
+from kvoffload.errors import ConfigError, describe_value
+from kvoffload.yaml_input import load_yaml
+
 VERSION = 1
 
 
@@ -72,7 +75,7 @@ class Profile:
         speed = self.tiers.get(medium)
         if speed is None:
             have = ", ".join(sorted(self.tiers)) or "none"
-            raise ProfileError(f"tier {medium!r}: {source} has no speeds for it (it has {have}); measure it with "
+            raise ProfileError(f"tier {describe_value(medium)}: {source} has no speeds for it (it has {have}); measure it with "
                                f"`kvoffload bench profile --tiers cpu,{medium}` or add tiers.{medium} to the YAML")
         return speed
 
@@ -87,10 +90,22 @@ class Profile:
 
 def _positive(d: dict[str, Any], key: str, where: str, zero_ok: bool = False) -> float:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+    # An int of hundreds of digits is checked as an int: float() of it would overflow.
+    number = v if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+    if not (0 <= number <= 1e12) or (number == 0 and not zero_ok):  # NaN fails too
         bound = ">= 0" if zero_ok else "> 0"
-        raise ProfileError(f"{where}.{key} = {v!r}: give a finite number {bound}")
-    return float(v)
+        raise ProfileError(f"{where}.{key} = {describe_value(v)}: give a finite number {bound}")
+    return float(number)
+
+
+def _text(d: dict[str, Any], key: str, where: str) -> str:
+    """A label (the machine, the model): a short string, or absent."""
+    v = d.get(key, "")
+    if isinstance(v, int | float) and not isinstance(v, bool) and describe_value(v) == repr(v):
+        v = str(v)  # a number as a label: a short one only
+    if not isinstance(v, str) or len(v) > 500:
+        raise ProfileError(f"{where}.{key} = {describe_value(v)}: give a short text, e.g. the machine's name")
+    return str(v)
 
 
 def parse_profile(doc: Any, source: str = "profile") -> Profile:
@@ -102,10 +117,10 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
         raise ProfileError(f"{source}: engine: give step_s, token_s (and attention_s, max_batched_tokens)")
     mbt = eng.get("max_batched_tokens", 2048)
     if type(mbt) is not int or mbt < 1:
-        raise ProfileError(f"{source}: engine.max_batched_tokens = {mbt!r}: give an integer >= 1")
+        raise ProfileError(f"{source}: engine.max_batched_tokens = {describe_value(mbt)}: give an integer >= 1")
     optional = {k: _positive(eng, k, "engine", True) if k in eng else 0.0
                 for k in ("attention_s", "decode_s", "decode_context_s")}
-    engine = EngineSpeed(str(eng.get("model", "")), _positive(eng, "step_s", "engine", True),
+    engine = EngineSpeed(_text(eng, "model", f"{source}: engine"), _positive(eng, "step_s", "engine", True),
                          _positive(eng, "token_s", "engine"), optional["attention_s"], mbt, optional["decode_s"],
                          optional["decode_context_s"])
     tiers_doc = doc.get("tiers") or {}
@@ -119,7 +134,7 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
         tiers[str(medium)] = TierSpeed(_positive(t, "load_gb_per_s", where), _positive(t, "store_gb_per_s", where),
                                        _positive(t, "load_latency_s", where, True) if "load_latency_s" in t else 0.0,
                                        _positive(t, "store_latency_s", where, True) if "store_latency_s" in t else 0.0)
-    return Profile(engine, tiers, str(doc.get("machine", "")))
+    return Profile(engine, tiers, _text(doc, "machine", source))
 
 
 def load_profile(path: str | Path | None) -> Profile:
@@ -132,7 +147,7 @@ def load_profile(path: str | Path | None) -> Profile:
     if not p.is_file():
         raise ProfileError(f"--profile {path}: no such file; write one with `kvoffload bench profile --out {path}`")
     try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"--profile {path}: not YAML ({str(exc).splitlines()[0]})") from None
+        doc = load_yaml(p.read_text(), f"--profile {path}")
+    except (ConfigError, UnicodeDecodeError) as exc:
+        raise ProfileError(str(exc) if isinstance(exc, ConfigError) else f"--profile {path}: not UTF-8 text") from None
     return parse_profile(doc, f"--profile {path}")

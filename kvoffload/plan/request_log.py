@@ -13,7 +13,6 @@ words, not the model's tokens. Token-id logs are replayed exactly.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -22,17 +21,19 @@ from typing import Any
 
 import xxhash
 
-from kvoffload.traces import open_text
+from kvoffload.errors import describe_value
+from kvoffload.log_lines import RequestLogError, number, parse_json, read_lines
 
 #: A reply longer than this is a broken log line, not a request.
 MAX_TOKENS = 10_000_000
+#: A timestamp past this (milliseconds: the year 5138) is corrupt, not a time.
+MAX_TIMESTAMP = 1e14
+#: A request that took longer than this (about four months) is a broken line.
+MAX_SECONDS = 1e7
+MAX_SESSION_CHARS = 1000
 #: Token ids below this are left to the model's special tokens.
 FIRST_ID = 10
 _WORDS = re.compile(r"\w+|[^\w\s]")
-
-
-class RequestLogError(ValueError):
-    """A line of a request log that cannot be replayed (its number, field and the fix)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +64,23 @@ def _messages_text(messages: Any, line: int) -> str:
     parts = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise RequestLogError(f"line {line}: messages[{i}] needs a string content (got {str(m)[:60]!r}); "
+            got = describe_value(m.get("content") if isinstance(m, dict) else m)
+            raise RequestLogError(f"line {line}: messages[{i}] needs a string content (got {got}); "
                                   "content given as parts is not read, flatten it to text")
-        parts.append(f"<{m.get('role', 'user')}> {m['content']}")
+        role = m.get("role", "user")
+        if not isinstance(role, str) or len(role) > 100:
+            raise RequestLogError(f"line {line}: messages[{i}].role must be a short string, got {describe_value(role)}")
+        parts.append(f"<{role}> {m['content']}")
     return "\n".join(parts)
 
 
-def _prompt(rec: dict[str, Any], line: int, vocab: int) -> tuple[tuple[int, ...], bool]:
+def _prompt(rec: dict[str, Any], line: int, vocab: int, vocab_flag: str | None) -> tuple[tuple[int, ...], bool]:
     ids = rec.get("prompt_token_ids")
     if ids is not None:
         if not isinstance(ids, list) or not ids or not all(type(t) is int and 0 <= t < vocab for t in ids):
-            raise RequestLogError(f"line {line}: prompt_token_ids must be a non-empty list of ints in [0, {vocab}) "
-                                  "(pass --vocab to match the model's)")
+            fix = f" (pass {vocab_flag} to match the model's)" if vocab_flag else ""
+            raise RequestLogError(f"line {line}: prompt_token_ids must be a non-empty list of ints in [0, {vocab})"
+                                  + fix)
         return tuple(ids), False
     if "messages" in rec:
         text = _messages_text(rec["messages"], line)
@@ -88,47 +94,45 @@ def _prompt(rec: dict[str, Any], line: int, vocab: int) -> tuple[tuple[int, ...]
     return tokens, True
 
 
-def _number(rec: dict[str, Any], key: str, line: int) -> float | None:
+def _number(rec: dict[str, Any], key: str, line: int, high: float, why: str = "") -> float | None:
     v = rec.get(key)
-    if v is None:
-        return None
-    if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
-        raise RequestLogError(f"line {line}: {key} must be a finite number >= 0, got {v!r}")
-    return float(v)
+    return None if v is None else number(v, f"line {line}: {key}", high, why=why)
 
 
-def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = None) -> list[LoggedRequest]:
-    """The log's requests in arrival order (by timestamp where the lines have one)."""
+def _object(raw: str, n: int) -> dict[str, Any]:
+    rec = parse_json(raw, f"line {n}")
+    if not isinstance(rec, dict):
+        raise RequestLogError(f"line {n}: a request must be a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = None,
+                     vocab_flag: str | None = "--vocab") -> list[LoggedRequest]:
+    """The log's requests in arrival order (by timestamp where the lines have one).
+    ``vocab_flag``: the option that sets ``vocab`` for the caller (None: it has none)."""
     p = Path(path)
+    if p.is_dir():
+        raise RequestLogError(f"--log {path}: a directory; give a request log file (OpenAI-style JSONL) inside it")
     if not p.is_file():
         raise RequestLogError(f"--log {path}: no such file; give an OpenAI-style JSONL request log")
     out: list[LoggedRequest] = []
-    with open_text(p) as f:  # plain or gzipped
-        for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise RequestLogError(f"line {n}: not JSON ({exc.msg} at column {exc.colno}); one object a line") from None
-            if not isinstance(rec, dict):
-                raise RequestLogError(f"line {n}: a request must be a JSON object, got {type(rec).__name__}")
-            body: dict[str, Any] = rec["body"] if isinstance(rec.get("body"), dict) else rec  # a batch-API line
-            tokens, from_text = _prompt(body, n, vocab)
-            ts = _number(rec, "timestamp", n)
-            mt = _number(body, "max_tokens", n)
-            if mt is not None and mt > MAX_TOKENS:
-                raise RequestLogError(f"line {n}: max_tokens {mt:g} is beyond any model's context; give at most "
-                                      f"{MAX_TOKENS:,}")
-            duration = _number(rec, "duration_s", n)
-            session = rec.get("session", rec.get("user", body.get("user")))
-            if session is not None and not isinstance(session, str | int):
-                raise RequestLogError(f"line {n}: session must be a string, got {type(session).__name__}")
-            out.append(LoggedRequest(n, tokens, math.nan if ts is None else ts / 1000 if ts > 1e11 else ts,
-                                     None if session is None else str(session),
-                                     None if mt is None else max(1, int(mt)), from_text, duration))
-            if limit is not None and len(out) >= limit:
-                break
+    for n, raw in read_lines(p):  # plain or gzipped
+        rec = _object(raw, n)
+        body: dict[str, Any] = rec["body"] if isinstance(rec.get("body"), dict) else rec  # a batch-API line
+        tokens, from_text = _prompt(body, n, vocab, vocab_flag)
+        ts = _number(rec, "timestamp", n, MAX_TIMESTAMP)
+        mt = _number(body, "max_tokens", n, MAX_TOKENS, "; a longer reply is beyond any model's context")
+        duration = _number(rec, "duration_s", n, MAX_SECONDS)
+        session = rec.get("session", rec.get("user", body.get("user")))
+        if session is not None and not ((isinstance(session, str) and len(session) <= MAX_SESSION_CHARS)
+                                        or (type(session) is int and session.bit_length() <= 64)):
+            raise RequestLogError(f"line {n}: session must be a string of at most {MAX_SESSION_CHARS} characters, "
+                                  f"got {describe_value(session)}")
+        out.append(LoggedRequest(n, tokens, math.nan if ts is None else ts / 1000 if ts > 1e11 else ts,
+                                 None if session is None else str(session),
+                                 None if mt is None else max(1, int(mt)), from_text, duration))
+        if limit is not None and len(out) >= limit:
+            break
     if not out:
         raise RequestLogError(f"--log {path}: no requests in it")
     # A line without a timestamp arrives with the timed line before it (the first timed one, if

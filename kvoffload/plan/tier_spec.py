@@ -11,12 +11,16 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from kvoffload.errors import describe_value
+
 #: Media a chain can hold, in the order the engine's chains put them.
 MEDIA = ("cpu", "disk", "fs", "mooncake")
 POLICIES = ("lru", "arc")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)$")
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)$")
+#: Larger sizes are typos (1 EiB), as in a tiers config.
+MAX_SIZE = 1 << 60
 _SWEEP = re.compile(r"\{([^{}]*)\}")
 #: A sweep larger than this is a typo more often than a plan.
 MAX_CONFIGURATIONS = 256
@@ -49,11 +53,15 @@ def format_size(n: int) -> str:
 
 def parse_size(text: str, where: str = "size") -> int:
     m = _SIZE.match(text.strip())
+    shown = describe_value(text)
     if not m:
-        raise TierSpecError(f"{where} {text!r}: write a number and a unit, e.g. 32GiB, 512MiB or 1TiB")
-    n = int(float(m.group(1)) * _UNITS[m.group(2)])
+        raise TierSpecError(f"{where} {shown}: write a number and a unit, e.g. 32GiB, 512MiB or 1TiB")
+    scaled = float(m.group(1)) * _UNITS[m.group(2)]
+    if scaled > MAX_SIZE:
+        raise TierSpecError(f"{where} {shown}: too large; at most 1 EiB")
+    n = int(scaled)
     if n <= 0:
-        raise TierSpecError(f"{where} {text!r}: a tier needs a size above zero")
+        raise TierSpecError(f"{where} {shown}: a tier needs a size above zero")
     return n
 
 

@@ -117,7 +117,7 @@ def test_a_reply_beyond_any_context_is_a_broken_line(tmp_path, capsys):
     log = tmp_path / "log.jsonl"
     log.write_text('{"prompt": "hello", "max_tokens": 1e300}\n')
     assert plan("--log", str(log), "--model", "tiny", "--tiers", "cpu:1MiB") == 2
-    assert "line 1: max_tokens 1e+300 is beyond any model's context" in capsys.readouterr().err
+    assert "line 1: max_tokens must be a finite number in [0, 1e+07], got 1e+300; a longer reply is beyond any model's context" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("level", [["--log-level", "info"], ["--log-level=warning"]])

@@ -62,7 +62,7 @@ def test_a_missing_or_broken_file(tmp_path):
     with pytest.raises(ProfileError, match="no such file; write one with `kvoffload bench profile"):
         load_profile(tmp_path / "none.yaml")
     (tmp_path / "bad.yaml").write_text("engine: [\n")
-    with pytest.raises(ProfileError, match="not YAML"):
+    with pytest.raises(ProfileError, match="not valid YAML"):
         load_profile(tmp_path / "bad.yaml")
 
 
