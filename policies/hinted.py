@@ -76,6 +76,9 @@ class HintedCachePolicy(CachePolicy):
         self.now = 0.0
         self.sessions: dict[Hashable, Session] = {}
         self.owner: dict[Hashable, Session] = {}
+        #: Blocks a session took from another tenant's session, and that session (entries only
+        #: for blocks in the tier: bounded by the capacity).
+        self.displaced: dict[Hashable, Session] = {}
         self.status: dict[Hashable, BlockStatus] = {}
         #: Hinted hashes not in the tier yet (their store comes after the hint), bounded.
         self.pending: OrderedDict[Hashable, Session] = OrderedDict()
@@ -108,7 +111,7 @@ class HintedCachePolicy(CachePolicy):
         if s is None:
             if len(self.sessions) >= self._sweep_at:
                 self._sweep()
-            s = self.sessions[name] = Session(name)
+            s = self.sessions[name] = Session(name, tenant=hint.tenant)
         self._count(s, -1)
         s.last = hint.now
         s.expect = hint.return_at - hint.now if hint.return_at is not None else self.unknown_return_s
@@ -134,6 +137,15 @@ class HintedCachePolicy(CachePolicy):
                 self.status[h] = block
                 owner = self._own(h, s)
             elif owner is not None and owner is not s:  # shared with another session: the latest user
+                if owner.tenant != s.tenant:
+                    if not self._stays_as_long(s, owner):
+                        continue  # another tenant's block: a hint may raise its standing, never lower it
+                    self.displaced[h] = owner
+                    s.adopted.add(h)
+                elif h in owner.adopted:  # the claim of the tenant it came from goes with it
+                    owner.adopted.discard(h)
+                    s.adopted.add(h)
+                owner.adopted.discard(h)
                 self._add_blocks(owner, -1)
                 owner = self._own(h, s)
             if owner is s:
@@ -143,6 +155,8 @@ class HintedCachePolicy(CachePolicy):
                 self.pending.move_to_end(h)
         while len(self.pending) > self.pending_cap:
             self.pending.popitem(last=False)
+        if s.adopted:
+            self._give_back(s)
         self.order.push(s)
         if logger.isEnabledFor(logging.DEBUG):
             shown = name[1] if isinstance(name, tuple) and len(name) == 2 and isinstance(name[1], str) else name
@@ -151,6 +165,37 @@ class HintedCachePolicy(CachePolicy):
                          "blocks held, %d sessions", label, s.expect, s.priority,
                          "none" if s.lease_until is None else f"{s.lease_until - hint.now:.0f} s", s.blocks,
                          len(self.sessions))
+
+    def _stays_as_long(self, s: Session, other: Session) -> bool:
+        """Whether ``s``'s blocks would leave no sooner than ``other``'s (the eviction order's
+        own comparison: priority level, then predicted return; a live lease of ``other``'s only
+        by a lease of ``s`` that ends no sooner)."""
+        if self._holds_lease(other) and not (self._holds_lease(s) and s.lease_until is not None
+                                             and other.lease_until is not None and s.lease_until >= other.lease_until):
+            return False
+        raised = self._raised_honoured()
+        return ((self._level(s.priority, raised), -self.predicted(s))
+                >= (self._level(other.priority, raised), -self.predicted(other)))
+
+    def _give_back(self, s: Session) -> None:
+        """Blocks ``s`` took from another tenant's session go back to it (if it is still tracked)
+        once ``s`` no longer uses them or would let them leave sooner: a tenant cannot first
+        adopt another's blocks with a good hint, then lower them with a bad one."""
+        for h in list(s.adopted):
+            prev = self.displaced.get(h)
+            if self.owner.get(h) is not s or prev is None or self.sessions.get(prev.name) is not prev:
+                s.adopted.discard(h)
+                if self.owner.get(h) is s:  # its session is forgotten: nobody to give it back to
+                    self.displaced.pop(h, None)
+                continue
+            if h in s.live and self._stays_as_long(s, prev):
+                continue
+            s.adopted.discard(h)
+            del self.displaced[h]
+            self._add_blocks(s, -1)
+            self._own(h, prev)
+            if h not in prev.live:
+                prev.dead.append(h)
 
     def _add_blocks(self, s: Session, delta: int) -> None:
         s.blocks += delta
@@ -229,6 +274,9 @@ class HintedCachePolicy(CachePolicy):
 
     def remove(self, h: Hashable) -> None:
         s = self.owner.pop(h, None)
+        self.displaced.pop(h, None)
+        if s is not None:
+            s.adopted.discard(h)
         if s is None:
             if self.inner.get(h) is not None:
                 self.inner.remove(h)
@@ -358,6 +406,8 @@ class HintedCachePolicy(CachePolicy):
                 owner = self.owner.pop(h)
                 del self.status[h]
                 self._add_blocks(owner, -1)
+                owner.adopted.discard(h)
+                self.displaced.pop(h, None)
         return out
 
     def _candidates(self, s: Session) -> Iterator[Hashable]:

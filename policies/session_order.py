@@ -40,6 +40,10 @@ class Session:
     blocks: int = 0
     #: It has a live entry in its order's heaps (dropped while it held no block).
     queued: bool = False
+    #: Whose session it is (``BlockHint.tenant``), and the blocks it holds that a session of
+    #: another tenant held before it (``HintedCachePolicy.displaced`` says whose).
+    tenant: bytes | None = None
+    adopted: set[Hashable] = field(default_factory=set)
 
 
 class SessionOrderHeaps:

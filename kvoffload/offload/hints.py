@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -116,25 +117,73 @@ class RequestHint:
         if session is not None and tenant is not None:
             session = (tenant, session)
         return BlockHint(session, None if self.expect_return_s is None else now + self.expect_return_s,
-                         self.priority, None if self.lease_s is None else now + self.lease_s, now)
+                         self.priority, None if self.lease_s is None else now + self.lease_s, now, tenant)
+
+
+#: The most bytes of a tenant's parts that are hashed: a client cannot make the hash costly.
+MAX_TENANT_BYTES = 4096
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _canonical(value: object, out: list[bytes], room: list[int], depth: int = 0) -> None:
+    """``value`` as tagged, length-prefixed bytes, equal exactly for equal values (a mapping's
+    entries in a fixed order), appended to ``out``; _TooLarge past ``room`` bytes, 8 levels, or
+    for a type JSON does not have."""
+    if isinstance(value, bytes):
+        data = b"b" + value
+    elif isinstance(value, str):
+        data = b"s" + value.encode("utf-8", "surrogatepass")
+    elif value is None or isinstance(value, bool):
+        data = b"n" + repr(value).encode()
+    elif isinstance(value, int):
+        if value.bit_length() > 8 * MAX_TENANT_BYTES:
+            raise _TooLarge
+        data = b"i" + format(value, "x").encode()  # hex: no digit limit, no float rounding
+    elif isinstance(value, float):
+        data = b"f" + value.hex().encode()
+    elif isinstance(value, list | tuple | dict) and depth < 8:
+        if len(value) > MAX_TENANT_BYTES:
+            raise _TooLarge
+        parts: list[bytes] = []
+        if isinstance(value, dict):
+            entries = []
+            for k, v in value.items():
+                kv: list[bytes] = []
+                _canonical(k, kv, room, depth + 1)
+                _canonical(v, kv, room, depth + 1)
+                entries.append(b"".join(kv))
+            parts = sorted(entries)
+        else:
+            for v in value:
+                _canonical(v, parts, room, depth + 1)
+        data = (b"d" if isinstance(value, dict) else b"l") + b"".join(parts)
+    else:
+        raise _TooLarge
+    room[0] -= len(data) + 8
+    if room[0] < 0:
+        raise _TooLarge
+    out.append(len(data).to_bytes(8, "little") + data)
 
 
 def tenant_digest(parts: Iterable[object]) -> bytes:
     """16 bytes naming a tenant from what the engine knows of a request (its cache salt, its
-    adapter's digest, the operator's tenant entries): equal parts, equal tenant. Values other
-    than strings, bytes and plain numbers count by their type alone (a client cannot grow
-    this by sending a huge object)."""
+    adapter's digest, the operator's tenant entries): equal parts, equal tenant, and different
+    parts different tenants, whatever their type (``{"org": "acme"}`` is not ``{"org":
+    "globex"}``). Parts whose encoding passes ``MAX_TENANT_BYTES`` (or nest past 8 levels, or
+    are no JSON type) name a tenant of their own, met by no other request: fail closed."""
+    out: list[bytes] = []
+    try:
+        for part in parts:
+            _canonical(part, out, [MAX_TENANT_BYTES])
+    except _TooLarge:
+        _warn("tenant", f"a tenant entry of a request is larger than {MAX_TENANT_BYTES} bytes, nested past 8 levels "
+              "or not a JSON value", "the request is a tenant of its own (its hints meet no other request's)")
+        return secrets.token_bytes(16)
     h = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        if isinstance(part, bytes):
-            data = b"b" + part
-        elif isinstance(part, str):
-            data = b"s" + part.encode("utf-8", "surrogatepass")
-        elif part is None or isinstance(part, (bool, float)) or (isinstance(part, int) and part.bit_length() <= 64):
-            data = b"v" + repr(part).encode()
-        else:
-            data = b"t" + type(part).__name__.encode()
-        h.update(len(data).to_bytes(8, "little"))
+    for data in out:
         h.update(data)
     return h.digest()
 
@@ -151,6 +200,9 @@ class BlockHint:
     priority: int
     lease_until: float | None
     now: float
+    #: Whose request it is (a ``tenant_digest``; None: one tenant for all). A hint may raise the
+    #: standing of a block another tenant's session holds, never lower it.
+    tenant: bytes | None = None
 
 
 #: Warnings already logged, by kind (a bounded set: one entry per kind, never per value).

@@ -23,12 +23,13 @@ def tier(capacity: int, **kw) -> CPUOffloadingManager:
     return CPUOffloadingManager(capacity, cache_policy=HintedCachePolicy(capacity, **kw), native=False)
 
 
-def store(mgr: CPUOffloadingManager, hashes: list, hint: RequestHint | None, now: float) -> list:
+def store(mgr: CPUOffloadingManager, hashes: list, hint: RequestHint | None, now: float,
+          tenant: bytes | None = None) -> list:
     """One request as the connector issues it: touch, hint, store what is absent; returns what
     was evicted (None: nothing could be stored)."""
     mgr.touch(hashes)
     if hint is not None:
-        mgr.hint(hashes, hint.at(now))
+        mgr.hint(hashes, hint.at(now, tenant))
     out = mgr.prepare_store(hashes)
     if out is None:
         return None
@@ -263,6 +264,18 @@ class HintedMachine(RuleBasedStateMachine):
             return {}
         return live
 
+    @rule(tenant=st.sampled_from([b"x", b"y", b"z"]), session=st.sampled_from("ab"), n=st.integers(1, 4),
+          expect=st.one_of(st.none(), st.floats(0, 50)), priority=st.integers(-3, 1), advance=st.floats(0, 30))
+    def tenant_request(self, tenant, session, n, expect, priority, advance):
+        """Tenants' sessions on one shared prefix (hashes 1-4, what every tenant's requests
+        begin with) and a tail of their own."""
+        self.now += advance
+        hashes = [*range(1, n + 1), ord(session) * 1000 + tenant[0]]
+        pinned = {h for load in self.loads for h in load}  # (another session than the tenantless one of its name)
+        evicted = store(self.mgr, hashes, RequestHint(session, expect, priority), self.now, tenant)
+        if evicted is not None:
+            assert not set(evicted) & (pinned | set(hashes))
+
     @rule(data=st.data())
     def load(self, data):
         ready = sorted(h for h in held(self.mgr) if self.mgr.is_ready(h))
@@ -285,6 +298,12 @@ class HintedMachine(RuleBasedStateMachine):
         assert len(self.policy.status) + self.policy._inner_n == len(index)
         assert all(s.blocks == sum(1 for o in self.policy.owner.values() if o is s)
                    for s in self.policy.sessions.values())
+        # A block taken from another tenant's session is claimed by exactly its holder.
+        adopted = [h for s in self.policy.sessions.values() for h in s.adopted]
+        assert len(adopted) == len(set(adopted)) and set(adopted) == set(self.policy.displaced)
+        assert all(self.policy.owner.get(h) is not None and h in self.policy.owner[h].adopted
+                   for h in self.policy.displaced)
+        assert set(self.policy.displaced) <= set(index)
 
 
 HintedMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
