@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, BlockNotReadyError
@@ -95,10 +97,11 @@ class PythonSlotTable(SlotTable):
         """Release one pin of each block; ValueError, changing nothing, for a block not pinned."""
         slots = self._slots_of(block_hashes)
         refs = self.ledger.refs
-        for h, slot in zip(block_hashes, slots):
+        for i, (h, slot) in enumerate(zip(block_hashes, slots)):  # a block given twice needs two pins
             if refs[slot] <= 0:
+                for earlier in slots[:i]:
+                    refs[earlier] += 1
                 raise ValueError(f"complete_load for block {h!r} without a matching prepare_load")
-        for slot in slots:
             refs[slot] -= 1
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
@@ -189,8 +192,21 @@ class PythonSlotTable(SlotTable):
         """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
         if self.ledger.index or self._num_allocated:
             raise ValueError("restore() needs an empty ledger")
-        entries = sorted(entries, key=lambda e: e[1])
+        # Checked in the native ledger's order, with its words: each slot converted once, in
+        # range, then keys distinct, then slots distinct; a refused restore changes nothing.
+        entries = sorted(((h, operator.index(slot)) for h, slot in entries), key=lambda e: e[1])
+        for _, slot in entries:
+            if not 0 <= slot < self.capacity:
+                raise ValueError(f"restore(): slot {slot} is out of range 0..{self.capacity - 1}")
+        seen: set[BlockHash] = set()
+        for i, (h, _) in enumerate(entries):
+            if h in seen:
+                raise ValueError(f"restore(): key at position {i} is given twice")
+            seen.add(h)
         used = {slot for _, slot in entries}
+        if len(used) < len(entries):
+            twice = next(b for (_, a), (_, b) in itertools.pairwise(entries) if a == b)
+            raise ValueError(f"restore(): slot {twice} is given twice")
         top = max(used) + 1 if used else 0
         self._num_allocated = top
         self._free_list = [s for s in range(top - 1, -1, -1) if s not in used]  # lowest popped first

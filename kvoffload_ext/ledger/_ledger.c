@@ -16,9 +16,32 @@
  */
 #include "ledger_policy.h"
 
+/* A ledger the garbage collector cleared (it was in a reference cycle with one of its keys)
+ * answers every call with this error instead of reading freed memory. */
+#define DEAD_MESSAGE "this ledger was cleared by the garbage collector; it holds nothing"
+#define ALIVE(self)                                                     \
+    do {                                                                \
+        if ((self)->dead) {                                             \
+            PyErr_SetString(PyExc_RuntimeError, DEAD_MESSAGE);          \
+            return NULL;                                                \
+        }                                                               \
+    } while (0)
+
 /* ---- argument helpers --------------------------------------------------------------------- */
 
-/* A fast sequence of the argument plus every item's hash (computed before anything changes). */
+/* The argument as a private tuple (a list the caller passed could be emptied by a key's __hash__
+ * or __eq__ while the loop reads it; the tuple holds every key) and its items' hashes. */
+static PyObject *private_tuple(PyObject *arg, const char *what) {
+    if (PyTuple_CheckExact(arg)) return Py_NewRef(arg);
+    PyObject *t = PySequence_Tuple(arg);
+    if (!t && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence, not %.100s", what, Py_TYPE(arg)->tp_name);
+    }
+    return t;
+}
+
+/* A private tuple of the argument plus every item's hash (computed before anything changes). */
 typedef struct {
     PyObject *seq;
     PyObject **items;
@@ -28,7 +51,7 @@ typedef struct {
 } Keys;
 
 static int keys_get(Keys *kk, PyObject *arg) {
-    kk->seq = PySequence_Fast(arg, "block hashes must be a sequence");
+    kk->seq = private_tuple(arg, "block hashes");
     if (!kk->seq) return -1;
     kk->n = PySequence_Fast_GET_SIZE(kk->seq);
     kk->items = PySequence_Fast_ITEMS(kk->seq);
@@ -58,7 +81,8 @@ static void keys_free(Keys *kk) {
 /* ---- methods ------------------------------------------------------------------------------ */
 
 static PyObject *L_lookup(Ledger *self, PyObject *arg) {
-    PyObject *seq = PySequence_Fast(arg, "block hashes must be a sequence");
+    ALIVE(self);
+    PyObject *seq = private_tuple(arg, "block hashes");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), hits = 0;
     PyObject **items = PySequence_Fast_ITEMS(seq);
@@ -85,9 +109,21 @@ static PyObject *check_slots(Ledger *self, Keys *kk, int32_t *slots, int pin) {
         if (s == NIL) return Py_BuildValue("(ni)", i, 0);
         slots[i] = s;
     }
-    for (Py_ssize_t i = 0; i < kk->n; i++)
-        if (pin ? self->refs[slots[i]] < 0 : self->refs[slots[i]] <= 0) return Py_BuildValue("(ni)", i, 1);
-    return Py_None; /* borrowed marker: all good */
+    if (pin) {
+        for (Py_ssize_t i = 0; i < kk->n; i++)
+            if (self->refs[slots[i]] < 0) return Py_BuildValue("(ni)", i, 1);
+        return Py_None; /* borrowed marker: all good */
+    }
+    /* unpin: a key given twice needs two pins, so release them one by one and put back what
+     * was released at the first that is not pinned (nothing else runs meanwhile: no Python code) */
+    for (Py_ssize_t i = 0; i < kk->n; i++) {
+        if (self->refs[slots[i]] <= 0) {
+            for (Py_ssize_t j = 0; j < i; j++) self->refs[slots[j]] += 1;
+            return Py_BuildValue("(ni)", i, 1);
+        }
+        self->refs[slots[i]] -= 1;
+    }
+    return Py_None;
 }
 
 /* Slot ids as the native-endian int64s of a bytearray: the spec's numpy array views it
@@ -113,6 +149,7 @@ static PyObject *slot_list(const int32_t *s, Py_ssize_t n) {
 /* One read pin more (pin: the keys' slots come back) or less (unpin: None) on every key; or
  * check_slots' (position, reason) and nothing changed. */
 static PyObject *change_pins(Ledger *self, PyObject *arg, int pin) {
+    ALIVE(self);
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
     int32_t *slots = PyMem_Malloc((kk.n + 1) * sizeof(int32_t));
@@ -120,9 +157,13 @@ static PyObject *change_pins(Ledger *self, PyObject *arg, int pin) {
     if (!slots) { PyErr_NoMemory(); goto done; }
     res = check_slots(self, &kk, slots, pin);
     if (res != Py_None) goto done;
-    res = pin ? slot_buffer(slots, kk.n) : Py_NewRef(Py_None);
+    if (!pin) { /* check_slots released them */
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    res = slot_buffer(slots, kk.n);
     if (!res) goto done;
-    for (Py_ssize_t i = 0; i < kk.n; i++) self->refs[slots[i]] += pin ? 1 : -1;
+    for (Py_ssize_t i = 0; i < kk.n; i++) self->refs[slots[i]] += 1;
 done:
     PyMem_Free(slots);
     keys_free(&kk);
@@ -134,6 +175,7 @@ static PyObject *L_pin(Ledger *self, PyObject *arg) { return change_pins(self, a
 static PyObject *L_unpin(Ledger *self, PyObject *arg) { return change_pins(self, arg, 0); }
 
 static PyObject *L_touch(Ledger *self, PyObject *arg) {
+    ALIVE(self);
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
     int rc = touch_run(self, kk.items, kk.hs, kk.n);
@@ -143,6 +185,7 @@ static PyObject *L_touch(Ledger *self, PyObject *arg) {
 }
 
 static PyObject *L_refresh(Ledger *self, PyObject *arg) {
+    ALIVE(self);
     if (self->policy == POL_CLASSIC || self->policy == POL_PV) Py_RETURN_NONE; /* no notion of it */
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
@@ -157,6 +200,7 @@ static PyObject *L_refresh(Ledger *self, PyObject *arg) {
 
 /* The absent keys (in order, repeats kept); ARC's ghost lists see them as touches. */
 static PyObject *L_store_miss(Ledger *self, PyObject *arg) {
+    ALIVE(self);
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
     PyObject *missing = PyList_New(0);
@@ -183,11 +227,12 @@ fail:
 
 /* (new keys, their slots, evicted keys, evicted slots), or None when the tier cannot make room. */
 static PyObject *L_prepare_store(Ledger *self, PyObject *arg) {
+    ALIVE(self);
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
     Py_ssize_t n = kk.n;
     PyObject *result = NULL, *new_keys = NULL, *evicted = NULL;
-    Table seen = {NULL, 0, 0};
+    Table seen = {NULL, 0, 0, 0};
     int32_t *newpos = PyMem_Malloc((n + 1) * sizeof(int32_t));
     int32_t *marked = PyMem_Malloc((n + 1) * sizeof(int32_t));
     int32_t *victims = NULL, *slots = NULL;
@@ -279,6 +324,7 @@ static void forget(Ledger *self, int32_t s) {
 /* The keys whose slot has ref count `want` (each once, in order): each is then released to ref
  * count 0, or forgotten. */
 static PyObject *settle(Ledger *self, PyObject *arg, int32_t want, int forget_them) {
+    ALIVE(self);
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
     PyObject *out = PyList_New(kk.n); /* room for every key; its length is set to those settled */
@@ -317,8 +363,11 @@ static PyObject *L_drop(Ledger *self, PyObject *arg) {
     return settle(self, arg, 0, 1);
 }
 
-/* Re-admit ready blocks at known slots, sorted by slot by the caller; only while empty. */
+/* Re-admit ready blocks at known slots, sorted by slot by the caller; only while empty. Each slot
+ * is converted once (a slot's __index__ may answer differently each time), slots and keys must
+ * be distinct, and a refused restore changes nothing. */
 static PyObject *L_restore(Ledger *self, PyObject *args) {
+    ALIVE(self);
     PyObject *karg, *sarg;
     if (!PyArg_ParseTuple(args, "OO", &karg, &sarg)) return NULL;
     if (self->index.used || self->allocated) {
@@ -327,39 +376,69 @@ static PyObject *L_restore(Ledger *self, PyObject *args) {
     }
     Keys kk;
     if (keys_get(&kk, karg) < 0) return NULL;
-    PyObject *sseq = PySequence_Fast(sarg, "slots must be a sequence");
+    PyObject *sseq = private_tuple(sarg, "slots");
     if (!sseq) { keys_free(&kk); return NULL; }
     Py_ssize_t n = kk.n;
     int32_t top = 0;
-    if (PySequence_Fast_GET_SIZE(sseq) != n) {
+    int32_t *slot = PyMem_Malloc((n + 1) * sizeof(int32_t));
+    Table seen = {NULL, 0, 0, 0};
+    if (!slot || tbl_init(&seen, n) < 0) { PyErr_NoMemory(); goto fail; }
+    if (PyTuple_GET_SIZE(sseq) != n) {
         PyErr_SetString(PyExc_ValueError, "restore(): one slot per key");
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        long s = PyLong_AsLong(PySequence_Fast_GET_ITEM(sseq, i));
+        long s = PyLong_AsLong(PyTuple_GET_ITEM(sseq, i));
         if (s == -1 && PyErr_Occurred()) goto fail;
-        if (s < 0 || s >= self->cap || self->key[s] || self->mark[s]) {
-            PyErr_Format(PyExc_ValueError, "restore(): slot %ld is out of range 0..%d or given twice", s, self->cap - 1);
-            for (Py_ssize_t j = 0; j < i; j++) self->mark[PyLong_AsLong(PySequence_Fast_GET_ITEM(sseq, j))] = 0;
+        if (s < 0 || s >= self->cap) {
+            PyErr_Format(PyExc_ValueError, "restore(): slot %ld is out of range 0..%d", s, self->cap - 1);
             goto fail;
         }
-        self->mark[s] = 1;
-        if (s + 1 > top) top = (int32_t)s + 1;
+        slot[i] = (int32_t)s;
     }
+    for (Py_ssize_t i = 0; i < n; i++) { /* keys compare here: Python code, before anything changes */
+        int32_t d = tbl_find(&seen, kk.items, kk.hs, kk.items[i], kk.hs[i]);
+        if (d == ERR) goto fail;
+        if (d != NIL) {
+            PyErr_Format(PyExc_ValueError, "restore(): key at position %zd is given twice", i);
+            goto fail;
+        }
+        tbl_put(&seen, kk.hs[i], (int32_t)i);
+    }
+    if (self->index.used || self->allocated) { /* a key's __eq__ called into the ledger */
+        PyErr_SetString(PyExc_RuntimeError, "restore(): the ledger changed while the keys were compared");
+        goto fail;
+    }
+    Py_ssize_t twice = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (self->mark[slot[i]]) { twice = i; break; }
+        self->mark[slot[i]] = 1;
+    }
+    if (twice >= 0) {
+        for (Py_ssize_t i = 0; i < n; i++) self->mark[slot[i]] = 0;
+        PyErr_Format(PyExc_ValueError, "restore(): slot %d is given twice", slot[twice]);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (slot[i] + 1 > top) top = slot[i] + 1;
     for (int32_t s = top - 1; s >= 0; s--) /* lowest free slot popped first */
         if (!self->mark[s]) self->free_stack[self->nfree++] = s;
     self->allocated = top;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t s = (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(sseq, i));
+        int32_t s = slot[i];
         self->mark[s] = 0;
         slot_set(self, s, kk.items[i], kk.hs[i]);
         self->refs[s] = 0;
         pol_insert(self, s);
     }
+    PyMem_Free(slot);
+    PyMem_Free(seen.b);
     Py_DECREF(sseq);
     keys_free(&kk);
     Py_RETURN_NONE;
 fail:
+    PyMem_Free(slot);
+    PyMem_Free(seen.b);
     Py_DECREF(sseq);
     keys_free(&kk);
     return NULL;
@@ -368,6 +447,10 @@ fail:
 /* ---- single-key queries (vLLM asks one key at a time) ------------------------------------- */
 
 static int32_t find_one(Ledger *self, PyObject *k) {
+    if (self->dead) {
+        PyErr_SetString(PyExc_RuntimeError, DEAD_MESSAGE);
+        return ERR;
+    }
     Py_hash_t h = PyObject_Hash(k);
     return h == -1 ? ERR : find(self, k, h);
 }
@@ -397,6 +480,7 @@ static int L_contains(Ledger *self, PyObject *k) {
 }
 
 static PyObject *L_hash_at(Ledger *self, PyObject *arg) {
+    ALIVE(self);
     long s = PyLong_AsLong(arg);
     if (s == -1 && PyErr_Occurred()) return NULL;
     if (s < 0 || s >= self->cap) {
@@ -409,6 +493,7 @@ static PyObject *L_hash_at(Ledger *self, PyObject *arg) {
 }
 
 static PyObject *L_busy(Ledger *self, PyObject *unused) {
+    ALIVE(self);
     Py_ssize_t reading = 0, writing = 0;
     for (int32_t s = 0; s < self->allocated; s++) {
         reading += self->refs[s] > 0;
@@ -420,6 +505,7 @@ static PyObject *L_busy(Ledger *self, PyObject *unused) {
 /* ---- inspection (tests, debugging) -------------------------------------------------------- */
 
 static PyObject *L_items(Ledger *self, PyObject *unused) {
+    ALIVE(self);
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     for (int32_t s = 0; s < self->allocated; s++) {
@@ -440,6 +526,7 @@ static int list_id(PyObject *arg, const char *what) {
 }
 
 static PyObject *L_order(Ledger *self, PyObject *arg) {
+    ALIVE(self);
     int which = list_id(arg, "list (1 = T1 or LRU, 2 = T2)");
     if (which < 0) return NULL;
     PyObject *out = PyList_New(0);
@@ -452,6 +539,7 @@ static PyObject *L_order(Ledger *self, PyObject *arg) {
 }
 
 static PyObject *L_ghosts(Ledger *self, PyObject *arg) {
+    ALIVE(self);
     int which = list_id(arg, "ghost list (1 = B1, 2 = B2)");
     if (which < 0) return NULL;
     PyObject *out = PyList_New(0);
@@ -461,6 +549,7 @@ static PyObject *L_ghosts(Ledger *self, PyObject *arg) {
 }
 
 static PyObject *L_ghost_hits(Ledger *self, PyObject *unused) {
+    ALIVE(self);
     PyObject *out = PyList_New(0);
     for (int32_t g = 0; out && g < self->hits.allocated; g++) {
         if (!self->hits.key[g]) continue;
@@ -536,10 +625,16 @@ static PyObject *L_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)self;
 }
 
-static void L_dealloc(Ledger *self) {
-    if (self->key)
-        for (int32_t s = 0; s < self->cap; s++) Py_XDECREF(self->key[s]);
-    PyMem_Free(self->key);
+/* Frees every array and drops every key, marking the ledger dead first (a key's __del__ may call
+ * back into it); safe twice. */
+static void L_release(Ledger *self) {
+    self->dead = 1;
+    PyObject **keys = self->key;
+    int32_t cap = self->cap;
+    self->key = NULL;
+    if (keys)
+        for (int32_t s = 0; s < cap; s++) Py_CLEAR(keys[s]);
+    PyMem_Free(keys);
     PyMem_Free(self->khash);
     PyMem_Free(self->prev);
     PyMem_Free(self->next);
@@ -549,10 +644,40 @@ static void L_dealloc(Ledger *self) {
     PyMem_Free(self->vbuf1);
     PyMem_Free(self->vbuf2);
     PyMem_Free(self->index.b);
+    self->khash = NULL;
+    self->prev = self->next = self->free_stack = self->vbuf1 = self->vbuf2 = NULL;
+    self->tag = NULL;
+    self->mark = NULL;
+    self->index.b = NULL;
     pool_free(&self->ghosts);
     pool_free(&self->hits);
-    pv_free(self->pv);
+    PV *pv = self->pv;
+    self->pv = NULL;
+    pv_free(pv);
     if (self->refs_buf.obj) PyBuffer_Release(&self->refs_buf);
+    self->refs_buf.obj = NULL;
+    self->refs = NULL;
+}
+
+/* The garbage collector sees the keys (a key may refer to its ledger: a cycle) and the refs
+ * array. */
+static int L_traverse(Ledger *self, visitproc visit, void *arg) {
+    for (int32_t s = 0; self->key && s < self->cap; s++) Py_VISIT(self->key[s]);
+    int rc = pool_traverse(&self->ghosts, visit, arg);
+    if (!rc) rc = pool_traverse(&self->hits, visit, arg);
+    if (!rc && self->pv) rc = pool_traverse(&self->pv->hist, visit, arg);
+    if (!rc) Py_VISIT(self->refs_buf.obj);
+    return rc;
+}
+
+static int L_clear(Ledger *self) {
+    L_release(self);
+    return 0;
+}
+
+static void L_dealloc(Ledger *self) {
+    PyObject_GC_UnTrack(self);
+    L_release(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -593,7 +718,9 @@ static PyTypeObject LedgerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvoffload_ext.ledger._ledger.Ledger",
     .tp_basicsize = sizeof(Ledger),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)L_traverse,
+    .tp_clear = (inquiry)L_clear,
     .tp_doc = "Ledger(capacity, policy, refs): one tier's slots, ref counts and LRU (1) / ARC (2) / classic ARC (3) / prefix_value (4) order.",
     .tp_new = L_new,
     .tp_dealloc = (destructor)L_dealloc,

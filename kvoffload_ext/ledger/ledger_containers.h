@@ -17,6 +17,9 @@ typedef struct {
     int32_t *b; /* bucket -> node id, NIL when empty */
     int bits;
     Py_ssize_t used;
+    /* bumped by every put, delete and growth: a key's __eq__ that changes the table (it runs
+     * Python code in the middle of a probe) is caught, as dict catches it */
+    uint64_t version;
 } Table;
 
 typedef struct {
@@ -49,10 +52,13 @@ static int tbl_init(Table *t, Py_ssize_t entries) {
     memset(t->b, 0xff, n * sizeof(int32_t));
     t->bits = bits;
     t->used = 0;
+    t->version = 0;
     return 0;
 }
 
-/* Node holding key k (hash h), NIL when absent, ERR when comparing raised. */
+/* Node holding key k (hash h), NIL when absent, ERR when comparing raised or changed the table.
+ * The stored key is held across its comparison (its __eq__ may remove it), and nothing read
+ * before the comparison (the buckets, the key array) is used after it if the table changed. */
 static int32_t tbl_find(const Table *t, PyObject *const *keys, const Py_hash_t *hs, PyObject *k, Py_hash_t h) {
     uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, h);
     for (;;) {
@@ -61,8 +67,16 @@ static int32_t tbl_find(const Table *t, PyObject *const *keys, const Py_hash_t *
         if (hs[n] == h) {
             PyObject *o = keys[n];
             if (o == k) return n;
+            uint64_t version = t->version;
+            Py_INCREF(o);
             int eq = PyObject_RichCompareBool(o, k, Py_EQ);
+            Py_DECREF(o);
             if (eq < 0) return ERR;
+            if (t->version != version) {
+                PyErr_SetString(PyExc_RuntimeError, "the ledger changed while a key was being compared (a key's __eq__ "
+                                "called into the ledger); block keys must compare without side effects");
+                return ERR;
+            }
             if (eq) return n;
         }
         i = (i + 1) & mask;
@@ -74,6 +88,7 @@ static void tbl_put(Table *t, Py_hash_t h, int32_t node) {
     while (t->b[i] != NIL) i = (i + 1) & mask;
     t->b[i] = node;
     t->used++;
+    t->version++;
 }
 
 static void tbl_del(Table *t, const Py_hash_t *hs, int32_t node) {
@@ -92,6 +107,7 @@ static void tbl_del(Table *t, const Py_hash_t *hs, int32_t node) {
     }
     t->b[i] = NIL;
     t->used--;
+    t->version++;
 }
 
 static int tbl_grow(Table *t, const Py_hash_t *hs) {
@@ -101,6 +117,7 @@ static int tbl_grow(Table *t, const Py_hash_t *hs) {
     for (size_t i = 0; i < n; i++)
         if (t->b[i] != NIL) tbl_put(&bigger, hs[t->b[i]], t->b[i]);
     PyMem_Free(t->b);
+    bigger.version = t->version + 1;
     *t = bigger;
     return 0;
 }
@@ -135,8 +152,9 @@ static int pool_init(Pool *p) {
     return tbl_init(&p->index, 32);
 }
 
+/* Frees everything and leaves the pool empty and unusable (all pointers NULL): safe twice. */
 static void pool_free(Pool *p) {
-    for (int32_t g = 0; g < p->allocated; g++) Py_XDECREF(p->key[g]);
+    for (int32_t g = 0; p->key && g < p->allocated; g++) Py_CLEAR(p->key[g]);
     PyMem_Free(p->key);
     PyMem_Free(p->hash);
     PyMem_Free(p->prev);
@@ -144,6 +162,12 @@ static void pool_free(Pool *p) {
     PyMem_Free(p->free);
     PyMem_Free(p->tag);
     PyMem_Free(p->index.b);
+    memset(p, 0, sizeof(*p));
+}
+
+static int pool_traverse(Pool *p, visitproc visit, void *arg) {
+    for (int32_t g = 0; p->key && g < p->allocated; g++) Py_VISIT(p->key[g]);
+    return 0;
 }
 
 #define GROW(field, type)                                              \

@@ -31,6 +31,7 @@ typedef struct {
     /* eviction scratch */
     int32_t *vbuf1, *vbuf2;
     PV *pv; /* prefix_value's state (POL_PV only) */
+    int dead; /* cleared by the garbage collector: every method refuses */
 } Ledger;
 
 static void ghost_forget(Ledger *self, int32_t g) {
