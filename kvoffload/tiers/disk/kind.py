@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -93,22 +94,49 @@ class DiskKind(TierKind):
         secret = ctx.auth.load_secret()
         self._secret = secret
         self._digest = ctx.tier_digest(RecordTagger(secret).key_id) if ctx.layout_digest else "unnamed"
+        self._layout: DiskLayout | None = None
+        #: Why the tier has its size, for the line a resized file gets ("" for a fixed capacity).
+        self.size_note = ""
 
     def store_latency_bound_s(self) -> float | None:
         options = self.ctx.tier.options
         return (DEFAULT_MAX_STORE_MS_PER_MIB if options is None else float(options)) / 1000.0
 
     def layout(self) -> DiskLayout:
+        """Chosen once per process (the manager and the I/O side must agree on it)."""
+        if self._layout is None:
+            self._layout = self._choose_layout()
+        return self._layout
+
+    def _choose_layout(self) -> DiskLayout:
         c = self.ctx
         layout = DiskLayout(digest=self._digest, block_bytes=c.block_bytes, block_tokens=c.block_tokens,
                             num_slots=c.num_slots, world_size=c.world_size)
-        if c.tier.capacity_share is not None:
-            # A share of the free space moves a little from start to start; a tier file of
-            # nearly that size keeps its size, and so its blocks (a new size starts it empty).
-            kept = _slots_on_disk(tier_file(self._path(), layout.for_rank(0)), layout)
-            if kept is not None and abs(kept - c.num_slots) <= SHARE_TOLERANCE * c.num_slots:
-                layout = DiskLayout(layout.digest, layout.block_bytes, layout.block_tokens, kept, 0, layout.world_size)
-        return layout
+        share = c.tier.capacity_share
+        if share is None:
+            return layout
+        # The config sized the share before the tier's name was known, counting every tier file in
+        # the directory; here only this tier's own files count as space it may reuse (another
+        # model's files are never freed by this tier).
+        path = Path(self._path())
+        own = 0
+        for r in range(layout.world_size):
+            with contextlib.suppress(OSError):  # not there yet
+                own += os.stat(tier_file(path, layout.for_rank(r))).st_blocks * 512
+        try:
+            free = shutil.disk_usage(_existing(path)).free
+        except OSError:
+            free = c.tier.capacity_bytes
+        chosen = int(share * (free + own)) // _MIB * _MIB
+        slots = max(1, c.num_slots * chosen // max(1, c.tier.capacity_bytes))
+        # A share of the free space moves a little from start to start; a tier file of nearly
+        # that size keeps its size (a new size keeps the records that fit it).
+        kept = _slots_on_disk(tier_file(path, layout.for_rank(0)), layout)
+        if kept is not None and abs(kept - slots) <= SHARE_TOLERANCE * slots:
+            slots = kept
+        elif kept is not None:
+            self.size_note = (f"{100 * share:g}% of the free space, which {'fell' if slots < kept else 'grew'}")
+        return DiskLayout(layout.digest, layout.block_bytes, layout.block_tokens, slots, 0, layout.world_size)
 
     def _path(self) -> str:
         path = self.ctx.tier.path
@@ -120,8 +148,9 @@ class DiskKind(TierKind):
         if t.capacity_share is not None:
             logger.info("kvoffload: disk tier at %s: capacity %s (%g%% of the free space there)", t.path,
                         format_bytes(self.layout().num_slots * self.ctx.block_bytes), 100 * t.capacity_share)
-        return DiskTier(self._path(), self.layout(), t.cache_policy, self.ctx.events,
-                                     key=f"{self.ctx.key}.path", namespace=self.ctx.namespace)
+        layout = self.layout()
+        return DiskTier(self._path(), layout, t.cache_policy, self.ctx.events, key=f"{self.ctx.key}.path",
+                        namespace=self.ctx.namespace, size_note=self.size_note)
 
     def build_io(self) -> DiskIO:
         layout = self.layout().for_rank(self.ctx.rank)  # each rank reads and writes only its own file

@@ -25,7 +25,7 @@ from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.registry import PolicyRef
 from kvoffload.safe_files import ForeignEntryError, open_file, read_file, replace_file, warn_if_shared_with_others
-from kvoffload.tiers.disk.format import DiskLayout, scan_records
+from kvoffload.tiers.disk.format import HEADER_BYTES, DiskLayout, parse_file_header, scan_records
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,9 @@ class DiskTier(LedgerTier):
 
     def __init__(self, path: str | Path, layout: DiskLayout, cache_policy: str | PolicyRef | CachePolicy = "lru",
                  enable_events: bool = False, key: str = "tiers[1].path", retry_after_s: float = 60.0,
-                 namespace: KVNamespace | None = None) -> None:
+                 namespace: KVNamespace | None = None, size_note: str = "") -> None:
+        """``size_note``: why the tier has its size (``50% of the free space``), for the line
+        that says a file found at another size was resized."""
         super().__init__(layout.num_slots, cache_policy, DiskLoadStoreSpec, layout.block_tokens, enable_events,
                          retry_after_s)
         self.layout = layout
@@ -150,6 +152,7 @@ class DiskTier(LedgerTier):
         self.paths = [tier_file(directory, layout.for_rank(r)) for r in range(layout.world_size)]
         self.path = self.paths[0]
         self.num_recovered = 0
+        self.size_note = size_note
         self._fds: list[int] = []
         try:
             for p in self.paths:
@@ -231,9 +234,15 @@ class DiskTier(LedgerTier):
 
     def _open_or_create(self) -> None:
         layouts = [self.layout.for_rank(r) for r in range(self.layout.world_size)]
-        headers = [os.pread(fd, len(lay.file_header()), 0) for fd, lay in zip(self._fds, layouts)]
+        headers = [os.pread(fd, HEADER_BYTES, 0) for fd in self._fds]
         if all(lay.matches(h) for lay, h in zip(layouts, headers)):
             self._recover(layouts)
+            return
+        found = [parse_file_header(h) for h in headers]
+        olds = [f[0] for f in found if f is not None]
+        if len(olds) == len(layouts) and all(replace(o, num_slots=lay.num_slots) == lay
+                                             for o, lay in zip(olds, layouts)):
+            self._resize(layouts, olds)
             return
         if any(any(h) for h in headers):
             logger.warning("disk tier %s was written with another layout or version; starting it empty", self.path)
@@ -247,6 +256,32 @@ class DiskTier(LedgerTier):
                     f"disk tier {p}: cannot create its {lay.file_bytes} byte file ({exc.strerror}); "
                     "free space, lower the tier's capacity or pick another path"
                 ) from None
+
+    def _resize(self, layouts: list[DiskLayout], olds: list[DiskLayout]) -> None:
+        """The same tier at another size (a share of a free space that moved, or a new
+        capacity): the records in slots that still exist are kept, those past the new end
+        dropped, and the line says so."""
+        new, old = layouts[0].num_slots, olds[0].num_slots
+        dropped = 0
+        if new < old:
+            dropped = sum(1 for slot, key, intact in scan_records(self._fds[0], olds[0])
+                          if slot >= new and key is not None and intact)
+        for fd, lay, p in zip(self._fds, layouts, self.paths):
+            try:  # shrinking: cut first; a crash between leaves the old header over a shorter file
+                if new < old:
+                    os.ftruncate(fd, lay.file_bytes)
+                os.pwrite(fd, lay.file_header(), 0)
+                if new > old:
+                    os.ftruncate(fd, lay.file_bytes)
+            except OSError as exc:
+                raise DiskTierError(f"disk tier {p}: cannot resize it to {lay.file_bytes} bytes ({exc.strerror}); "
+                                    "free space, lower the tier's capacity or pick another path") from None
+        self._recover(layouts)
+        record = self.layout.block_bytes
+        why = f" ({self.size_note})" if self.size_note else ""
+        logger.warning("kvoffload: disk tier %s: capacity %s -> %s%s: %s blocks kept, %s dropped (slots past the new "
+                       "end)", self.path, format_bytes(old * record), format_bytes(new * record), why,
+                       f"{self.num_recovered:,}", f"{dropped:,}")
 
     def _recover(self, layouts: list[DiskLayout]) -> None:
         per_rank: list[dict[int, object]] = []

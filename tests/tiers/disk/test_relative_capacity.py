@@ -1,6 +1,7 @@
-"""``capacity: 50%`` for a disk tier: a share of the free space (plus what its files hold) where
+"""``capacity: 50%`` for a disk tier: a share of the free space (plus what its own files hold) where
 it keeps them, chosen at start-up and shown; a tier file of nearly that size keeps its size, and
-its blocks, across restarts; anything else is refused in one line naming the value."""
+its blocks, across restarts; at another size it keeps the blocks that fit and says so; anything
+else is refused in one line naming the value."""
 
 from __future__ import annotations
 
@@ -80,7 +81,42 @@ def test_a_tier_file_keeps_its_size_and_blocks_while_the_share_moves_a_little(tm
     second, lines = _restart(tmp_path, caplog)
     assert second > 0  # the blocks written through, recovered
     assert any("capacity 32.00 MiB" in line for line in lines)  # the file's size, kept
-    free_space[0] = 20 * MIB  # much less: a new size (the old one would not fit), the tier starts empty
+    free_space[0] = 20 * MIB  # much less: a new size (the old one would not fit); the blocks that fit stay
     third, lines = _restart(tmp_path, caplog)
-    assert third == 0 and any("capacity 10.00 MiB" in line for line in lines)
-    assert any("written with another layout" in line for line in lines)
+    assert any("capacity 10.00 MiB" in line for line in lines)
+    resized = [line for line in lines if "capacity 32.00 MiB -> 10.00 MiB (50% of the free space, which fell)" in line]
+    assert len(resized) == 1 and f"{third:,} blocks kept, 0 dropped" in resized[0], lines
+    assert third >= second > 0  # every record sat in the first slots: none was past the new end
+    assert not any("written with another layout" in line for line in lines)
+
+
+def _restart_sized(path, caplog, capacity: str) -> tuple[int, list[str]]:
+    caplog.clear()
+    cfg = _config(path, capacity)
+    with caplog.at_level(logging.INFO, logger="kvoffload"), \
+            LLM(EngineConfig(block_size=8, num_gpu_blocks=64, kv_offload=cfg)) as llm:
+        recovered = llm.stats()["connector"]["tier_blocks_recovered"]["disk"]
+        llm.generate(PROMPTS, SamplingParams(max_tokens=2))
+    return recovered, [r.getMessage() for r in caplog.records]
+
+
+def test_a_smaller_capacity_keeps_the_blocks_that_fit_and_counts_the_rest(tmp_path, caplog):
+    """A new capacity used to empty the tier, blaming "another layout or version"."""
+    _restart_sized(tmp_path, caplog, "256KiB")  # 64 slots of 4 KiB: each run stores some blocks
+    _restart_sized(tmp_path, caplog, "256KiB")
+    held, _ = _restart_sized(tmp_path, caplog, "256KiB")
+    assert 16 < held <= 64  # slots are taken lowest first: they sit in slots 0 .. held - 1
+    recovered, lines = _restart_sized(tmp_path, caplog, "64KiB")  # 16 slots
+    resized = [line for line in lines if "capacity 256.00 KiB -> 64.00 KiB:" in line]
+    assert len(resized) == 1 and f"16 blocks kept, {held - 16} dropped (slots past the new end)" in resized[0], lines
+    assert recovered == 16
+    recovered, lines = _restart_sized(tmp_path, caplog, "256KiB")  # and back: those 16 are still there
+    assert recovered >= 16 and any("64.00 KiB -> 256.00 KiB" in line for line in lines)
+
+
+def test_another_models_tier_file_is_not_counted_as_this_tiers_space(tmp_path, free_space, caplog):
+    """The share counted every ``*.kvdata`` in the directory as space the tier may reuse; another
+    model's file is never freed by this tier, so only this tier's own files count."""
+    (tmp_path / "kvoffload-0123456789abcdef-8192.kvdata").write_bytes(b"\1" * (40 * MIB))  # 40 MiB, allocated
+    _, lines = _restart(tmp_path, caplog)
+    assert any("capacity 32.00 MiB (50% of the free space there)" in line for line in lines), lines
