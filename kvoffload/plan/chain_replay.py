@@ -25,6 +25,7 @@ from kvoffload.offload.abstract import LoadStoreSpec
 from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.offload.ledger_tier import LedgerTier
 from kvoffload.offload.mediums import DiskLoadStoreSpec
+from kvoffload.plan.device_queue import DeviceQueue
 from kvoffload.plan.log_reader import PlanRequest
 from kvoffload.plan.tier_spec import PlannedTier
 
@@ -69,22 +70,15 @@ def device_hits(requests: Sequence[PlanRequest], capacity: int, block_tokens: in
     def need(r: PlanRequest) -> int:  # blocks the request runs on: its prompt and its reply
         return -(-(r.prompt_tokens + (r.output_tokens or output_tokens) - 1) // block_tokens)
 
-    # A cache that holds every block the log runs on never evicts: no bigger ledger is needed.
-    dev = CPUTier(max(1, min(capacity, sum(need(r) for r in requests))), "lru")
-    capacity = dev.num_blocks
-    unfilled = itertools.count(-1, -1)  # stand-ins for blocks without a hash: never looked up
+    dev = DeviceQueue(capacity)
     for i in (range(len(requests)) if order is None else order):
         r = requests[i]
         if r.blocks:
             out[i] = hit = dev.lookup(r.blocks)
             if hit:  # in use by the request: not what its new blocks evict
                 dev.touch(r.blocks[:hit])
-        kept = list(r.stored[:capacity])
-        kept += [next(unfilled) for _ in range(min(need(r), capacity) - len(kept))]
-        put = dev.prepare_store(kept[::-1])  # stored tail first: the tail is the oldest
-        if put is not None:
-            dev.complete_store(put.block_hashes_to_store)
-        dev.touch(kept)  # a touch leaves its first block the most recent
+        kept = r.stored[:capacity]
+        dev.run(kept, min(need(r), capacity) - len(kept))
     return out
 
 
