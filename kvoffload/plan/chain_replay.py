@@ -14,7 +14,6 @@ so with much concurrency the device holds fewer cached blocks than this assumes.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
