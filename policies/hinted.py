@@ -22,7 +22,8 @@ latest, Belady's rule with predictions in place of the future:
   negative priority (a caller lowering its own blocks) always counts; a raised one only while
   the blocks of raised sessions are at most ``priority_share`` of the tier: past that share,
   raised priorities count as normal ones (a flood of raised one-off prompts cannot take the
-  tier). Which clients may raise it at all is the operator's ``hints.max_priority``.
+  tier). Which clients may raise it at all is the operator's ``hints.max_priority``. A block
+  shared by two tenants' sessions moves only to one that stands no lower (``tenant_claims``).
 * ``lease_s``: a session's blocks stay until the lease ends, as long as leased blocks are at
   most ``lease_share`` of the tier; past that share, leases are not honoured (a hint cannot
   starve the cache) and expired leases fall back to the order above.
@@ -31,25 +32,26 @@ Blocks no hint named (no session, or a request without hints) are ordered by an 
 (``inner``, a hash-level policy by name, default ``prefix_value``) and compete as a normal
 session expected back in ``unknown_return_s``: without any hint the policy *is* its inner policy.
 
-Bounds, whatever clients send: a session is forgotten once it holds no block and awaits no
-store (a lease on nothing pins nothing), so at most ``max_sessions()`` are tracked; heaps are
-compacted as they fill with stale entries; an eviction or admission walks sessions in eviction
-order only as far as it needs (O(log n) per session visited, never all n).
+Bounds, whatever clients send: a session holding no block and awaiting no store is forgotten
+(a lease on nothing pins nothing): at most ``max_sessions()`` are tracked; heaps are compacted
+as they fill with stale entries; an eviction or admission walks sessions only as far as it needs.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Collection, Generator, Hashable, Iterable, Iterator, Sequence
 
 from kvoffload.offload.block_status import BlockStatus
-from kvoffload.offload.hints import BlockHint, show
+from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
 from kvoffload.offload.policy_registry import create_policy
 
-from .session_order import Session, SessionOrder, SessionOrderHeaps
+from .session_order import Session, SessionOrder, SessionOrderHeaps, session_label
+from .tenant_claims import TenantClaims
 
 logger = logging.getLogger("kvoffload.policies.hinted")
 
@@ -57,14 +59,13 @@ class HintedCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int, inner: str = "prefix_value", unknown_return_s: float = 100.0,
                  overdue_factor: float = 0.3, lease_share: float = 0.25, priority_share: float = 0.5) -> None:
         super().__init__(cache_capacity)
-        if not unknown_return_s > 0:
-            raise ValueError(f"unknown_return_s={unknown_return_s}: seconds > 0, e.g. 100")
-        if not overdue_factor > 0:
-            raise ValueError(f"overdue_factor={overdue_factor}: > 0, e.g. 0.3")
-        if not 0 <= lease_share < 1:
-            raise ValueError(f"lease_share={lease_share}: a share of the tier in [0, 1), e.g. 0.25")
-        if not 0 <= priority_share < 1:
-            raise ValueError(f"priority_share={priority_share}: a share of the tier in [0, 1), e.g. 0.5")
+        share = "a share of the tier in [0, 1), e.g."
+        for key, value, ok, fix in (("unknown_return_s", unknown_return_s, unknown_return_s > 0, "seconds > 0, e.g. 100"),
+                                    ("overdue_factor", overdue_factor, overdue_factor > 0, "> 0, e.g. 0.3"),
+                                    ("lease_share", lease_share, 0 <= lease_share < 1, f"{share} 0.25"),
+                                    ("priority_share", priority_share, 0 <= priority_share < 1, f"{share} 0.5")):
+            if not ok:
+                raise ValueError(f"{key}={value}: {fix}")
         made = create_policy(inner, cache_capacity)
         if isinstance(made, LedgerCachePolicy):
             raise ValueError(f"inner={inner!r} keeps its state in the tier's ledger; give a hash-level policy "
@@ -76,9 +77,7 @@ class HintedCachePolicy(CachePolicy):
         self.now = 0.0
         self.sessions: dict[Hashable, Session] = {}
         self.owner: dict[Hashable, Session] = {}
-        #: Blocks a session took from another tenant's session, and that session (entries only
-        #: for blocks in the tier: bounded by the capacity).
-        self.displaced: dict[Hashable, Session] = {}
+        self.claims = TenantClaims()
         self.status: dict[Hashable, BlockStatus] = {}
         #: Hinted hashes not in the tier yet (their store comes after the hint), bounded.
         self.pending: OrderedDict[Hashable, Session] = OrderedDict()
@@ -137,15 +136,8 @@ class HintedCachePolicy(CachePolicy):
                 self.status[h] = block
                 owner = self._own(h, s)
             elif owner is not None and owner is not s:  # shared with another session: the latest user
-                if owner.tenant != s.tenant:
-                    if not self._stays_as_long(s, owner):
-                        continue  # another tenant's block: a hint may raise its standing, never lower it
-                    self.displaced[h] = owner
-                    s.adopted.add(h)
-                elif h in owner.adopted:  # the claim of the tenant it came from goes with it
-                    owner.adopted.discard(h)
-                    s.adopted.add(h)
-                owner.adopted.discard(h)
+                if not self.claims.may_take(h, s, owner, self._standing):
+                    continue  # another tenant's block: a hint may raise its standing, never lower it
                 self._add_blocks(owner, -1)
                 owner = self._own(h, s)
             if owner is s:
@@ -155,47 +147,23 @@ class HintedCachePolicy(CachePolicy):
                 self.pending.move_to_end(h)
         while len(self.pending) > self.pending_cap:
             self.pending.popitem(last=False)
-        if s.adopted:
-            self._give_back(s)
-        self.order.push(s)
-        if logger.isEnabledFor(logging.DEBUG):
-            shown = name[1] if isinstance(name, tuple) and len(name) == 2 and isinstance(name[1], str) else name
-            label = shown if isinstance(shown, str) and shown.isprintable() else show(shown)
-            logger.debug("kvoffload: hinted policy: session %s back in %.1f s, priority %d, lease %s; %d of its "
-                         "blocks held, %d sessions", label, s.expect, s.priority,
-                         "none" if s.lease_until is None else f"{s.lease_until - hint.now:.0f} s", s.blocks,
-                         len(self.sessions))
-
-    def _stays_as_long(self, s: Session, other: Session) -> bool:
-        """Whether ``s``'s blocks would leave no sooner than ``other``'s (the eviction order's
-        own comparison: priority level, then predicted return; a live lease of ``other``'s only
-        by a lease of ``s`` that ends no sooner)."""
-        if self._holds_lease(other) and not (self._holds_lease(s) and s.lease_until is not None
-                                             and other.lease_until is not None and s.lease_until >= other.lease_until):
-            return False
-        raised = self._raised_honoured()
-        return ((self._level(s.priority, raised), -self.predicted(s))
-                >= (self._level(other.priority, raised), -self.predicted(other)))
-
-    def _give_back(self, s: Session) -> None:
-        """Blocks ``s`` took from another tenant's session go back to it (if it is still tracked)
-        once ``s`` no longer uses them or would let them leave sooner: a tenant cannot first
-        adopt another's blocks with a good hint, then lower them with a bad one."""
-        for h in list(s.adopted):
-            prev = self.displaced.get(h)
-            if self.owner.get(h) is not s or prev is None or self.sessions.get(prev.name) is not prev:
-                s.adopted.discard(h)
-                if self.owner.get(h) is s:  # its session is forgotten: nobody to give it back to
-                    self.displaced.pop(h, None)
-                continue
-            if h in s.live and self._stays_as_long(s, prev):
-                continue
-            s.adopted.discard(h)
-            del self.displaced[h]
+        for h, prev in self.claims.given_back(s, self.owner, self.sessions, self._standing) if s.adopted else ():
             self._add_blocks(s, -1)
             self._own(h, prev)
             if h not in prev.live:
                 prev.dead.append(h)
+        self.order.push(s)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("kvoffload: hinted policy: session %s back in %.1f s, priority %d, lease %s; %d of its "
+                         "blocks held, %d sessions", session_label(name), s.expect, s.priority,
+                         "none" if s.lease_until is None else f"{s.lease_until - hint.now:.0f} s", s.blocks,
+                         len(self.sessions))
+
+    def _standing(self, s: Session) -> tuple[float, ...]:
+        """The eviction order's own comparison, larger staying longer: a live lease's end, then
+        the priority level, then the predicted return (sooner stays)."""
+        lease = s.lease_until if self._holds_lease(s) and s.lease_until is not None else -math.inf
+        return lease, self._level(s.priority, self._raised_honoured()), -self.predicted(s)
 
     def _add_blocks(self, s: Session, delta: int) -> None:
         s.blocks += delta
@@ -274,9 +242,7 @@ class HintedCachePolicy(CachePolicy):
 
     def remove(self, h: Hashable) -> None:
         s = self.owner.pop(h, None)
-        self.displaced.pop(h, None)
-        if s is not None:
-            s.adopted.discard(h)
+        self.claims.forget(h, s)
         if s is None:
             if self.inner.get(h) is not None:
                 self.inner.remove(h)
@@ -406,8 +372,7 @@ class HintedCachePolicy(CachePolicy):
                 owner = self.owner.pop(h)
                 del self.status[h]
                 self._add_blocks(owner, -1)
-                owner.adopted.discard(h)
-                self.displaced.pop(h, None)
+                self.claims.forget(h, owner)
         return out
 
     def _candidates(self, s: Session) -> Iterator[Hashable]:

@@ -16,6 +16,8 @@ import itertools
 from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
 
+from kvoffload.offload.hints import show
+
 #: Heap entries: (key, version, session key).
 _Entry = tuple[float, int, Hashable]
 
@@ -44,6 +46,13 @@ class Session:
     #: another tenant held before it (``HintedCachePolicy.displaced`` says whose).
     tenant: bytes | None = None
     adopted: set[Hashable] = field(default_factory=set)
+
+
+def session_label(name: Hashable) -> str:
+    """A session's name as a log line shows it: the client's name without its tenant digest,
+    anything else bounded (``show``)."""
+    shown = name[1] if isinstance(name, tuple) and len(name) == 2 and isinstance(name[1], str) else name
+    return shown if isinstance(shown, str) and shown.isprintable() else show(shown)
 
 
 class SessionOrderHeaps:

@@ -33,7 +33,7 @@ def _child(config: str, first: str, work: Path) -> None:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
-    from kvoffload.bench.serve_bench import write_model
+    from kvoffload.bench.dummy_model import write_model
     from kvoffload.bench.serve_configs import configurations
     from kvoffload.bench.serve_workloads import mix
 

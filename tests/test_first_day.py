@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.bench import degrade_bench, disk_bench, e2e_bench, serve_bench
+from kvoffload.bench import degrade_bench, disk_bench, dummy_model, e2e_bench, serve_bench
 from kvoffload.cli import main
 from kvoffload.config import OffloadConfig, default_cache_dir
 from kvoffload.errors import ConfigError
@@ -43,7 +43,7 @@ def test_config_errors_say_what_is_wrong(tiers, message):
 
 
 def test_config_check_sizes_blocks_for_the_users_model(tmp_path, capsys):
-    serve_bench.write_model(tmp_path / "m", 8, 512, 8, 4, 1000)  # 8 layers x 4 KV heads x 64 dims, fp32
+    dummy_model.write_model(tmp_path / "m", 8, 512, 8, 4, 1000)  # 8 layers x 4 KV heads x 64 dims, fp32
     assert main(["config", "check", "cpu", "--model", str(tmp_path / "m")]) == 0
     out = capsys.readouterr().out
     # 2 (K, V) x 8 x 4 x 64 x 4 bytes x 16 tokens = 256 KiB; the example's 64 MiB = 256 blocks

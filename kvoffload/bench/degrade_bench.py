@@ -1,21 +1,25 @@
 """kvoffload bench degrade: a disk tier that slows down after ``auto`` timed it fast, against
-recomputing everything (plain): time to first token of a burst of returning requests.
+recomputing everything (plain): time to first token of returning requests.
 
-Contexts are stored and written through to a disk tier; a few hits are served from it while it
-is fast (the load cost model times it); then the disk reads at ``--slow`` (a test wrapper,
-``kvoffload.testing.throttle``) and ``--burst`` requests whose contexts are on disk arrive at
-once. The figure is the burst's TTFT p50 (and its slowest request) with the tier, over plain's
-in the same run: a tier that went slow should cost about nothing (its loads are given up or
-never planned), where waiting for it would cost each request its slow load. The same requests
-run one by one too (``--sequential``): the first hit after the slowdown pays one recompute's
-time before its load is given up; the rest recompute outright.
+Contexts are stored and written through to a disk tier; ``--warm`` hits are served from it while
+it is fast (the load cost model times it); then the disk reads at ``--slow`` (a test wrapper,
+``kvoffload.testing.throttle``; ``--one-queue``: its reads and writes served one at a time, as by
+one congested device) and two phases follow, each on contexts of its own: ``--burst`` requests
+arrive at once, then ``--one-by-one`` requests each after the last one's answer. The figures
+are each phase's TTFT p50 (and its slowest request) with the tier, over plain's in the same
+run and conditions: a tier that went slow should cost about nothing (its loads are given up or
+never planned), where waiting for it would cost each request its slow load. ``--hogs N`` runs N
+CPU-bound processes beside both configurations (a busy machine).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from kvoffload.testing.throttle import ThrottledOffloadingSpec, parse_throttles
 
 #: Reads a warm-up hit takes: a 1 MiB piece at a time (the disk tier's load pieces).
 _PIECE = 1 << 20
+PHASES = ("burst", "one by one")
 
 
 def _prompt(i: int, turn: int, context: int) -> list[int]:
@@ -57,30 +62,63 @@ def _drain(llm: LLM) -> None:
     assert llm.reset_prefix_cache()
 
 
-def run_once(model: Path, work: Path, offload: bool, args: Any) -> tuple[list[float], dict[str, Any]]:
-    """One run: store, warm the tier, then the burst (or the same requests one by one)."""
+def _spin(stop: Any) -> None:
+    x = 0
+    while not stop.is_set():
+        for _ in range(100_000):
+            x += 1
+
+
+@contextmanager
+def cpu_hogs(n: int) -> Iterator[None]:
+    """``n`` processes spinning on a core each while the block runs (a busy machine)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(n)]
+    for proc in procs:
+        proc.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+
+
+def run_once(model: Path, work: Path, offload: bool, args: Any) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """One run: store, warm the tier, then the burst and the one-by-one phase."""
     kv = None
     if offload:
         block_bytes = 16 * 16 * 1024  # 16 tokens x 16 KiB a token (the model below)
         blocks = -(-(args.context + 16) // 16)
         reads = args.warm * -(-(blocks * block_bytes) // _PIECE)
-        ThrottledOffloadingSpec.throttles = parse_throttles(f"disk:{args.slow}:0ms:after={reads}")
+        queue = ":queue" if args.one_queue else ""
+        ThrottledOffloadingSpec.throttles = parse_throttles(f"disk:{args.slow}:0ms:after={reads}{queue}")
         kv = {"tiers": [{"medium": "cpu", "capacity": args.cpu},
                         {"medium": "disk", "path": str(work / f"disk-{time.monotonic_ns()}"), "capacity": "4GiB",
                          "write_through": True, "max_store_ms_per_mib": 60000}],
               "spec_name": "ThrottledOffloadingSpec", "spec_module_path": "kvoffload.testing.throttle"}
     cfg = EngineConfig(model=str(model), load_format="dummy", dtype="float32", block_size=16, num_gpu_blocks=600,
                        max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=2048, kv_offload=kv)
+    ttft: dict[str, list[float]] = {}
     with LLM(cfg) as llm:
-        n = args.warm + args.burst
+        n = args.warm + args.burst + args.one_by_one
         for i in range(n):
             _serve(llm, [_prompt(i, 0, args.context)])
         _drain(llm)
         for i in range(args.warm):  # hits from the disk while it is fast
             _serve(llm, [_prompt(i, 1, args.context)])
             _drain(llm)
-        prompts = [_prompt(args.warm + k, 2, args.context) for k in range(args.burst)]
-        ttft = [_serve(llm, [p])[0] for p in prompts] if args.sequential else _serve(llm, prompts)
+        first = args.warm
+        if args.burst:
+            ttft["burst"] = _serve(llm, [_prompt(first + k, 2, args.context) for k in range(args.burst)])
+            _drain(llm)
+        first += args.burst
+        if args.one_by_one:
+            ttft["one by one"] = [_serve(llm, [_prompt(first + k, 2, args.context)])[0]
+                                  for k in range(args.one_by_one)]
         stats = dict(llm.stats().get("connector", {}))
     return ttft, stats
 
@@ -89,10 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     p = bench_parser("degrade", __doc__)
     p.add_argument("--context", type=positive_int, default=512, help="tokens of each stored context")
     p.add_argument("--warm", type=positive_int, default=6, help="hits served while the disk is fast")
-    p.add_argument("--burst", type=positive_int, default=8, help="requests arriving together after the slowdown")
+    p.add_argument("--burst", type=int, default=8, help="requests arriving together after the slowdown (0: none)")
+    p.add_argument("--one-by-one", type=int, default=0,
+                   help="requests after the burst, each after the last one's answer (0: none)")
     p.add_argument("--slow", default="1MB/s", help="the disk's read speed after the warm-up")
+    p.add_argument("--one-queue", action="store_true",
+                   help="the slow disk serves its reads and writes one at a time (one congested device)")
+    p.add_argument("--hogs", type=int, default=0, help="CPU-bound processes running beside both configurations")
     p.add_argument("--cpu", default="32MiB", help="the CPU tier (small: hits come from the disk)")
-    p.add_argument("--sequential", action="store_true", help="the burst's requests one by one instead")
     p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     add_reps(p, default=3)
     args = p.parse_args(argv)
@@ -100,30 +142,41 @@ def main(argv: list[str] | None = None) -> int:
         parse_throttles(f"disk:{args.slow}:0ms")
     except ValueError as exc:
         p.error(f"--slow {args.slow}: {exc}")
+    for flag, value in (("--burst", args.burst), ("--one-by-one", args.one_by_one), ("--hogs", args.hogs)):
+        if not 0 <= value <= 64:
+            p.error(f"{flag} {value}: give 0 to 64")
+    if not args.burst and not args.one_by_one:
+        p.error("--burst 0 and --one-by-one 0: give at least one phase")
     import torch
 
-    from kvoffload.bench.serve_bench import write_model
+    from kvoffload.bench.dummy_model import write_model
 
     torch.set_num_threads(args.threads)
     print(preamble(args.reps))
-    p50: dict[str, list[float]] = {"plain": [], "tier": []}
-    worst: dict[str, list[float]] = {"plain": [], "tier": []}
+    phases = [ph for ph, n in zip(PHASES, (args.burst, args.one_by_one)) if n]
+    p50 = {(ph, c): [] for ph in phases for c in ("plain", "tier")}  # type: dict[tuple[str, str], list[float]]
+    worst = {key: [] for key in p50}  # type: dict[tuple[str, str], list[float]]
     given_up = []
-    with tempfile.TemporaryDirectory(prefix="kvoffload-degrade-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvoffload-degrade-") as tmp, cpu_hogs(args.hogs):
         work = Path(tmp)
         write_model(work / "model", 8, 512, 8, 4, 32000)
         for _ in range(args.reps):
             for name in ("plain", "tier"):
                 ttft, stats = run_once(work / "model", work, name == "tier", args)
-                p50[name].append(statistics.median(ttft))
-                worst[name].append(max(ttft))
+                for ph in phases:
+                    p50[ph, name].append(statistics.median(ttft[ph]))
+                    worst[ph, name].append(max(ttft[ph]))
                 if name == "tier":
                     given_up.append(stats.get("loads_cancelled", 0))
-    what = "one by one" if args.sequential else "at once"
-    print(f"{args.burst} returning requests {what}, disk at {args.slow} after {args.warm} fast hits")
-    for label, figures in (("TTFT p50", p50), ("slowest TTFT", worst)):
-        plain, tier = Sample(tuple(figures["plain"])), Sample(tuple(figures["tier"]))
-        print(f"  {label:<13} plain {plain.fmt()} s   with the tier {tier.fmt()} s   "
-              f"ratio {tier.ratio(plain).fmt()}x")
+    device = "one queue" if args.one_queue else "reads side by side"
+    busy = f", {args.hogs} CPU-bound processes beside" if args.hogs else ""
+    print(f"disk at {args.slow} ({device}) after {args.warm} fast hits{busy}")
+    for ph in phases:
+        count = args.burst if ph == "burst" else args.one_by_one
+        print(f" {count} returning requests {'at once' if ph == 'burst' else 'one by one'}:")
+        for label, figures in (("TTFT p50", p50), ("slowest TTFT", worst)):
+            plain, tier = Sample(tuple(figures[ph, "plain"])), Sample(tuple(figures[ph, "tier"]))
+            print(f"  {label:<13} plain {plain.fmt()} s   with the tier {tier.fmt()} s   "
+                  f"ratio {tier.ratio(plain).fmt()}x")
     print(f"  loads given up (blocks): {', '.join(map(str, given_up))}")
     return 0

@@ -111,7 +111,7 @@ def _validate(args: Any, name: str, wl: Workload, bt: int, speeds: dict[str, Any
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
     if args.engine == "vllm" and model is None:
-        from kvoffload.bench.serve_bench import write_model
+        from kvoffload.bench.dummy_model import write_model
 
         model = str(work / "model")
         write_model(Path(model), layers=8, hidden=512, heads=8, kv_heads=4, vocab=32000)

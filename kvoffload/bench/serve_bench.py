@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvoffload.bench.dummy_model import write_model
 from kvoffload.bench.measure import add_reps, bench_parser, positive_int, preamble
 from kvoffload.bench.serve_configs import (
     config_names,
@@ -48,19 +49,7 @@ BUNDLED_BLOCK = 16  # the bundled engine's default block size
 BUNDLED_BATCH_TOKENS = 2048
 
 
-# ---- the model and the servers ---------------------------------------------------------------
-def write_model(path: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int,
-                intermediate: int | None = None) -> None:
-    """A Llama-shaped config.json for ``--load-format dummy``: random weights, real compute."""
-    path.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-           "intermediate_size": intermediate or int(hidden * 8 / 3) // 64 * 64, "num_hidden_layers": layers,
-           "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": hidden // heads,
-           "vocab_size": vocab, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-           "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
-    (path / "config.json").write_text(json.dumps(cfg, indent=1))
-
-
+# ---- the caches and the servers --------------------------------------------------------------
 def cache_geometry(wl: Workload, block: int, device_fraction: float) -> tuple[int, int, int]:
     """(max_model_len, working set in blocks, device cache in blocks) for ``block``-token
     blocks: the device cache holds ``device_fraction`` of the working set, and at least one
@@ -90,7 +79,9 @@ def build_workload(args: argparse.Namespace) -> Workload:
         if not args.log:
             raise ValueError("--workload log needs --log FILE (OpenAI-style JSONL: prompt_token_ids, prompt or "
                              "messages a line; optional timestamp, session)")
-        return request_log(args.log, args.clients, args.max_tokens, args.time_scale, args.vocab, args.requests_limit)
+        wl = request_log(args.log, args.clients, args.max_tokens, args.time_scale, args.vocab, args.requests_limit)
+        print(f"note: {wl.note}")  # the replay's span, and the pauses it cuts
+        return wl
     if args.workload == "noreuse":
         return noreuse(args.requests, args.context, args.max_tokens, args.clients, args.vocab, args.seed)
     path = resolve_trace(args.trace)
@@ -278,8 +269,6 @@ def _run_routed(args: argparse.Namespace, wl: Workload, work: Path, config_name:
     model, engine, ws_blocks, device_blocks = _engine(args, wl, work)
     kv = configurations([config_name], args.cpu, args.disk, work, bool(args.throttle_tier))[config_name]
     assert kv is not None, "main() refuses plain vLLM as the replicas' configuration"
-    if wl.note:
-        print(f"note: {wl.note}")
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {sum(len(s.turns) for s in wl.sessions)} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; {args.replicas} "
           f"replicas ({config_name}), each a device cache of {device_blocks} blocks and one core; model {model}; "
@@ -306,8 +295,6 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
                              hints_section(args, wl))
     for line in effective_differences(model, engine, configs):
         print(f"warning: engine settings differ: {line}")
-    if wl.note:
-        print(f"note: {wl.note}")
     print(f"workload {wl.name}: {len(wl.sessions)} sessions, {total_turns} requests, concurrency {wl.concurrency}, "
           f"working set {ws_blocks} blocks of {VLLM_BLOCK} tokens; device cache {device_blocks} blocks "
           f"({device_blocks / ws_blocks:.0%}); model {model}")
@@ -372,8 +359,6 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     offload = {name: offload_config(name, tiers, bool(args.throttle_tier), hints_section(args, wl)) for name in names}
     max_len, ws_blocks, device_blocks = cache_geometry(wl, BUNDLED_BLOCK, args.device_fraction)
     total_turns = sum(len(s.turns) for s in wl.sessions)
-    if wl.note:
-        print(f"note: {wl.note}")
     print(f"workload {wl.name} on the bundled engine: {len(wl.sessions)} sessions, {total_turns} requests, "
           f"concurrency {wl.concurrency}, working set {ws_blocks} blocks of {BUNDLED_BLOCK} tokens; device cache "
           f"{device_blocks} blocks ({device_blocks / ws_blocks:.0%}) on {args.device}; {args.threads} thread(s)")

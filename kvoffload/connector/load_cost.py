@@ -11,16 +11,19 @@ tier's deeper blocks recomputed), or nothing.
 Safeguards, since a wrong "recompute" throws away a real hit, and a wrong "load" can cost
 more than recomputing:
 - jobs in flight (``LoadQueue``): a load's estimate includes the wait behind the tier's loads
-  in flight, and a tier whose oldest job runs far past its estimate is priced that much slower
-  before the job ends; planned loads now predicted to finish later than recomputing their
-  blocks would are given up (``overdue``: the scheduler cancels them and they recompute);
+  in flight, and a tier whose oldest job runs far past its estimate (judged from its pieces
+  read so far) is priced that much slower before the job ends; planned loads now predicted to
+  finish later than recomputing their blocks would are given up (``overdue``: the scheduler
+  cancels them and they recompute), and so are those queued behind a stalled job, which no
+  new load joins;
 - warm-up: until a tier has ``warmup_jobs`` timed loads and the engine one timed step, load;
   but no more untimed load jobs in flight per tier than the timings it still needs (host
   memory excepted): a slow tier's first hits would otherwise all queue behind each other
   before the first of them is timed (eight returning chats each queued an 8 s load on a
   2 MB/s disk); hits beyond that recompute that tier's runs;
 - hysteresis: a tier keeps its verdict (load or recompute) unless the other side is estimated
-  faster by ``margin`` and by ``min_gain_s`` seconds;
+  faster by ``margin`` and by ``min_gain_s`` seconds; but a tier that reads records stops
+  loading as soon as its loads are estimated slower than recomputing (a tie recomputes);
 - probes: a tier judged too slow is loaded again once ``probe_after_s`` passed without a new
   measurement of it, so a tier that recovered is seen to have recovered; a probe loads only
   the first ``probe_blocks`` of the run (one request pays a small load, not a slow tier's
@@ -40,40 +43,15 @@ synchronously always, ``async`` never.
 
 from __future__ import annotations
 
-import enum
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvoffload.connector.cost_fit import LinearFit, PrefillRate
+from kvoffload.connector.load_choice import LoadChoice, LoadDecision, Segment
 from kvoffload.connector.load_overheads import LoadOverheads
 from kvoffload.connector.load_queue import InFlightLoad, LoadQueue
-
-
-class LoadDecision(enum.Enum):
-    LOAD = "load"  # the whole hit (the request waits for its loads)
-    PARTIAL = "partial"  # its leading part; the rest recomputed
-    RECOMPUTE = "recompute"  # none of it
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """A run of a hit's blocks held by one tier (its medium as jobs carry it)."""
-
-    medium: str
-    blocks: int
-
-
-@dataclass(frozen=True, slots=True)
-class LoadChoice:
-    blocks: int  # leading blocks of the hit to load
-    decision: LoadDecision
-    sync: bool  # loaded layer by layer inside the step that schedules the request
-    tier: str  # the slowest tier the hit reached (lower case), the counters' label
-    why: str  # "measured", "warm-up", "probe", "mode"
-    load_s: float  # estimated time to load the whole hit (0 when unknown)
-    recompute_s: float  # estimated time to recompute the whole hit (0 when unknown)
-    chosen_s: float  # estimated time of the choice
 
 
 @dataclass(slots=True)
@@ -137,12 +115,13 @@ class LoadCostModel:
         ``auto`` that reads records)."""
         tier = self._tier(medium)
         own = tier.loads.estimate(blocks) if tier.loads.samples >= self.warmup_jobs else None
+        latency = tier.loads.coefficients()[0] if own is not None else 0.0
         if own is None and tier.warmup_given:
             tier.warmup_given -= 1  # a warm-up load given this step, now planned: counted once
         budget = self.prefill.seconds(blocks * self.tokens_per_block) if cancellable else None
         if budget is not None:
             budget = budget * (1 + self.margin) + self.min_gain_s
-        tier.queue.add(job_id, InFlightLoad(blocks, own, budget))
+        tier.queue.add(job_id, InFlightLoad(blocks, own, budget, latency_s=latency))
 
     def cancellable(self, medium: str) -> bool:
         """Whether this model may give up loads of ``medium``: tiers it decides for (mode
@@ -169,9 +148,11 @@ class LoadCostModel:
         tier.last_load_at = self.clock()
         tier.floor = 0.0  # a load that finished: the tier is measured again
 
-    def load_reading(self, medium: str, job_id: int, seconds: float) -> None:
-        """A worker reports a load job of ``medium`` has been reading for ``seconds``."""
-        self._tier(medium).queue.reading(job_id, seconds)
+    def load_reading(self, medium: str, job_id: int, seconds: float, done: float = 0.0, piece: float = 1.0,
+                     piece_s: float | None = None) -> None:
+        """A worker reports a load job of ``medium`` has been reading for ``seconds`` and has
+        read the share ``done`` of it, in pieces of ``piece``, the one in progress for ``piece_s``."""
+        self._tier(medium).queue.reading(job_id, seconds, done, piece, piece_s)
 
     def overdue(self) -> list[int]:
         """Cancellable load jobs now predicted to finish later than recomputing their blocks
@@ -301,7 +282,8 @@ class LoadCostModel:
         kept = self._consistent_cut(segments, forced)
         why = "measured"
         if best != kept and not (costs[best] * (1 + self.margin) < costs[kept]
-                                 and costs[kept] - costs[best] > self.min_gain_s):
+                                 and costs[kept] - costs[best] > self.min_gain_s) \
+                and not (best < kept and self._reads_records(segments, best, kept)):
             best = kept  # not clearly better: keep each tier's verdict (no flapping)
         probe = self._probe(segments, best)
         if probe is not None:
@@ -310,6 +292,20 @@ class LoadCostModel:
             self._record_verdicts(segments, best)
         chosen = costs[best] if best in costs else self._cost(segments, best, total)
         return LoadChoice(best, self._decision(best, total), False, label, why, costs[total], recompute_all, chosen)
+
+    @staticmethod
+    def _reads_records(segments: Sequence[Segment], lo: int, hi: int) -> bool:
+        """Whether the hit's blocks ``lo:hi`` all come from tiers that read records (not host
+        memory). Loading them is kept only while it is estimated no slower than recomputing:
+        at a tie such a tier recomputes (its time varies with its load, and a load that runs
+        late also holds the tier for the loads behind it); going back to loading them still
+        needs the margin, so the verdict does not flap."""
+        at = 0
+        for s in segments:
+            if at < hi and at + s.blocks > lo and s.medium == "CPU":
+                return False
+            at += s.blocks
+        return True
 
     @staticmethod
     def _decision(cut: int, total: int) -> LoadDecision:
@@ -346,6 +342,8 @@ class LoadCostModel:
         the slowdown the tier's running job has shown."""
         tier = self._tier(medium)
         slowdown = tier.queue.slowdown()
+        if self.give_up and tier.queue.stalled() and self.cancellable(medium):
+            return math.inf  # it would queue behind a stalled job, and be given up before it begins
         own = tier.loads.estimate(blocks) * slowdown
         if tier.floor:
             own = max(own, tier.floor * (self.prefill.seconds(blocks * self.tokens_per_block) or 0.0))

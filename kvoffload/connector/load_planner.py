@@ -20,7 +20,8 @@ from kvoffload.connector.base import EngineRequest
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
 from kvoffload.connector.hint_relay import HintRelay
 from kvoffload.connector.jobs import JobKind
-from kvoffload.connector.load_cost import LoadChoice, LoadCostModel, LoadDecision, Segment
+from kvoffload.connector.load_choice import LoadChoice, LoadDecision, Segment
+from kvoffload.connector.load_cost import LoadCostModel
 from kvoffload.connector.request_state import RequestOffloadState
 from kvoffload.connector.reset_guard import ResetGuard
 from kvoffload.connector.scheduler_records import Planner, SchedulerRecords

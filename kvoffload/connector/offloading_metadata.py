@@ -33,6 +33,11 @@ class LoadReading:
 
     job_id: int
     seconds: float
+    #: The share of the job read so far (whole pieces), the share one piece is, and how long
+    #: the piece in progress has been reading (None: not reported).
+    done: float = 0.0
+    piece: float = 1.0
+    piece_s: float | None = None
 
 
 @dataclass

@@ -190,7 +190,8 @@ class OffloadingConnectorScheduler:
             if isinstance(result, LoadReading):
                 record = self.records.jobs.get(result.job_id)
                 if record is not None:
-                    self.cost.load_reading(record.medium, result.job_id, result.seconds)
+                    self.cost.load_reading(record.medium, result.job_id, result.seconds, result.done, result.piece,
+                                           result.piece_s)
                 continue
             job_id = result.job_id
             if job_id not in self.records.jobs:

@@ -215,6 +215,9 @@ class OffloadingConnectorWorker:
         for rid, jobs in meta.reqs_to_load.items():
             for job in jobs:
                 self._submit(job, sync=rid in meta.sync_loads)
+                if job.job_id in meta.cancel_loads:  # planned and given up in one step: never read
+                    assert self.worker is not None
+                    self.worker.cancel(job.job_id)
         if meta.reqs_to_load:
             self._load_requests += len(meta.reqs_to_load)  # reported with the step that ends next
             self._load_host_s += time.perf_counter() - t0
@@ -366,7 +369,8 @@ class OffloadingConnectorWorker:
         self._results = []
         results += self._clock.take()
         if self.worker is not None and self._jobs:
-            results += [LoadReading(job_id, seconds) for job_id, seconds in self.worker.loads_reading().items()]
+            results += [LoadReading(job_id, r.seconds, r.done, r.piece, r.piece_s)
+                        for job_id, r in self.worker.loads_reading().items()]
         return results
 
     def flush(self) -> None:

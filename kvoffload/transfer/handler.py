@@ -14,6 +14,7 @@ from kvoffload.transfer.layered_store import StoreAborted
 from kvoffload.transfer.result import (
     BlockTransferError,
     LoadCancelled,
+    ReadProgress,
     StoreSkipped,
     TransferResult,
     TransferSpec,
@@ -42,10 +43,10 @@ class OffloadingHandler(ABC):
         handler copies all layers at once (the reader waits for the whole job)."""
         return None
 
-    def loads_reading(self) -> dict[int, float]:
-        """Load jobs that are reading now, and for how long (their own time, not the time they
-        queued): evidence of a tier slower than it was timed. Empty where loads are memory
-        copies (they never run long)."""
+    def loads_reading(self) -> dict[int, ReadProgress]:
+        """Load jobs that are reading now, for how long (their own time, not the time they
+        queued) and how far: evidence of a tier slower than it was timed. Empty where loads
+        are memory copies (they never run long)."""
         return {}
 
     def cancel(self, job_id: int) -> bool:
@@ -197,8 +198,8 @@ class TransferRouter:
         handler = self._job_handler.get(job_id)
         return handler is not None and handler.cancel(job_id)
 
-    def loads_reading(self) -> dict[int, float]:
-        out: dict[int, float] = {}
+    def loads_reading(self) -> dict[int, ReadProgress]:
+        out: dict[int, ReadProgress] = {}
         for handler in self._unique:
             out.update(handler.loads_reading())
         return out

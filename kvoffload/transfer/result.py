@@ -49,3 +49,14 @@ class BlockTransferError(Exception):
         self.slots = slots
         self.io = io
         self.reasons = reasons or {}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadProgress:
+    """A load job reading now: for how long (its own time), the share of it read (whole pieces),
+    the share one piece is, and how long the piece in progress has been reading."""
+
+    seconds: float
+    done: float = 0.0
+    piece: float = 1.0
+    piece_s: float | None = None

@@ -32,7 +32,7 @@ from kvoffload.transfer.backpressure import StoreBackpressure
 from kvoffload.transfer.handler import TrackedJobsHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
 from kvoffload.transfer.layout import CanonicalKVCache
-from kvoffload.transfer.result import BlockTransferError, LoadCancelled, StoreSkipped, TransferSpec
+from kvoffload.transfer.result import BlockTransferError, LoadCancelled, ReadProgress, StoreSkipped, TransferSpec
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import DirectionLanes, JobHandle, failed_handle
 from kvoffload.transfer.tier_io import TierIO
@@ -47,14 +47,17 @@ READ_PIECE_BYTES = 1 << 20
 class _LoadToken:
     """Whether a load was cancelled, and whether it began writing (then it cannot be)."""
 
-    __slots__ = ("began", "cancelled", "lock", "writing")
+    __slots__ = ("began", "cancelled", "lock", "piece_began", "pieces", "read", "writing")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cancelled = False
         self.writing = False
-        #: When its thread began reading it (None: still queued).
+        #: When its thread began reading it (None: still queued); its pieces, and those read.
         self.began: float | None = None
+        self.pieces = 1
+        self.read = 0
+        self.piece_began = 0.0
 
     def cancel(self) -> bool:
         with self.lock:
@@ -213,9 +216,11 @@ class SecondaryTierHandler(TrackedJobsHandler):
         self.tier_fences.wait(slots)
         self.io.write(views, slots, keys)
 
-    def loads_reading(self) -> dict[int, float]:
+    def loads_reading(self) -> dict[int, ReadProgress]:
         now = time.monotonic()
-        return {job_id: now - token.began for job_id, token in list(self._tokens.items())
+        return {job_id: ReadProgress(now - token.began, token.read / token.pieces, 1 / token.pieces,
+                                     now - token.piece_began)
+                for job_id, token in list(self._tokens.items())
                 if token.began is not None and not token.writing and not token.cancelled}
 
     def cancel(self, job_id: int) -> bool:
@@ -241,6 +246,8 @@ class SecondaryTierHandler(TrackedJobsHandler):
                 if exc.io:
                     raise
                 failed.append(exc)
+            token.piece_began = time.monotonic()
+            token.read += 1
         if len(failed) == 1:
             raise failed[0]
         if failed:
@@ -252,7 +259,8 @@ class SecondaryTierHandler(TrackedJobsHandler):
     def _load(self, slots: list[int], keys: list[BlockHash], device_ids: SlotIds, skip: int,
               token: _LoadToken) -> None:
         token.check()
-        token.began = time.monotonic()
+        token.pieces = max(1, -(-len(slots) // max(1, READ_PIECE_BYTES // self.block_bytes)))  # as _read reads
+        token.began = token.piece_began = time.monotonic()
         cuda = self.kv.device.type == "cuda"
         # On CUDA the staging is pinned (the copy kernel reads it through its mapped address).
         staging = torch.empty((len(slots) * self.factor, self.kv.page_bytes), dtype=torch.uint8, pin_memory=cuda)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from kvoffload.bench import serve_bench, serve_configs
+from kvoffload.bench import dummy_model, serve_bench, serve_configs
 from kvoffload.bench.serve_bundled import run_bundled
 from kvoffload.bench.serve_workloads import chat
 from kvoffload.engine.config import EngineConfig
@@ -21,7 +21,7 @@ TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "-
 
 def _engine(tmp_path, kv_offload=None) -> LLM:
     model = tmp_path / "model"
-    serve_bench.write_model(model, 2, 64, 4, 2, 500)
+    dummy_model.write_model(model, 2, 64, 4, 2, 500)
     return LLM(EngineConfig(model=str(model), load_format="dummy", block_size=16, num_gpu_blocks=24,
                             max_model_len=512, max_num_seqs=8, kv_offload=kv_offload))
 
@@ -50,7 +50,7 @@ def test_streaming_view_and_collect_equal_generate(tmp_path):
 def test_dummy_weights_need_only_a_config_and_a_valid_load_format(tmp_path):
     with pytest.raises(ValueError, match="load_format='fast'"):
         EngineConfig(load_format="fast")
-    serve_bench.write_model(tmp_path, 2, 64, 4, 2, 500)
+    dummy_model.write_model(tmp_path, 2, 64, 4, 2, 500)
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         LLM(EngineConfig(model=str(tmp_path)))  # "auto" still wants the weights
     llm = LLM(EngineConfig(model=str(tmp_path), load_format="dummy", num_gpu_blocks=16))

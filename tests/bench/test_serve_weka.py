@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.bench import serve_bench, serve_configs
+from kvoffload.bench import dummy_model, serve_bench, serve_configs
 from kvoffload.bench.serve_bundled import run_bundled
 from kvoffload.bench.serve_workloads import weka
 from kvoffload.engine.config import EngineConfig
@@ -56,7 +56,7 @@ def test_only_hinted_configurations_get_the_hints(tmp_path):
     write_weka(path)
     wl = weka(path, conversations=8, turns=4, block_tokens=8, time_scale=0.001, vocab=500)
     model = tmp_path / "model"
-    serve_bench.write_model(model, 2, 64, 4, 2, 500)
+    dummy_model.write_model(model, 2, 64, 4, 2, 500)
     tokens = {}
     for hints in (False, True):
         offload = {"tiers": [{"medium": "cpu", "capacity": "16MiB", "eviction_policy": "hinted"}]}

@@ -42,7 +42,7 @@ def _serve(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    from kvoffload.bench.serve_bench import write_model
+    from kvoffload.bench.dummy_model import write_model
 
     path = tmp_path_factory.mktemp("model")
     write_model(path, 8, 512, 8, 4, 32000)
@@ -80,10 +80,12 @@ def _run(model: str, kv_offload: dict | None) -> tuple[list[list[list[int]]], li
     return outs, stats
 
 
-@pytest.fixture()
-def degrading_disk(monkeypatch):
+@pytest.fixture(params=["", ":queue"], ids=["reads-side-by-side", "one-queue"])
+def degrading_disk(monkeypatch, request):
+    """The disk as its copy threads see it: each read waits on its own, or (``:queue``) one
+    congested device serves them one at a time, so a burst's loads queue behind the first."""
     monkeypatch.delenv("KVOFFLOAD_THROTTLE", raising=False)
-    monkeypatch.setattr(ThrottledOffloadingSpec, "throttles", parse_throttles(THROTTLE))
+    monkeypatch.setattr(ThrottledOffloadingSpec, "throttles", parse_throttles(THROTTLE + request.param))
 
 
 def test_auto_gives_up_loads_from_a_tier_that_slowed_down(tmp_path, model, degrading_disk):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.connector.load_cost import LoadCostModel, LoadDecision, Segment
+from kvoffload.connector.load_choice import LoadDecision, Segment
+from kvoffload.connector.load_cost import LoadCostModel
 from kvoffload.connector.load_overheads import WARMUP, LoadOverheads
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.workload import ChatWorkload, run_chat_workload

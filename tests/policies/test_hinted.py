@@ -300,10 +300,10 @@ class HintedMachine(RuleBasedStateMachine):
                    for s in self.policy.sessions.values())
         # A block taken from another tenant's session is claimed by exactly its holder.
         adopted = [h for s in self.policy.sessions.values() for h in s.adopted]
-        assert len(adopted) == len(set(adopted)) and set(adopted) == set(self.policy.displaced)
+        assert len(adopted) == len(set(adopted)) and set(adopted) == set(self.policy.claims.displaced)
         assert all(self.policy.owner.get(h) is not None and h in self.policy.owner[h].adopted
-                   for h in self.policy.displaced)
-        assert set(self.policy.displaced) <= set(index)
+                   for h in self.policy.claims.displaced)
+        assert set(self.policy.claims.displaced) <= set(index)
 
 
 HintedMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=40, deadline=None,

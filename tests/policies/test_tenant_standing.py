@@ -114,4 +114,4 @@ def test_a_better_hint_of_another_tenant_still_raises_a_shared_block():
     assert all(policy.owner[h] is a_session for h in SYSTEM)
     _request(mgr, ["a-9"], RequestHint("a-agent", expect_return_s=86400.0, priority=-5), tenant_a, 2.0)
     assert all(policy.owner[h] is b_session for h in SYSTEM)
-    assert not policy.displaced and not a_session.adopted
+    assert not policy.claims.displaced and not a_session.adopted

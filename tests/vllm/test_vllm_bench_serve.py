@@ -33,7 +33,7 @@ def test_bench_serve_chat_runs_end_to_end(tmp_path, capsys):
     # asynchronous load that overruns recomputing its blocks, a timing `plan` does not model (a
     # CI run with `auto` served 2,304 tokens from the tier, one returning turn's three blocks
     # short of the plan's 2,688).
-    from kvoffload.bench.serve_bench import write_model
+    from kvoffload.bench.dummy_model import write_model
     from kvoffload.plan.cli import main as plan
 
     write_model(tmp_path / "shape", layers=2, hidden=128, heads=4, kv_heads=2, vocab=512)
