@@ -30,7 +30,7 @@ _CONTENT = re.compile(rb"\S")
 
 
 class RequestLogError(ValueError):
-    """A request log or trace that cannot be replayed: the file or line, the field, and the fix."""
+                      """A request log or trace that cannot be replayed: the file or line, the field, and the fix."""
 
 
 def _opener(path: Path) -> Any:
@@ -42,7 +42,7 @@ def _decode(raw: bytes, n: int, path: Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RequestLogError(f"{path} line {n}: not UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1}); "
-                           "save the log as UTF-8") from None
+                              "save the log as UTF-8") from None
 
 
 def read_lines(path: str | Path, max_line: int = MAX_LINE_BYTES, max_text: int = MAX_TEXT_BYTES,
@@ -63,7 +63,7 @@ def read_lines(path: str | Path, max_line: int = MAX_LINE_BYTES, max_text: int =
                 if total > max_text:
                     at = lines + buf.count(b"\n") + 1
                     raise RequestLogError(f"{path}: unpacks to more than {max_text >> 30} GiB of text (read to line "
-                                       f"{at:,}); split the log, or give a part of it")
+                                          f"{at:,}); split the log, or give a part of it")
                 buf += chunk
                 pos = 0
                 while True:
@@ -89,12 +89,12 @@ def read_lines(path: str | Path, max_line: int = MAX_LINE_BYTES, max_text: int =
                 yield lines + 1, _decode(bytes(buf), lines + 1, path)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise RequestLogError(f"{path}: a damaged gzip file ({exc}) after line {lines:,}; compress the log again, or "
-                           "give it uncompressed") from None
+                              "give it uncompressed") from None
 
 
 def _too_long(path: Path, n: int, max_line: int) -> RequestLogError:
     return RequestLogError(f"{path} line {n:,}: longer than {max_line >> 20} MiB; a log holds one request a line "
-                        "(is a newline missing?)")
+                           "(is a newline missing?)")
 
 
 def parse_json(text: str, where: str) -> Any:
@@ -114,11 +114,8 @@ def number(value: Any, where: str, high: float, low: float = 0.0, why: str = "")
     """``value`` as a float in [low, high]: an int or a float, finite, in range; a RequestLogError
     naming ``where`` and the range otherwise (an integer of hundreds of digits included: it
     would overflow a float, or a numpy array, further on)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if ok and isinstance(value, int):
-        ok = low <= value <= high  # compared as ints: no float overflow
-    elif ok:
-        ok = low <= value <= high  # NaN fails both comparisons
+    # A large int compares with the float bounds exactly (no overflow); NaN fails both comparisons.
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
     if not ok:
         raise RequestLogError(f"{where} must be a finite number in [{low:g}, {high:g}], got {describe_value(value)}{why}")
     return float(value)

@@ -80,6 +80,9 @@ def int_key(raw: Mapping[str, Any], key: str, default: int | None, path: str, mi
     return value
 
 
+_SHARE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+
+
 def capacity_share_of(value: Any, key: str, allowed: bool) -> float | None:
     """``capacity: 50%`` as 0.5 (None: a size, parsed as such); only where the kind sizes
     itself from the free space (``TierKind.relative_capacity``)."""
@@ -89,10 +92,8 @@ def capacity_share_of(value: Any, key: str, allowed: bool) -> float | None:
         raise ConfigError(f"{key}: {describe_value(value)} is a share of the free disk space, which only a disk tier takes; "
                           "give a size, e.g. 8GiB")
     number = value.strip()[:-1].strip()
-    try:
-        share = float(number)
-    except ValueError:
-        share = float("nan")
+    # ASCII digits only: float() also takes "1_0", full-width and Arabic-Indic digits.
+    share = float(number) if _SHARE_RE.match(number) else float("nan")
     if not 0 < share <= 100:
         raise ConfigError(f"{key}: {describe_value(value)}; give a share of the free space in (0%, 100%], e.g. 50%, or a "
                           "size, e.g. 200GiB")

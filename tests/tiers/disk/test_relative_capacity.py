@@ -44,6 +44,9 @@ def test_a_share_of_the_free_space_is_chosen_and_shown(tmp_path, free_space):
     ({"medium": "disk", "capacity": "0%"}, "tiers[1].capacity: '0%'; give a share of the free space in (0%, 100%]"),
     ({"medium": "disk", "capacity": "150%"}, "'150%'; give a share"),
     ({"medium": "disk", "capacity": "half%"}, "'half%'; give a share"),
+    ({"medium": "disk", "capacity": "1_0%"}, "'1_0%'; give a share"),
+    ({"medium": "disk", "capacity": "\uff15\uff10%"}, "give a share of the free space"),
+    ({"medium": "disk", "capacity": "\u0665\u0660%"}, "give a share of the free space"),
     ({"medium": "fs", "capacity": "50%"}, "tiers[1].capacity: '50%' is a share of the free disk space, which only a "
                                           "disk tier takes; give a size, e.g. 8GiB"),
 ])
