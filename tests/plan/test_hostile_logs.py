@@ -195,8 +195,8 @@ def test_bench_serve_cuts_a_years_long_pause_and_says_so(tmp_path):
 
 def test_a_line_past_the_bound_is_refused_by_its_number():
     data = b'{"prompt": "a"}\n\n' + b"x" * 5000 + b"\n"
-    with pytest.raises(RequestLogError, match=r"line 3: longer than 0 MiB; a log holds one request a line"):
-        list(read_lines(_bytes_file(data), max_line=4096, chunk_bytes=1000))
+    with _bytes_file(data) as path, pytest.raises(RequestLogError, match=r"line 3: longer than 0 MiB; a log holds"):
+        list(read_lines(path, max_line=4096, chunk_bytes=1000))
 
 
 def test_a_gzipped_2_gib_line_is_refused_without_reading_it_whole(tmp_path, capsys):
@@ -223,12 +223,14 @@ def test_gzipped_newlines_are_skipped_at_c_speed(tmp_path, capsys):
     assert time.monotonic() - started < 30
 
 
-def _bytes_file(data: bytes) -> Path:
+@contextlib.contextmanager
+def _bytes_file(data: bytes) -> Iterator[Path]:
     import tempfile
 
-    with tempfile.NamedTemporaryFile(delete=False, suffix=".jsonl") as f:
-        f.write(data)
-    return Path(f.name)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "log.jsonl"
+        path.write_bytes(data)
+        yield path
 
 
 @settings(max_examples=200, deadline=None)
@@ -237,7 +239,8 @@ def _bytes_file(data: bytes) -> Path:
 def test_lines_are_what_splitlines_finds_whatever_the_chunks(parts, chunk):
     data = b"".join(parts)
     want = [(i + 1, line.decode()) for i, line in enumerate(data.split(b"\n")) if line.strip()]
-    got = list(read_lines(_bytes_file(data), chunk_bytes=chunk))
+    with _bytes_file(data) as path:
+        got = list(read_lines(path, chunk_bytes=chunk))
     assert [(n, t.strip()) for n, t in got] == [(n, t.strip()) for n, t in want]
 
 
