@@ -44,6 +44,13 @@ MAX_BUCKETS = 256
 RECORDS_PER_BUCKET = 64
 
 
+def missing_mount(key: str, root: Path) -> str:
+    """The error for a shared directory whose parent is absent (a file system not mounted)."""
+    return (f"{key}: {str(root)[:200]!r} does not exist and neither does its parent: is the shared file system "
+            "mounted? Mount it, or create the directory, first (an fs tier never creates its parents: an "
+            "unmounted share would become a local directory each replica caches in alone)")
+
+
 def bucket_count(capacity: int, record_bytes: int) -> int:
     """The number of buckets a new directory gets: a power of two, at most 256, each holding
     at least RECORDS_PER_BUCKET records of this size (1 for a small capacity)."""
@@ -61,7 +68,10 @@ class FsDirectory:
         self._fds: list[int] = []
         self._closer = weakref.finalize(self, _close_all, self._fds)
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            if not root.is_dir():
+                if not root.parent.is_dir():
+                    raise ConfigError(missing_mount(key, root))
+                root.mkdir(exist_ok=True)  # the leaf only: never a shared file system's mount point
             self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._fds.append(self.root_fd)
             warn_if_shared_with_others(root, f"{key}: the fs tier directory")

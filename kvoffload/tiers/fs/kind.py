@@ -23,7 +23,7 @@ from kvoffload.auth import RecordTagger
 from kvoffload.config import TierConfig, expand_path, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.tiers.base import TierContext, TierKind
-from kvoffload.tiers.fs.directory import FsDirectory
+from kvoffload.tiers.fs.directory import FsDirectory, missing_mount
 from kvoffload.tiers.fs.manager import FsTier
 from kvoffload.tiers.fs.options import OPTION_KEYS, FsOptions, parse_options
 from kvoffload.tiers.fs.spec import FS, FsLoadStoreSpec
@@ -86,8 +86,10 @@ class FsKind(TierKind):
         warnings = []
         for root in roots:
             p = Path(root)
-            target = next((a for a in (p, *p.parents) if a.exists()), None)
-            if target is None or not os.access(target, os.W_OK | os.X_OK):
+            if not p.is_dir() and not p.parent.is_dir():
+                raise ConfigError(missing_mount(f"{key}.path", p))
+            target = p if p.is_dir() else p.parent
+            if not os.access(target, os.W_OK | os.X_OK):
                 raise ConfigError(f"{key}.path: {root[:200]!r} is not writable; fix its permissions or pick another "
                                   "directory")
             free = shutil.disk_usage(target).free

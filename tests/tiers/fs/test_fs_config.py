@@ -132,3 +132,27 @@ def test_one_directory_named_twice_in_paths_is_refused(tmp_path, second, how):
     from kvoffload.tiers.fs.kind import tier_roots
 
     assert tier_roots(ok.tiers[1], "tiers[1]") == [str(d), str(tmp_path / "kv2")]
+
+
+def test_a_shared_directory_whose_parent_is_absent_is_refused_not_created(tmp_path, capsys):
+    """An fs tier at /mnt/shared/kvcache with /mnt/shared absent (an unmounted share) used to pass
+    `config check`, and the engine created the whole path on the local disk: replicas would each
+    cache "shared" KV alone. The leaf is created only inside an existing directory."""
+    import json
+
+    from kvoffload import cli
+    from kvoffload.engine import LLM, EngineConfig
+
+    missing = tmp_path / "mnt" / "shared" / "kvcache"
+    cfg = {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"medium": "fs", "path": str(missing), "capacity": "8MiB"}]}
+    path = tmp_path / "tiers.yaml"
+    path.write_text(json.dumps(cfg))
+    assert cli.main(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist and neither does its parent: is the shared file system mounted?" in err
+    with pytest.raises(ConfigError, match="is the shared file system mounted"):
+        LLM(EngineConfig(num_gpu_blocks=32, kv_offload=cfg))
+    assert not (tmp_path / "mnt").exists()
+    leaf = {**cfg["tiers"][1], "path": str(tmp_path / "kvcache")}  # its parent exists: the leaf is made
+    with LLM(EngineConfig(num_gpu_blocks=32, kv_offload={"tiers": [cfg["tiers"][0], leaf]})):
+        assert (tmp_path / "kvcache").is_dir()
