@@ -41,6 +41,7 @@ from kvoffload.bench.serve_routing import ROUTER_SETTINGS, router_settings, run_
 from kvoffload.bench.serve_runs import RunResult, TurnResult, run_once
 from kvoffload.bench.serve_workloads import Workload, chat, in_rounds, mix, noreuse, rag, request_log, trace, weka
 from kvoffload.errors import ConfigError
+from kvoffload.output_paths import check_output
 from kvoffload.testing.vllm_server import VllmServer
 from kvoffload.traces import SAMPLE_TRACE, resolve_trace
 
@@ -201,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_log and args.engine == "bundled" and args.workload == "mix":
         p.error("--write-log with --workload mix on --engine bundled: each round restarts its clock there; "
                 "write the log of an --engine vllm run, or of another workload")
+    for out, flag in ((args.plot, "--plot"), (args.write_log, "--write-log"), (args.json, "--json")):
+        try:
+            if out:  # written at the end of a run that can take minutes: checked first
+                check_output(out, flag, plot=flag == "--plot")
+        except (OSError, ValueError) as exc:
+            p.error(str(exc))
     if args.reserved_cpus < 0:
         p.error(f"--reserved-cpus {args.reserved_cpus}: must be >= 0")
     if not 0 < args.device_fraction <= 1:

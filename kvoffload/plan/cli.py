@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from kvoffload.errors import describe_value
+from kvoffload.output_paths import check_output
 from kvoffload.plan.log_reader import RequestLog
 from kvoffload.plan.planner import Plan
 from kvoffload.plan.request_log import MAX_TOKENS
@@ -64,21 +65,6 @@ def _device_blocks(args: argparse.Namespace, block_bytes: int) -> int:
         raise TierSpecError(f"--device-blocks {describe_value(n)}: give 0 (no device prefix cache) to "
                             f"{MAX_DEVICE_BLOCKS:,}")
     return n
-
-
-def _check_writable(path: str, flag: str) -> None:
-    """An OSError naming ``flag`` unless ``path`` can be written (a file created to find out is removed)."""
-    p = Path(path)
-    if p.is_dir():
-        raise OSError(f"{flag} {path}: a directory; give a file name")
-    existed = p.exists()
-    try:
-        with open(p, "a"):
-            pass
-    except OSError as exc:
-        raise OSError(f"{flag} {path}: cannot be written ({exc.strerror or exc}); give a writable path") from None
-    if not existed:
-        p.unlink(missing_ok=True)
 
 
 def _check_tiers_hold_a_block(chains: list, block_bytes: int, block_tokens: int, model: str) -> None:
@@ -148,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     chains = [parse_chain(s) for s in expand(args.tiers)]
     for out, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if out:
-            _check_writable(out, flag)  # before the replay, not after it
+            check_output(out, flag, plot=flag == "--plot")  # before the replay, not after it
     shape = kv_shape(args.model, args.kv_dtype)
     profile = load_profile(args.profile)
     source = f"--profile {args.profile or '(shipped)'}"
