@@ -33,8 +33,10 @@ class RequestLogError(ValueError):
                       """A request log or trace that cannot be replayed: the file or line, the field, and the fix."""
 
 
-def _opener(path: Path) -> Any:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+#: Past this much text, a gzipped log unpacking to more than this many times its compressed size
+#: is a gzip bomb (logs compress 3-50x; gzip's limit is about 1,000x).
+BOMB_AFTER_BYTES = 1 << 30
+BOMB_RATIO = 200
 
 
 def _decode(raw: bytes, n: int, path: Path) -> str:
@@ -54,16 +56,21 @@ def read_lines(path: str | Path, max_line: int = MAX_LINE_BYTES, max_text: int =
     lines = 0  # newlines consumed before buf[0]
     total = 0
     try:
-        with _opener(path) as f:
+        with open(path, "rb") as raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw) as f:
             while True:
                 chunk = f.read(chunk_bytes)
                 if not chunk:
                     break
                 total += len(chunk)
-                if total > max_text:
+                if total > max_text or (f is not raw and total > BOMB_AFTER_BYTES
+                                        and total > BOMB_RATIO * raw.tell()):
                     at = lines + buf.count(b"\n") + 1
-                    raise RequestLogError(f"{path}: unpacks to more than {max_text >> 30} GiB of text (read to line "
-                                          f"{at:,}); split the log, or give a part of it")
+                    raise RequestLogError(f"{path}: unpacks to more than {min(total, max_text) >> 30} GiB of text, "
+                                          f"{total // max(1, raw.tell()):,}x its size on disk (read to line {at:,}); "
+                                          "split the log, or give a part of it")
+                if not buf and chunk.isspace():  # a stretch of blank lines: counted, nothing kept
+                    lines += chunk.count(b"\n")
+                    continue
                 buf += chunk
                 pos = 0
                 while True:

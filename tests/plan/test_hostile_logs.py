@@ -308,3 +308,20 @@ def test_any_json_ends_in_a_log_or_one_reader_error(tmp_path_factory, lines, for
     with within(20):  # and whatever a reader accepts, a plan prices
         plan = make_plan(log, [parse_chain("cpu:1MiB")], 4096, 8, load_profile(None))
     assert plan.results[0].ttft_p50_s >= 0
+
+
+def test_a_gzip_bomb_is_refused_by_its_ratio(tmp_path, capsys, monkeypatch):
+    """Past a GiB of text (8 MiB here), a gzipped log unpacking to more than 200x its size on disk
+    is refused: 64 MB of gzipped newlines would otherwise be read to the 64 GiB bound (minutes)."""
+    from kvoffload import log_lines
+
+    monkeypatch.setattr(log_lines, "BOMB_AFTER_BYTES", 8 << 20)
+    p = tmp_path / "bomb.jsonl.gz"
+    with gzip.open(p, "wb", compresslevel=9) as f:
+        f.write(b'{"prompt": "fine"}\n' + b"\n" * (32 << 20))
+    err = plan_error(capsys, "--log", str(p))
+    assert "x its size on disk" in err and "split the log" in err
+    ok = tmp_path / "ok.jsonl.gz"  # an ordinary log compresses far less: read whole
+    ok.write_bytes(gzip.compress(b"".join(json.dumps({"prompt_token_ids": list(range(i, i + 3000))}).encode() + b"\n"
+                                          for i in range(1000))))
+    assert [n for n, _ in read_lines(ok)][-1] == 1000
