@@ -16,7 +16,7 @@ from kvoffload.offload.mediums import DISK, DiskLoadStoreSpec
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.disk.format import HEADER_BYTES, DiskLayout, parse_file_header
 from kvoffload.tiers.disk.io import DiskIO
-from kvoffload.tiers.disk.tier import DiskTier, prepare_tier_dir, tier_file
+from kvoffload.tiers.disk.tier import DiskTier, capacity_past_free_space, prepare_tier_dir, tier_file
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +84,8 @@ class DiskKind(TierKind):
             raise ConfigError(f"{key}.path: {tier.path[:200]!r} is not usable ({exc.strerror}); pick another "
                               "path") from None
         free = _free_for(p, f"{key}.path")
-        if tier.capacity_bytes > free:
-            raise ConfigError(f"{key}.capacity: {format_bytes(tier.capacity_bytes)} exceeds the free space at "
-                              f"{tier.path} ({format_bytes(free)}); lower the capacity or free space")
+        if tier.capacity_bytes > free:  # the engine starts and warns the same (the file is sparse)
+            return [f"{key}.capacity: {capacity_past_free_space(format_bytes(tier.capacity_bytes), format_bytes(free))}"]
         return []
 
     def __init__(self, ctx: TierContext) -> None:

@@ -34,6 +34,13 @@ class DiskTierError(OSError):
     """The disk tier cannot start (path in use, disk full, not writable); the message says why."""
 
 
+def capacity_past_free_space(capacity: str, free: str) -> str:
+    """One message for a tier larger than its file system's free space, from ``config check``
+    and from the engine alike (a warning in both: the file is sparse, and fails only as it fills)."""
+    return (f"capacity {capacity} exceeds the {free} free on its file system; writes will fail (ENOSPC) and take "
+            "the tier out of service once it fills: lower the tier's capacity or free space")
+
+
 def tier_file(path: str | Path, layout: DiskLayout) -> Path:
     suffix = "" if layout.world_size == 1 else f"-rank{layout.rank}of{layout.world_size}"
     return Path(path) / f"kvoffload-{layout.digest}-{layout.block_bytes}{suffix}.kvdata"
@@ -175,9 +182,8 @@ class DiskTier(LedgerTier):
             return
         needed = self.layout.file_bytes * len(self._fds)
         if needed > free:
-            logger.warning("kvoffload: disk tier %s: capacity %s exceeds the %s free on its file system; writes will "
-                           "fail (ENOSPC) and take the tier out of service once it fills: lower the tier's capacity "
-                           "or free space", self.path, format_bytes(needed), format_bytes(free))
+            logger.warning("kvoffload: disk tier %s: %s", self.path,
+                           capacity_past_free_space(format_bytes(needed), format_bytes(free)))
 
     def _announce(self, directory: Path, namespace: KVNamespace) -> None:
         """One line naming the namespace opened, and one saying why caches of other namespaces

@@ -23,7 +23,7 @@ import weakref
 from contextlib import suppress
 from pathlib import Path
 
-from kvoffload.config import format_bytes
+from kvoffload.config import default_cache_dir, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.safe_files import (
     ForeignEntryError,
@@ -42,6 +42,14 @@ FORMAT = 1
 MAX_BUCKETS = 256
 #: A bucket should hold at least this many records, or per-bucket LRU drifts from global LRU.
 RECORDS_PER_BUCKET = 64
+
+
+def may_create_parents(root: Path) -> bool:
+    """Whether the directory's missing parents may be created: inside the user's home or cache
+    directory (a demo's private "shared" directory). Anywhere else only the leaf is created, in
+    an existing directory: a shared file system's mount point is never made on the local disk."""
+    mine = (Path.home(), default_cache_dir())
+    return any(root == base or base in root.parents for base in mine)
 
 
 def missing_mount(key: str, root: Path) -> str:
@@ -69,9 +77,9 @@ class FsDirectory:
         self._closer = weakref.finalize(self, _close_all, self._fds)
         try:
             if not root.is_dir():
-                if not root.parent.is_dir():
+                if not may_create_parents(root) and not root.parent.is_dir():
                     raise ConfigError(missing_mount(key, root))
-                root.mkdir(exist_ok=True)  # the leaf only: never a shared file system's mount point
+                root.mkdir(parents=True, exist_ok=True)
             self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._fds.append(self.root_fd)
             warn_if_shared_with_others(root, f"{key}: the fs tier directory")

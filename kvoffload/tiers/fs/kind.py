@@ -23,7 +23,7 @@ from kvoffload.auth import RecordTagger
 from kvoffload.config import TierConfig, expand_path, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.tiers.base import TierContext, TierKind
-from kvoffload.tiers.fs.directory import FsDirectory, missing_mount
+from kvoffload.tiers.fs.directory import FsDirectory, may_create_parents, missing_mount
 from kvoffload.tiers.fs.manager import FsTier
 from kvoffload.tiers.fs.options import OPTION_KEYS, FsOptions, parse_options
 from kvoffload.tiers.fs.spec import FS, FsLoadStoreSpec
@@ -86,9 +86,9 @@ class FsKind(TierKind):
         warnings = []
         for root in roots:
             p = Path(root)
-            if not p.is_dir() and not p.parent.is_dir():
+            if not p.is_dir() and not p.parent.is_dir() and not may_create_parents(p):
                 raise ConfigError(missing_mount(f"{key}.path", p))
-            target = p if p.is_dir() else p.parent
+            target = next((a for a in (p, *p.parents) if a.exists()), p)
             if not os.access(target, os.W_OK | os.X_OK):
                 raise ConfigError(f"{key}.path: {root[:200]!r} is not writable; fix its permissions or pick another "
                                   "directory")

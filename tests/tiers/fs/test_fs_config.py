@@ -134,7 +134,7 @@ def test_one_directory_named_twice_in_paths_is_refused(tmp_path, second, how):
     assert tier_roots(ok.tiers[1], "tiers[1]") == [str(d), str(tmp_path / "kv2")]
 
 
-def test_a_shared_directory_whose_parent_is_absent_is_refused_not_created(tmp_path, capsys):
+def test_a_shared_directory_whose_parent_is_absent_is_refused_not_created(tmp_path, capsys, monkeypatch):
     """An fs tier at /mnt/shared/kvcache with /mnt/shared absent (an unmounted share) used to pass
     `config check`, and the engine created the whole path on the local disk: replicas would each
     cache "shared" KV alone. The leaf is created only inside an existing directory."""
@@ -143,6 +143,8 @@ def test_a_shared_directory_whose_parent_is_absent_is_refused_not_created(tmp_pa
     from kvoffload import cli
     from kvoffload.engine import LLM, EngineConfig
 
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # tmp_path is not the user's: no parents made there
+    monkeypatch.setenv("KVOFFLOAD_CACHE_DIR", str(tmp_path / "home" / "cache"))
     missing = tmp_path / "mnt" / "shared" / "kvcache"
     cfg = {"tiers": [{"medium": "cpu", "capacity": "1MiB"}, {"medium": "fs", "path": str(missing), "capacity": "8MiB"}]}
     path = tmp_path / "tiers.yaml"
@@ -156,3 +158,6 @@ def test_a_shared_directory_whose_parent_is_absent_is_refused_not_created(tmp_pa
     leaf = {**cfg["tiers"][1], "path": str(tmp_path / "kvcache")}  # its parent exists: the leaf is made
     with LLM(EngineConfig(num_gpu_blocks=32, kv_offload={"tiers": [cfg["tiers"][0], leaf]})):
         assert (tmp_path / "kvcache").is_dir()
+    private = {**leaf, "path": str(tmp_path / "home" / ".cache" / "kvoffload" / "shared")}  # the demo's: made whole
+    with LLM(EngineConfig(num_gpu_blocks=32, kv_offload={"tiers": [cfg["tiers"][0], private]})):
+        assert (tmp_path / "home" / ".cache" / "kvoffload" / "shared").is_dir()
