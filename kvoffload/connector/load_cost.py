@@ -23,7 +23,8 @@ more than recomputing:
   2 MB/s disk); hits beyond that recompute that tier's runs;
 - hysteresis: a tier keeps its verdict (load or recompute) unless the other side is estimated
   faster by ``margin`` and by ``min_gain_s`` seconds; but a tier that reads records stops
-  loading as soon as its loads are estimated slower than recomputing (a tie recomputes);
+  loading as soon as its loads are estimated slower than recomputing by ``min_gain_s`` (within
+  the margin, it recomputes);
 - probes: a tier judged too slow is loaded again once ``probe_after_s`` passed without a new
   measurement of it, so a tier that recovered is seen to have recovered; a probe loads only
   the first ``probe_blocks`` of the run (one request pays a small load, not a slow tier's
@@ -283,7 +284,8 @@ class LoadCostModel:
         why = "measured"
         if best != kept and not (costs[best] * (1 + self.margin) < costs[kept]
                                  and costs[kept] - costs[best] > self.min_gain_s) \
-                and not (best < kept and self._reads_records(segments, best, kept)):
+                and not (best < kept and self._reads_records(segments, best, kept)
+                         and costs[kept] - costs[best] > self.min_gain_s):
             best = kept  # not clearly better: keep each tier's verdict (no flapping)
         probe = self._probe(segments, best)
         if probe is not None:
@@ -296,10 +298,10 @@ class LoadCostModel:
     @staticmethod
     def _reads_records(segments: Sequence[Segment], lo: int, hi: int) -> bool:
         """Whether the hit's blocks ``lo:hi`` all come from tiers that read records (not host
-        memory). Loading them is kept only while it is estimated no slower than recomputing:
-        at a tie such a tier recomputes (its time varies with its load, and a load that runs
-        late also holds the tier for the loads behind it); going back to loading them still
-        needs the margin, so the verdict does not flap."""
+        memory). Loading them is kept only while it is estimated no slower than recomputing by
+        more than ``min_gain_s``: within the margin such a tier recomputes (its time varies with
+        its load, and a load that runs late also holds the tier for the loads behind it); going
+        back to loading them still needs the margin, so the verdict does not flap."""
         at = 0
         for s in segments:
             if at < hi and at + s.blocks > lo and s.medium == "CPU":

@@ -153,6 +153,17 @@ def test_hysteresis_keeps_a_verdict_until_the_other_side_is_clearly_faster() -> 
     assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
 
 
+def test_a_tie_worth_less_than_min_gain_keeps_loading() -> None:
+    """Recomputing at a tie only where the tie costs real time (``min_gain_s``): a small model's
+    disk loads and prefills within a millisecond of each other keep their verdict."""
+    m, _ = model(margin=0.25, min_gain_s=0.002)
+    teach(m, disk_latency=0.0, disk_per_block=1e-4, s_per_token=1e-5)  # 0.1 ms vs 0.16 ms a block
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+    for _ in range(60):  # 0.18 ms a block: 0.08 ms slower than recomputing 4 blocks
+        m.observe_load("DISK", 4, 4 * 1.8e-4)
+    assert m.choose([Segment("DISK", 4)]).decision is LoadDecision.LOAD
+
+
 def test_host_memory_keeps_its_verdict_both_ways_until_clearly_faster() -> None:
     m, _ = model(margin=0.25, min_gain_s=0.0)
     teach(m, cpu_s_per_block=1e-3, s_per_token=1e-4)  # host 1.0 ms vs recompute 1.6 ms a block

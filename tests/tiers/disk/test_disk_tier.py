@@ -21,8 +21,12 @@ BLOCK_BYTES = 8192  # the tiny model at block size 16
 
 
 def tiers(path, cpu_blocks=40, disk="64MiB"):
+    """``never-recompute`` on the disk tier: these tests are about what the tier stores, recovers
+    and rejects, not the cost model; for the tiny model a disk load and recomputing are close,
+    and auto recomputes at a tie (a CI run's restart test never read the flipped block)."""
     return {"tiers": [{"name": "cpu", "medium": "cpu", "capacity": cpu_blocks * BLOCK_BYTES},
-                      {"name": "ssd", "medium": "disk", "path": str(path), "capacity": disk}]}
+                      {"name": "ssd", "medium": "disk", "path": str(path), "capacity": disk,
+                       "load_mode": "never-recompute"}]}
 
 
 def run(kv_offload=None, workload=WORKLOAD):
