@@ -266,12 +266,10 @@ class DiskTier(LedgerTier):
     def _resize(self, layouts: list[DiskLayout], olds: list[DiskLayout]) -> None:
         """The same tier at another size (a share of a free space that moved, or a new
         capacity): the records in slots that still exist are kept, those past the new end
-        dropped, and the line says so."""
+        dropped, and the line says so. The files are read once, at their old size, before
+        they are cut or grown."""
         new, old = layouts[0].num_slots, olds[0].num_slots
-        dropped = 0
-        if new < old:
-            dropped = sum(1 for slot, key, intact in scan_records(self._fds[0], olds[0])
-                          if slot >= new and key is not None and intact)
+        dropped = self._recover(olds)
         for fd, lay, p in zip(self._fds, layouts, self.paths):
             try:  # shrinking: cut first; a crash between leaves the old header over a shorter file
                 if new < old:
@@ -282,19 +280,25 @@ class DiskTier(LedgerTier):
             except OSError as exc:
                 raise DiskTierError(f"disk tier {p}: cannot resize it to {lay.file_bytes} bytes ({exc.strerror}); "
                                     "free space, lower the tier's capacity or pick another path") from None
-        self._recover(layouts)
         record = self.layout.block_bytes
         why = f" ({self.size_note})" if self.size_note else ""
         logger.warning("kvoffload: disk tier %s: capacity %s -> %s%s: %s blocks kept, %s dropped (slots past the new "
                        "end)", self.path, format_bytes(old * record), format_bytes(new * record), why,
                        f"{self.num_recovered:,}", f"{dropped:,}")
 
-    def _recover(self, layouts: list[DiskLayout]) -> None:
+    def _recover(self, layouts: list[DiskLayout]) -> int:
+        """Restore every record intact in every rank's file, in slots the tier has now; the files
+        are read as ``layouts`` say they are (their old size, when resizing). Returns the intact
+        records of the first rank past the tier's end (dropped)."""
         per_rank: list[dict[int, object]] = []
+        past_end = 0
         for fd, lay in zip(self._fds, layouts):
             records: dict[int, object] = {}
             for slot, key, intact in scan_records(fd, lay):
-                if key is None or not intact:
+                if slot >= self.layout.num_slots:
+                    if not per_rank and key is not None and intact:
+                        past_end += 1  # the first rank's, as the resize line counts them
+                elif key is None or not intact:
                     self.num_corrupt += 1
                 else:
                     records[slot] = key
@@ -307,6 +311,7 @@ class DiskTier(LedgerTier):
         self.num_recovered = len(first_slot)
         if self.num_corrupt:
             logger.warning("disk tier %s: dropped %d torn or truncated blocks on open", self.path, self.num_corrupt)
+        return past_end
 
     def describe(self) -> str:
         return f"disk tier {self.path}"
