@@ -115,8 +115,9 @@ class LoadCostModel:
         up if it comes to cost more than recomputing (an asynchronous load of a tier in mode
         ``auto`` that reads records)."""
         tier = self._tier(medium)
-        own = tier.loads.estimate(blocks) if tier.loads.samples >= self.warmup_jobs else None
-        latency = tier.loads.coefficients()[0] if own is not None else 0.0
+        timed = tier.loads.samples >= self.warmup_jobs
+        latency, per_block = tier.loads.coefficients() if timed else (0.0, 0.0)
+        own = latency + per_block * blocks if timed else None
         if own is None and tier.warmup_given:
             tier.warmup_given -= 1  # a warm-up load given this step, now planned: counted once
         budget = self.prefill.seconds(blocks * self.tokens_per_block) if cancellable else None

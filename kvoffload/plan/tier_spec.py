@@ -11,6 +11,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from kvoffload.config.values import MAX_SIZE
 from kvoffload.errors import describe_value
 
 #: Media a chain can hold, in the order the engine's chains put them.
@@ -19,8 +20,6 @@ POLICIES = ("lru", "arc")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)$")
-#: Larger sizes are typos (1 EiB), as in a tiers config.
-MAX_SIZE = 1 << 60
 _SWEEP = re.compile(r"\{([^{}]*)\}")
 #: A sweep larger than this is a typo more often than a plan.
 MAX_CONFIGURATIONS = 256
