@@ -115,15 +115,14 @@ class LoadCostModel:
         up if it comes to cost more than recomputing (an asynchronous load of a tier in mode
         ``auto`` that reads records)."""
         tier = self._tier(medium)
-        timed = tier.loads.samples >= self.warmup_jobs
-        latency, per_block = tier.loads.coefficients() if timed else (0.0, 0.0)
-        own = latency + per_block * blocks if timed else None
+        latency, per_block = tier.loads.coefficients()
+        own = latency + per_block * blocks if tier.loads.samples >= self.warmup_jobs else None
         if own is None and tier.warmup_given:
             tier.warmup_given -= 1  # a warm-up load given this step, now planned: counted once
         budget = self.prefill.seconds(blocks * self.tokens_per_block) if cancellable else None
         if budget is not None:
             budget = budget * (1 + self.margin) + self.min_gain_s
-        tier.queue.add(job_id, InFlightLoad(blocks, own, budget, latency_s=latency))
+        tier.queue.add(job_id, InFlightLoad(blocks, own, budget, latency_s=latency if own is not None else 0.0))
 
     def cancellable(self, medium: str) -> bool:
         """Whether this model may give up loads of ``medium``: tiers it decides for (mode
