@@ -27,6 +27,13 @@ def test_run_with_no_arguments_compares_with_the_cpu_example(capsys):
     out = capsys.readouterr().out
     assert "offload config: " in out and "kvoffload/examples/cpu.yaml" in out and "1 torch thread(s)" in out
     assert "outputs identical to the run without offload: yes" in out
+    # The demo's model is one whose prefill costs more than a load, and the header says so.
+    assert "model=small," in out and "the trade-off a real model has on a GPU server" in out
+
+
+def test_run_on_the_tiny_model_says_its_timings_show_offloads_fixed_costs(capsys):
+    assert main(["run", "--model", "tiny", "--conversations", "2", "--turns", "2", "--max-tokens", "4"]) == 0
+    assert "tiny is a test model whose prefill is nearly free" in capsys.readouterr().out
 
 
 def test_swap_without_an_offload_tier_is_refused(capsys):

@@ -228,8 +228,9 @@ class OffloadingConnectorWorker:
 
     def save_kv_layer(self, layer_name: str) -> None:
         """The forward pass has written ``layer_name``'s KV: copy it out of the step's stores."""
-        if not self.layered_stores or self._step_meta is None or self.kv is None:
-            return
+        if not (self._step_stores or self._layered_open) or not self.layered_stores or self._step_meta is None \
+                or self.kv is None:
+            return  # most steps (decode) store nothing: nothing to open or copy
         assert self.worker is not None
         if not self._layered_open:
             self._layered_open = True
@@ -296,6 +297,8 @@ class OffloadingConnectorWorker:
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         recved: set[str] = set()
+        if not (self._jobs or self._requests or self._sync_failed):
+            return set(), recved  # nothing in flight, nothing owed: most decode steps
         assert self.worker is not None
         for r in self.worker.get_finished():
             job = self._jobs.pop(r.job_id)

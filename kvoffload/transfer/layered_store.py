@@ -23,8 +23,10 @@ class StoreAborted(Exception):
 
 
 class LayeredStore(JobHandle):
-    def __init__(self, layer_copies: list[Callable[[], None]], pool: StreamPool, direction: str) -> None:
+    def __init__(self, layer_copies: list[Callable[[], None]], pool: StreamPool, direction: str,
+                 inline: bool = False) -> None:
         self._copies = layer_copies
+        self._inline = inline  # each layer small enough to copy in the caller (StreamPool.submit)
         self._pool = pool
         self._direction = direction
         self._handles: list[JobHandle | None] = [None] * len(layer_copies)
@@ -36,7 +38,7 @@ class LayeredStore(JobHandle):
         """The forward pass has written ``layer``: copy it out (once; unknown layers ignored)."""
         with self._lock:
             if self._verdict is None and 0 <= layer < len(self._handles) and self._handles[layer] is None:
-                self._handles[layer] = self._pool.submit(self._direction, self._copies[layer])
+                self._handles[layer] = self._pool.submit(self._direction, self._copies[layer], self._inline)
 
     def end(self, commit: bool) -> None:
         """The step is over: ``commit`` copies every layer not yet saved; else abort the job."""
@@ -46,7 +48,7 @@ class LayeredStore(JobHandle):
             if commit:
                 for layer, handle in enumerate(self._handles):
                     if handle is None:
-                        self._handles[layer] = self._pool.submit(self._direction, self._copies[layer])
+                        self._handles[layer] = self._pool.submit(self._direction, self._copies[layer], self._inline)
             self._verdict = commit
 
     def _submitted(self) -> list[JobHandle]:

@@ -23,6 +23,11 @@ class SlotFences:
             for s in slots:
                 self._fences[s] = handle
 
+    def clear(self, slots: Iterable[int]) -> bool:
+        """No job still reads any of ``slots`` (a copy into them would not wait)."""
+        with self._lock:
+            return not any((h := self._fences.get(s)) is not None and not h.done() for s in slots)
+
     def wait(self, slots: Iterable[int]) -> None:
         with self._lock:
             handles = {id(h): h for s in slots if (h := self._fences.get(s)) is not None}

@@ -23,5 +23,5 @@ def test_run_prints_what_ran(capsys):
 
     assert main(["run", "--conversations", "2", "--turns", "2", "--num-gpu-blocks", "48", "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith("model=tiny, device KV cache 48 blocks x 16 tokens")
+    assert out.splitlines()[0].startswith("model=small, device KV cache 48 blocks x 16 tokens")
     assert "workload: 2 chats x 2 turns" in out and "tokens/s (prompt+generated)" in out

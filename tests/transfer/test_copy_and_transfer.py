@@ -51,12 +51,12 @@ class SlowStreamPool(CPUStreamPool):
         super().__init__(num_streams)
         self.delay_s = delay_s
 
-    def submit(self, direction, fn):
+    def submit(self, direction, fn, inline=False):
         def slow():
             time.sleep(self.delay_s)
             fn()
 
-        return super().submit(direction, slow if self.delay_s else fn)
+        return super().submit(direction, slow if self.delay_s else fn, inline and not self.delay_s)
 
 
 def make_handler(num_device_blocks=12, host_blocks=6, factor=2, delay=0.0, chunk_bytes=1 << 20):
