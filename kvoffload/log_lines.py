@@ -110,7 +110,8 @@ def parse_json(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RequestLogError(f"{where}: not JSON ({exc.msg} at column {exc.colno}); one object a line") from None
+        what = exc.msg.removesuffix(" at")  # "Unterminated string starting at" names no place by itself
+        raise RequestLogError(f"{where}: not JSON at column {exc.colno} ({what}); one object a line") from None
     except RecursionError:
         raise RequestLogError(f"{where}: JSON nested too deeply to read; a request is an object a few levels deep") from None
     except ValueError as exc:  # an integer past Python's digit limit

@@ -48,7 +48,8 @@ def test_the_stand_in_tokenizer_keeps_shared_prefixes_shared():
 
 
 @pytest.mark.parametrize("line, message", [
-    ("{not json", r"line 1: not JSON \(Expecting property name .* at column 2\); one object a line"),
+    ("{not json", r"line 1: not JSON at column 2 \(Expecting property name .*\); one object a line"),
+    ('{"timestamp": 1, "prompt_tok', r"line 1: not JSON at column 18 \(Unterminated string starting\); one object a line"),
     ("[1, 2]", "line 1: a request must be a JSON object, got list"),
     ({"model": "m"}, "line 1: no prompt: give prompt_token_ids, prompt \\(text\\) or messages"),
     ({"prompt_token_ids": [1, -2]}, r"line 1: prompt_token_ids must be a non-empty list of ints in \[0, 1000\)"),
