@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kvoffload's log level (default: $KVOFFLOAD_LOG_LEVEL, else warning)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from kvoffload.bench.measure import DefaultsFormatter
+    from kvoffload.help_format import DefaultsFormatter
 
     run = sub.add_parser("run", help="run the bundled engine on a multi-turn chat workload and report",
                          description="Run the bundled engine on a multi-turn chat workload without offload and "
@@ -254,8 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="small | tiny | tiny-hybrid | a Llama-family or Gemma 3 checkpoint directory (small: its "
                           "prefill costs far more than loading its KV back, as a real model's does on a GPU server; "
                           "tiny is a test model whose prefill is nearly free, so offload's fixed costs show)")
+    from kvoffload.examples import known_examples
+
+    engine_examples = [name for name in known_examples() if not name.startswith("vllm_")]  # those are vLLM's
     run.add_argument("--config", default="cpu",
-                     help="offload YAML, or a packaged example by name (cpu, cpu_disk, mooncake, research_arc; default: cpu);"
+                     help=f"offload YAML, or a packaged example by name ({', '.join(engine_examples)}; default: cpu);"
                           " compared side by side with a run without offload")
     run.add_argument("--no-offload", action="store_true", help="ignore --config and run without offload")
     run.add_argument("--num-gpu-blocks", type=int, default=64,

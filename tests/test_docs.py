@@ -214,3 +214,11 @@ def test_every_config_key_is_documented_with_its_value(section):
     shown = "\n".join(body for _, body in _blocks("yaml"))
     missing = [k for k in keys if not re.search(rf"^\s*(- )?{k}:", shown, re.M) and f"{k}:" not in shown]
     assert not missing, f"{section or 'top level'}: {missing} not in any YAML block of the docs"
+
+
+def test_the_quickstart_python_runs_and_prints_what_its_comment_says(capsys):
+    """The quickstart's one Python block is what a newcomer pastes first: it runs as written."""
+    quickstart = [body for where, body in _blocks("python") if where.startswith("docs/quickstart.md")]
+    assert len(quickstart) == 1
+    exec(compile(quickstart[0], "quickstart", "exec"), {})
+    assert capsys.readouterr().out.strip().endswith("{'device': 0, 'cpu': 192, 'disk': 0}")

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvoffload.help_format import DefaultsFormatter
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -73,14 +75,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
     return value
-
-
-class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends "(default: X)" unless the help already says what the default is."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        return text if "default" in text or action.default is None else super()._get_help_string(action) or ""
 
 
 class _BenchParser(argparse.ArgumentParser):

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from kvoffload.errors import describe_value
+from kvoffload.help_format import DefaultsFormatter
 from kvoffload.output_paths import check_output
 from kvoffload.plan.log_reader import RequestLog
 from kvoffload.plan.planner import Plan
@@ -23,7 +24,7 @@ QUEUEING_NOTE = 5.0
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="kvoffload plan", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="kvoffload plan", formatter_class=DefaultsFormatter,
         description="Replay a request log through the device prefix cache and each tier chain, priced by measured "
                     "speeds: tokens and bytes per tier, prefill saved, time to first token with and without offload, "
                     "and the configuration to buy.")
