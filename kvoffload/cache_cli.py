@@ -68,7 +68,10 @@ def _describe(entry: CacheFile) -> str:
     if lay is None:
         return f"  {entry.path.name}: not a tier file of this version (no engine reads it); {_size(entry.disk_bytes)}"
     ns = entry.namespace
-    what = ", ".join(f"{k} {v[:24]}" for k, v in ns.items() if k in ("model", "dtype", "layout")) or "unknown"
+    label = ns.get("label", "")
+    what = ", ".join([*([f"model {label[-60:]}"] if label else []),
+                      *(f"{k} {v[:24]}" for k, v in ns.items() if k in ("dtype", "layout") or (k == "model" and not label))
+                      ]) or "unknown"
     rank = f", rank {lay.rank} of {lay.world_size}" if lay.world_size > 1 else ""
     digest = entry.namespace_digest or "unknown (no namespace file)"
     if digest != lay.digest:

@@ -29,6 +29,7 @@ BENCHMARKS = {
     "chaos": "random engines, tiers and faults: every output checked against a reference",
     "profile": "the speeds `kvoffload plan` prices with (prefill, tier loads) vs a plain memory copy; writes the YAML",
     "plan": "`kvoffload plan`'s predictions vs live bundled-engine runs: tokens per tier, returning TTFT p50",
+    "mix": "vLLM offline (its Python): returning turns batched with fresh prompts, TTFT per configuration",
     "degrade": "a disk tier that slows down after auto timed it: burst TTFT vs recomputing (plain)",
 }
 

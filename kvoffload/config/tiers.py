@@ -39,12 +39,16 @@ class TierConfig:
         """What the tier's ledger evicts by: the resolved policy, else its name."""
         return self.policy if self.policy is not None else self.eviction_policy
 
-    def num_blocks(self, block_bytes: int, key: str = "") -> int:
-        n = self.capacity_bytes // block_bytes
+    def num_blocks(self, block_bytes: int, key: str = "", overhead: tuple[int, int] = (0, 0)) -> int:
+        """Blocks of ``block_bytes`` that ``capacity`` holds, with the tier's own bytes beside
+        them (``overhead``: per block, in all; e.g. a disk tier's record and file headers)."""
+        per_block, fixed = overhead
+        n = max(self.capacity_bytes - fixed, 0) // (block_bytes + per_block)
         if n < 1:
+            beside = f", plus the tier's own {fixed} bytes and {per_block} a block" if fixed or per_block else ""
             raise ConfigError(
                 f"{key or 'tiers'}.capacity: {self.capacity_bytes} bytes is smaller than one offloaded block "
-                f"({block_bytes} bytes); raise the capacity"
+                f"({block_bytes} bytes{beside}); raise the capacity"
             )
         return n
 

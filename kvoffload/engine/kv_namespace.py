@@ -42,4 +42,4 @@ def engine_namespace(config: EngineConfig, model: ModelConfig, block_bytes: int)
         "kv_dtype": config.dtype,
         "geometry": f"{config.block_size}t/{block_bytes}b",
         "hash": f"{HASH_ALGORITHM}:{ROOT_BLOCK_HASH.hex()}",
-    })
+    }, label=model.checkpoint_dir or config.model)

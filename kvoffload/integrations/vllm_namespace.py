@@ -61,4 +61,4 @@ def vllm_namespace(vllm_config: Any, kv_spec: Any, num_layers: int) -> KVNamespa
         "kv_dtype": getattr(cache_config, "cache_dtype", None),
         "geometry": f"{kv_spec}|layers={num_layers}",
         "hash": f"{getattr(cache_config, 'prefix_caching_hash_algo', None)}:seed={os.getenv('PYTHONHASHSEED')}",
-    })
+    }, label=str(getattr(model_config, "model", "") or ""))

@@ -27,6 +27,8 @@ from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.plan.device_queue import DeviceQueue
 from kvoffload.plan.log_reader import PlanRequest
 from kvoffload.plan.tier_spec import PlannedTier
+from kvoffload.registry import TIER_KINDS
+from kvoffload.tiers.base import TierKind
 
 
 def _spec_type(medium: str) -> type[LoadStoreSpec]:
@@ -81,15 +83,20 @@ def device_hits(requests: Sequence[PlanRequest], capacity: int, block_tokens: in
     return out
 
 
-def _blocks(tier: PlannedTier, block_bytes: int, most: int) -> int:
+def _blocks(tier: PlannedTier, block_bytes: int, most: int, overhead: tuple[int, int] = (0, 0)) -> int:
     """The tier's size in blocks, at most ``most``: a tier that holds every block the log stores
-    never evicts, and its ledger need not be bigger (a petabyte is not allocated slot by slot)."""
-    return max(1, min(tier.size_bytes // block_bytes, most))
+    never evicts, and its ledger need not be bigger (a petabyte is not allocated slot by slot).
+    ``overhead``: what the kind keeps beside each block and in all (``TierKind.storage_overhead``),
+    as the engine counts it."""
+    per_block, fixed = overhead
+    return max(1, min(max(tier.size_bytes - fixed, 0) // (block_bytes + per_block), most))
 
 
 def build_chain(tiers: Sequence[PlannedTier], block_bytes: int, most: int = 1 << 62) -> HostTierChain:
     host = CPUTier(_blocks(tiers[0], block_bytes, most), tiers[0].policy)
-    lower = [LedgerTier(_blocks(t, block_bytes, most), t.policy, _spec_type(t.medium)) for t in tiers[1:]]
+    kinds: list[type[TierKind]] = [TIER_KINDS.load(t.medium) for t in tiers[1:]]
+    lower = [LedgerTier(_blocks(t, block_bytes, most, kind.storage_overhead()), t.policy, _spec_type(t.medium))
+             for t, kind in zip(tiers[1:], kinds)]
     return HostTierChain(host, *lower, write_through=[t.write_through for t in tiers[1:]])
 
 

@@ -68,6 +68,12 @@ class TierKind(ABC):
     relative_capacity: ClassVar[bool] = False
 
     @classmethod
+    def storage_overhead(cls) -> tuple[int, int]:
+        """Bytes the kind keeps beside the KV: (per block, per rank), e.g. a file's record
+        headers and its file header. ``capacity`` bounds the whole, so they take blocks away."""
+        return 0, 0
+
+    @classmethod
     def parse_options(cls, raw: Mapping[str, Any], key: str) -> Any:
         """Validate this kind's own keys (``raw`` holds only ``option_keys``); the result is
         ``TierConfig.options``. Raise ConfigError naming ``{key}.<option>``."""

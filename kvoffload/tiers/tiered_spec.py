@@ -23,7 +23,7 @@ class TieredOffloadingSpec(OffloadingSpec):
     def num_blocks_per_tier(self) -> list[int]:
         """A tier's ``capacity`` is its total over all ranks (like vLLM's ``cpu_bytes_to_use``):
         under tensor parallelism each rank holds its shard of every block, capacity / world_size."""
-        return self.config.tier_blocks(self.offloaded_block_bytes * self.kv_info.world_size)
+        return self.config.tier_blocks(self.offloaded_block_bytes * self.kv_info.world_size, self.kv_info.world_size)
 
     def tier_kinds(self) -> list[TierKind]:
         """The secondary tiers, in chain order, as their kinds' plugins."""

@@ -47,6 +47,16 @@ class StoreBackpressure:
                 return False
             return True
 
+    def why_late(self) -> str:
+        """Why stores are being skipped, in figures: the stores' average lateness, or the one
+        still running past its allowance (before any store has finished, the average says 0)."""
+        with self._lock:
+            now = time.monotonic()
+            overrun = max(((now - t0) / allowed for t0, allowed in self._running.values()), default=0.0)
+            if self.lateness > 1.0:
+                return f"stores take {self.lateness:.1f}x the time allowed on average"
+            return f"a store still running has taken {overrun:.1f}x the time allowed"
+
     def started(self, nbytes: int) -> int:
         allowed = self.per_job_s + (self.s_per_mib or 0.0) * nbytes / _MIB
         with self._lock:

@@ -39,6 +39,8 @@ from kvoffload.transfer.tier_io import TierIO
 from kvoffload_ext import copy_block_groups
 
 logger = logging.getLogger(__name__)
+#: Tiers whose skipped stores were logged (by name): one line a tier per process.
+_SKIPS_LOGGED: set[str] = set()
 
 #: A load reads this much at a time (at least a block), checking for cancellation in between.
 READ_PIECE_BYTES = 1 << 20
@@ -106,7 +108,6 @@ class SecondaryTierHandler(TrackedJobsHandler):
             io.register_memory(chunk.data_ptr(), chunk.numel() * chunk.element_size())
         self.pool = DirectionLanes()  # loads never wait behind stores
         self.backpressure = StoreBackpressure(store_latency_bound_s)
-        self._skip_logged = False
         self.from_host = copy_direction(Medium.CPU, medium)
         self.staging = f"{self.from_host}:staging"  # a lane of its own, not a reported direction
         self.to_device = copy_direction(medium, Medium.GPU)
@@ -176,13 +177,13 @@ class SecondaryTierHandler(TrackedJobsHandler):
         """Backpressure: a store the tier is too slow to take now finishes at once, skipped."""
         if self.backpressure.admit():
             return True
-        if not self._skip_logged:
-            self._skip_logged = True
+        if self.io.name not in _SKIPS_LOGGED:  # one line a tier per process, however many handlers serve it
+            _SKIPS_LOGGED.add(self.io.name)
             bp = self.backpressure
-            logger.warning("kvoffload: %s: stores skipped while they run late (%.1fx the time allowed: %g ms per MiB "
-                           "+ %g ms per store, queueing included); counted in kvoffload_tier_stores_skipped_total, "
-                           "the blocks stay in the tiers above (logged once)", self.io.name, bp.lateness,
-                           (bp.s_per_mib or 0.0) * 1e3, bp.per_job_s * 1e3)
+            logger.warning("kvoffload: %s: stores skipped while they run late (%s: %g ms per MiB + %g ms per store, "
+                           "queueing included); counted in kvoffload_tier_stores_skipped_total, the blocks stay in "
+                           "the tiers above (logged once)", self.io.name, bp.why_late(), (bp.s_per_mib or 0.0) * 1e3,
+                           bp.per_job_s * 1e3)
         self._track(direction, job_id, failed_handle(StoreSkipped(self.io.name)), 0)
         return False
 

@@ -77,13 +77,11 @@ class CPUStreamPool(StreamPool):
     def submit(self, direction: str, fn: Callable[[], None], inline: bool = False) -> JobHandle:
         with self._lock:
             prev = self._last.get(direction)
+            here: cf.Future[float] | None = None
             if inline and (prev is None or prev.done()):
                 # Waking a copy thread and getting the GIL back costs the caller tens of
                 # microseconds, more than a small copy: run it here, in the direction's order.
-                here: cf.Future[float] = cf.Future()
-                self._last[direction] = here
-            else:
-                here = None
+                here = self._last[direction] = cf.Future()
         if here is not None:
             t0 = time.perf_counter()
             try:

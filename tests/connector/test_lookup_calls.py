@@ -55,7 +55,8 @@ def _counting(tier, calls: Counter):
 
 def _scheduler(tmp_path):
     cfg = OffloadConfig.from_dict({"tiers": [{"medium": "cpu", "capacity": 16 * 100},
-                                             {"medium": "disk", "capacity": 16 * 100, "path": str(tmp_path)}]})
+                                             {"medium": "disk", "capacity": 4096 + 16 * (100 + 64),  # 16 records
+                                              "path": str(tmp_path)}]})
     info = EngineKVInfo(block_size=4, block_bytes=100, num_device_blocks=32)
     return OffloadingConnectorScheduler(OffloadingSpecFactory.create_spec(cfg, info))
 

@@ -29,7 +29,8 @@ def test_the_registry_is_asked_once_per_tier_and_the_tier_uses_the_resolved_clas
     name = f"{__name__}:CountingLRU"
     cfg = OffloadConfig.from_dict({"tiers": [
         {"medium": "cpu", "capacity": 8 * 100, "eviction_policy": name},
-        {"medium": "disk", "capacity": 8 * 100, "path": str(tmp_path), "eviction_policy": "arc"}]})
+        # 8 blocks of 100 bytes and the disk records' headers (64 bytes each, 4096 for the file)
+        {"medium": "disk", "capacity": 4096 + 8 * (100 + 64), "path": str(tmp_path), "eviction_policy": "arc"}]})
     assert cfg.tiers[0].policy == PolicyRef(name, CountingLRU)
     assert cfg.tiers[0].cache_policy is cfg.tiers[0].policy
     made_at_config = CountingLRU.made  # config checks the class can be made

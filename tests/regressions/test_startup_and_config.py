@@ -45,7 +45,7 @@ def test_unopenable_tier_file_and_a_second_owner_are_one_line_errors(tmp_path, m
     with LLM(EngineConfig(kv_offload=_disk_cfg(tmp_path))):
         cfg = tmp_path / "t.yaml"
         cfg.write_text(yaml.safe_dump(_disk_cfg(tmp_path)))
-        assert main(["run", "--config", str(cfg)]) == 2
+        assert main(["run", "--model", "tiny", "--config", str(cfg)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"in use by process {os.getpid()} (" in err[0]
     real_open = os.open

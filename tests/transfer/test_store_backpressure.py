@@ -17,6 +17,19 @@ from kvoffload.transfer.secondary_handler import SecondaryTierHandler
 from kvoffload.transfer.slot_fence import SlotFences
 
 
+def test_why_late_names_the_overrun_store_before_any_store_finished():
+    """The log line said "0.0x the time allowed" when the first store was still overrunning."""
+    bp = StoreBackpressure(s_per_mib=0.001, per_job_s=0.001)  # 1 KiB: about 1 ms allowed
+    token = bp.started(1024)
+    time.sleep(0.02)
+    assert not bp.admit() and bp.lateness == 0.0
+    why = bp.why_late()
+    assert why.startswith("a store still running has taken ") and why.endswith("x the time allowed")
+    assert float(why.split("taken ")[1].split("x")[0]) >= 10.0
+    bp.finished(token)
+    assert bp.lateness > 1.0 and bp.why_late() == f"stores take {bp.lateness:.1f}x the time allowed on average"
+
+
 def test_stores_are_admitted_while_on_time_skipped_while_late_and_again_after_recovery():
     bp = StoreBackpressure(s_per_mib=0.001, per_job_s=0.01)  # 1 MiB: 11 ms allowed
     assert bp.admit()  # nothing in flight: always

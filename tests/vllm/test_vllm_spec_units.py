@@ -258,7 +258,7 @@ def test_same_trace_same_hits_as_vllms_manager(policy, capacity):
     """The --vs-vllm replay: kvoffload behind vLLM's contract hits what vLLM's own manager hits."""
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUManager
 
-    from kvoffload.bench.vllm_manager_bench import as_keys, replay_vllm_protocol
+    from kvoffload.bench.vllm_manager_replay import as_keys, replay_vllm_protocol
     from kvoffload.traces import synthetic_prefix_workload
 
     keys = as_keys(synthetic_prefix_workload(600, num_docs=200))

@@ -14,7 +14,7 @@ from kvoffload.auth import RecordTagger
 from kvoffload.config import ConfigError, TierConfig, default_cache_dir, format_bytes
 from kvoffload.offload.mediums import DISK, DiskLoadStoreSpec
 from kvoffload.tiers.base import TierContext, TierKind
-from kvoffload.tiers.disk.format import HEADER_BYTES, DiskLayout, parse_file_header
+from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout, parse_file_header
 from kvoffload.tiers.disk.io import DiskIO
 from kvoffload.tiers.disk.tier import DiskTier, capacity_past_free_space, prepare_tier_dir, tier_file
 
@@ -39,6 +39,10 @@ class DiskKind(TierKind):
     spec_type = DiskLoadStoreSpec
     option_keys = frozenset({"max_store_ms_per_mib"})
     relative_capacity = True
+
+    @classmethod
+    def storage_overhead(cls) -> tuple[int, int]:
+        return RECORD_HEADER, HEADER_BYTES  # each record's header, each rank's file header
 
     @classmethod
     def parse_options(cls, raw: Mapping[str, Any], key: str) -> float:
@@ -146,7 +150,7 @@ class DiskKind(TierKind):
         t = self.ctx.tier
         if t.capacity_share is not None:
             logger.info("kvoffload: disk tier at %s: capacity %s (%g%% of the free space there)", t.path,
-                        format_bytes(self.layout().num_slots * self.ctx.block_bytes), 100 * t.capacity_share)
+                        format_bytes(self.layout().file_bytes * self.ctx.world_size), 100 * t.capacity_share)
         layout = self.layout()
         return DiskTier(self._path(), layout, t.cache_policy, self.ctx.events, key=f"{self.ctx.key}.path",
                         namespace=self.ctx.namespace, size_note=self.size_note)

@@ -52,6 +52,8 @@ def tier_file(path: str | Path, layout: DiskLayout) -> Path:
 NAMESPACE_GLOB = "kvoffload-*.namespace.json"
 #: The namespace file's entry holding the namespace digest (the rest are its components).
 NAMESPACE_KEY = "namespace"
+#: The namespace file's entry naming the model as a person would (not a component of the digest).
+LABEL_KEY = "label"
 
 
 def namespace_file(directory: Path, tier_digest: str) -> Path:
@@ -195,6 +197,7 @@ class DiskTier(LedgerTier):
             if digest == self.layout.digest:
                 continue
             theirs = other.pop(NAMESPACE_KEY, "")
+            other.pop(LABEL_KEY, None)
             why = "the secret differs" if theirs == namespace.digest else \
                 f"{', '.join(namespace.differences(other)) or 'format'} differ"
             stale.append(f"{theirs or digest} ({why})")
@@ -203,6 +206,8 @@ class DiskTier(LedgerTier):
                            "what changes the KV changed; those files stay until removed", self.path, "; ".join(stale))
         sidecar = namespace_file(directory, self.layout.digest)
         entries = namespace.as_dict() | {NAMESPACE_KEY: namespace.digest}
+        if namespace.label:
+            entries[LABEL_KEY] = namespace.label
         try:
             replace_file(sidecar, json.dumps(entries, indent=1, sort_keys=True).encode())
         except OSError as exc:
@@ -280,10 +285,10 @@ class DiskTier(LedgerTier):
             except OSError as exc:
                 raise DiskTierError(f"disk tier {p}: cannot resize it to {lay.file_bytes} bytes ({exc.strerror}); "
                                     "free space, lower the tier's capacity or pick another path") from None
-        record = self.layout.block_bytes
         why = f" ({self.size_note})" if self.size_note else ""
         logger.warning("kvoffload: disk tier %s: capacity %s -> %s%s: %s blocks kept, %s dropped (slots past the new "
-                       "end)", self.path, format_bytes(old * record), format_bytes(new * record), why,
+                       "end)", self.path, format_bytes(olds[0].file_bytes * len(olds)),
+                       format_bytes(layouts[0].file_bytes * len(layouts)), why,
                        f"{self.num_recovered:,}", f"{dropped:,}")
 
     def _recover(self, layouts: list[DiskLayout]) -> int:

@@ -55,6 +55,8 @@ def test_ls_and_verify_a_tier_written_by_a_run(tmp_path, capsys):
     assert main(["cache", "ls", "--path", str(tmp_path / "cache")]) == 0
     text = capsys.readouterr().out
     assert f"namespace {entry['digest']}" in text and "60 records of" in text and "not in use" in text
+    # The model as a person names it (it was shown only as its config's digest); never in the digest.
+    assert entry["namespace"]["label"] == "tiny" and "(model tiny, dtype float32)" in text
     assert main(["cache", "verify", "--path", str(tmp_path / "cache")]) == 0
     assert "60 intact" in capsys.readouterr().out
 

@@ -71,3 +71,11 @@ def test_namespace_digest_covers_every_component():
         assert KVNamespace.of({**base, key: "other"}).digest != digest, key
     assert KVNamespace.of(dict(base)).digest == digest
     assert KVNamespace.of(base).differences({**KVNamespace.of(base).as_dict(), "weights": "x"}) == ["weights"]
+
+
+def test_the_label_names_the_model_for_people_and_is_not_part_of_the_digest():
+    """A checkpoint moved to another path is the same KV: its label changes, its digest does not."""
+    parts = {"weights": "checkpoint:abc", "model": "m1", "dtype": "float16"}
+    here, moved = KVNamespace.of(parts, label="/models/a"), KVNamespace.of(parts, label="/mnt/models/a")
+    assert here.digest == moved.digest and here.differences(moved.as_dict()) == []
+    assert "label" not in here.as_dict() and here.label == "/models/a"

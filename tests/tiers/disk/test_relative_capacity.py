@@ -105,16 +105,18 @@ def _restart_sized(path, caplog, capacity: str) -> tuple[int, list[str]]:
 
 def test_a_smaller_capacity_keeps_the_blocks_that_fit_and_counts_the_rest(tmp_path, caplog):
     """A new capacity used to empty the tier, blaming "another layout or version"."""
-    _restart_sized(tmp_path, caplog, "256KiB")  # 64 slots of 4 KiB: each run stores some blocks
+    # 62 slots of 4 KiB and their 64-byte headers after the file's 4 KiB header: the file, 255.88
+    # KiB, stays within the capacity. Each run stores some blocks.
+    _restart_sized(tmp_path, caplog, "256KiB")
     _restart_sized(tmp_path, caplog, "256KiB")
     held, _ = _restart_sized(tmp_path, caplog, "256KiB")
-    assert 16 < held <= 64  # slots are taken lowest first: they sit in slots 0 .. held - 1
-    recovered, lines = _restart_sized(tmp_path, caplog, "64KiB")  # 16 slots
-    resized = [line for line in lines if "capacity 256.00 KiB -> 64.00 KiB:" in line]
-    assert len(resized) == 1 and f"16 blocks kept, {held - 16} dropped (slots past the new end)" in resized[0], lines
-    assert recovered == 16
-    recovered, lines = _restart_sized(tmp_path, caplog, "256KiB")  # and back: those 16 are still there
-    assert recovered >= 16 and any("64.00 KiB -> 256.00 KiB" in line for line in lines)
+    assert 14 < held <= 62  # slots are taken lowest first: they sit in slots 0 .. held - 1
+    recovered, lines = _restart_sized(tmp_path, caplog, "64KiB")  # 14 slots: a 60.88 KiB file
+    resized = [line for line in lines if "capacity 255.88 KiB -> 60.88 KiB:" in line]
+    assert len(resized) == 1 and f"14 blocks kept, {held - 14} dropped (slots past the new end)" in resized[0], lines
+    assert recovered == 14
+    recovered, lines = _restart_sized(tmp_path, caplog, "256KiB")  # and back: those 14 are still there
+    assert recovered >= 14 and any("60.88 KiB -> 255.88 KiB" in line for line in lines)
 
 
 def test_another_models_tier_file_is_not_counted_as_this_tiers_space(tmp_path, free_space, caplog):

@@ -1,13 +1,14 @@
-"""The mix of #56 offline: returning chat turns batched with fresh long prompts in one
-``LLM.generate`` call per round, on vLLM in this Python, and each turn's first-token latency as
-vLLM measures it (its per-request metrics).
+"""Returning chat turns batched with fresh long prompts, offline on vLLM in this Python (one
+``LLM.generate`` call a round): each turn's first-token latency as vLLM measures it.
+
+It needs vLLM: run it with the Python of a vLLM environment (``kvoffload bench mix`` there).
 
 A 12-layer Llama shape with dummy weights, a device cache of 40 blocks of 128 tokens, steps of
 at most 1,024 tokens; round 0 opens six chats on 640 tokens, each of 4 rounds then sends each
 chat's next turn (64 tokens more) and three fresh 1,024-token prompts, the group ``--first``
 submitted first. Each configuration runs in a process of its own, in turn, ``--reps`` times::
 
-    .ci-vllm-venv/bin/python scripts/offline_mix.py --first turns --reps 3
+    .ci-vllm-venv/bin/python -m kvoffload bench mix --first turns --reps 3
 
 prints each run's returning-turn p50 and p95, and per configuration the median ± half-range of
 the run-by-run ratios against ``cpu:async`` and plain.
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvoffload.bench.measure import Sample
+from kvoffload.bench.measure import Sample, bench_parser
 from kvoffload.bench.serve_bench import rotation
 
 CPU = "1GiB"
@@ -64,7 +65,8 @@ def _child(config: str, first: str, work: Path) -> None:
 
 def _one(config: str, first: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run([sys.executable, __file__, "--child", config, "--first", first, "--work", tmp],
+        out = subprocess.run([sys.executable, "-m", "kvoffload.bench.mix_bench", "--child", config, "--first", first,
+                              "--work", tmp],
                              capture_output=True, text=True, check=False)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
@@ -76,14 +78,15 @@ def _fmt(ratios: Sample) -> str:
     return f"{ratios.fmt()}x ({', '.join(f'{v:.2f}' for v in ratios.values)})"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--first", choices=["turns", "fresh"], default="turns")
-    p.add_argument("--configs", default="plain,cpu:async,cpu")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--child")
-    p.add_argument("--work")
-    args = p.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    p = bench_parser("mix", __doc__)
+    p.add_argument("--first", choices=["turns", "fresh"], default="turns",
+                   help="which group each round submits first: the returning turns or the fresh prompts")
+    p.add_argument("--configs", default="plain,cpu:async,cpu", help="configurations, as bench serve's --configs")
+    p.add_argument("--reps", type=int, default=3, help="runs of each configuration (rotating order)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
     if args.child:
         _child(args.child, args.first, Path(args.work))
         return
