@@ -90,6 +90,18 @@ def test_the_built_wheel_runs_the_readme_commands_from_anywhere(installed):
     assert run("-c", "import importlib.resources as r; print(r.files('kvoffload') / 'py.typed')").strip()
 
 
+def test_the_wheel_follows_the_quickstart_literally(installed):
+    """The quickstart's Python block, as written, from the installed wheel; and the commands the
+    docs run beside a vLLM or Dynamo install are in the wheel."""
+    import re
+
+    page = (ROOT / "docs" / "quickstart.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", page, re.S)
+    assert installed.run("-c", block).strip().endswith("{'device': 0, 'cpu': 192, 'disk': 0}")
+    assert "kvoffload bench mix" in installed.run("-m", "kvoffload", "bench", "mix", "--help")
+    assert "--selector" in installed.run("-m", "kvoffload.integrations.dynamo_gateway", "--help")
+
+
 def test_no_path_in_the_package_refers_outside_it():
     """Nothing under kvoffload/ reaches for the development checkout (../shared/traces only
     exists beside one): a wheel finds its files inside itself."""

@@ -41,14 +41,14 @@ def test_the_cpu_disk_example_runs_on_a_fresh_home(fresh_home):
     cfg = OffloadConfig.from_yaml(resolve_config("cpu_disk"))
     assert cfg.tiers[1].path == str(fresh_home / ".cache" / "kvoffload")
     assert not (fresh_home / ".cache").exists()
-    prompts = [[(i * 37 + j) % 250 + 1 for j in range(400)] for i in range(12)]  # overflow the 1 MiB CPU tier
-    llm = LLM(EngineConfig(num_gpu_blocks=64, kv_offload=cfg))
+    prompts = [[(i * 37 + j) % 250 + 1 for j in range(400)] for i in range(12)]  # 300 blocks: past the CPU tier's 64
+    llm = LLM(EngineConfig(model="small", num_gpu_blocks=64, kv_offload=cfg))
     first = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=4))]
     llm.close()
     cache = fresh_home / ".cache" / "kvoffload"
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     assert [p.name for p in cache.iterdir() if p.suffix == ".kvdata"]  # the tier's file is there
-    again = LLM(EngineConfig(num_gpu_blocks=64, kv_offload=cfg))  # a restart recovers it
+    again = LLM(EngineConfig(model="small", num_gpu_blocks=64, kv_offload=cfg))  # a restart recovers it
     out = [o.token_ids for o in again.generate(prompts, SamplingParams(max_tokens=4))]
     assert out == first and again.stats()["prefix_hit_tokens"]["disk"] > 0
     again.close()

@@ -18,7 +18,7 @@ def _row(out: str, name: str) -> list[str]:
 
 def test_run_shows_a_second_replica_hitting_the_shared_tier(master, tmp_path, capsys):
     cfg = tmp_path / "mooncake.yaml"
-    cfg.write_text(yaml.safe_dump({"tiers": [{"name": "cpu", "medium": "cpu", "capacity": "1MiB"},
+    cfg.write_text(yaml.safe_dump({"tiers": [{"name": "cpu", "medium": "cpu", "capacity": "4MiB"},  # 64 demo blocks
                                              master.tier(segment="64MiB", local_buffer="16MiB")]}))
     rc = main(["run", "--config", str(cfg), "--replicas", "2", "--conversations", "6", "--turns", "2"])
     out = capsys.readouterr().out
