@@ -12,7 +12,7 @@ from kvoffload.help_format import DefaultsFormatter
 from kvoffload.output_paths import check_output
 from kvoffload.plan.log_reader import RequestLog
 from kvoffload.plan.planner import Plan
-from kvoffload.plan.request_log import MAX_TOKENS
+from kvoffload.plan.request_log import MAX_TOKENS, BadLines
 from kvoffload.plan.tier_spec import TierSpecError, format_size
 
 DEFAULT_DEVICE_BLOCKS = 64
@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype if not the model's (e.g. fp8)")
     p.add_argument("--output-tokens", type=int, default=128,
                    help="tokens each reply generates where the log does not say (max_tokens)")
+    p.add_argument("--skip-bad-lines", type=int, default=0, metavar="N",
+                   help="skip up to N lines that are not a valid request (a live log's last line is often cut "
+                        "short); each is counted and the first reported")
     p.add_argument("--limit", type=int, default=None, help="read only the first N requests")
     p.add_argument("--within", type=float, default=0.05,
                    help="recommend the smallest configuration within this share of the best's prefill saved")
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--block-size {args.block_size}: give a positive number of tokens")
     if not 1 <= args.output_tokens <= MAX_TOKENS:
         raise ValueError(f"--output-tokens {args.output_tokens}: give 1 to {MAX_TOKENS:,}")
+    if args.skip_bad_lines < 0:
+        raise ValueError(f"--skip-bad-lines {args.skip_bad_lines}: give 0 or more lines")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit}: give at least 1 request")
     if not 0 <= args.within < 1:  # NaN fails too
@@ -141,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     source = f"--profile {args.profile or '(shipped)'}"
     require_speeds(profile, chains, source)  # before the log is read: a large one takes a while
     # Token ids are only hashed here, whatever the model's vocabulary; text is hashed into ids.
-    log = read_log(args.log, args.block_size, vocab=1 << 62, output_tokens=args.output_tokens, limit=args.limit)
+    bad = BadLines(args.skip_bad_lines)
+    log = read_log(args.log, args.block_size, vocab=1 << 62, output_tokens=args.output_tokens, limit=args.limit,
+                   bad=bad)
     block_bytes = shape.bytes_per_token * log.block_tokens
     _check_tiers_hold_a_block(chains, block_bytes, log.block_tokens, shape.name)
     device = _device_blocks(args, shape.bytes_per_token * args.block_size) * args.block_size // log.block_tokens
@@ -152,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{log.block_tokens} tokens, {format_size(block_bytes)} each ({shape.name}: {shape.bytes_per_token:,} B "
           f"of KV per token); device prefix cache {device:,} blocks; profile: {args.profile or 'shipped'}"
           + (f" ({profile.machine})" if profile.machine else ""))
+    if bad.note():
+        print(bad.note())
     gap = _longest_gap(log)
     if gap is not None:
         print(gap)
@@ -164,13 +173,15 @@ def main(argv: list[str] | None = None) -> int:
               "measures the queue more than the tiers; price the plan with the profile of the engine you serve "
               "with (--profile)")
     print(_table(plan))
-    advice = advise(plan.results, args.within, args.knee_share)
+    advice = advise(plan.results, args.within, args.knee_share, plan.working_set_bytes, plan.device_bytes)
     print()
     print(advice.paragraph)
     if args.json:
         doc = {"log": str(args.log), "model": shape.name, "block_tokens": log.block_tokens, "block_bytes": block_bytes,
                "device_blocks": device, "stand_in_tokenizer": log.stand_in,
-               "results": [r.as_dict() for r in plan.results], "recommended": advice.recommended.label,
+               "working_set_bytes": plan.working_set_bytes, "device_bytes": plan.device_bytes,
+               "results": [r.as_dict() for r in plan.results],
+               "recommended": advice.buy_label or None, "recommended_bytes": advice.buy_bytes,
                "knee": advice.knee.label if advice.knee else None, "advice": advice.paragraph}
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.plot:

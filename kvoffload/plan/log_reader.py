@@ -21,7 +21,7 @@ from pathlib import Path
 from kvoffload.engine.hashing import hash_request_blocks
 from kvoffload.errors import describe_value
 from kvoffload.log_lines import number, parse_json, read_lines
-from kvoffload.plan.request_log import MAX_TIMESTAMP, RequestLogError, read_request_log
+from kvoffload.plan.request_log import MAX_TIMESTAMP, BadLines, RequestLogError, read_request_log
 
 #: ``--log sample``: a small chat log shipped with kvoffload (8 chats x 3 turns, two shared system prompts).
 SAMPLE_LOG = "sample"
@@ -74,7 +74,7 @@ def detect_form(path: Path) -> str:
 
 
 def read_log(path: str | Path, block_size: int, vocab: int = 32000, output_tokens: int = 128,
-             limit: int | None = None) -> RequestLog:
+             limit: int | None = None, bad: BadLines | None = None) -> RequestLog:
     if str(path) == SAMPLE_LOG and not Path(path).exists():
         from importlib import resources
 
@@ -89,12 +89,13 @@ def read_log(path: str | Path, block_size: int, vocab: int = 32000, output_token
     if form == "weka":
         return _weka(p, limit)
     if form == "mooncake":
-        return _mooncake(p, limit)
-    return _openai(p, block_size, vocab, output_tokens, limit)
+        return _mooncake(p, limit, bad or BadLines(option=None))
+    return _openai(p, block_size, vocab, output_tokens, limit, bad)
 
 
-def _openai(p: Path, block_size: int, vocab: int, output_tokens: int, limit: int | None) -> RequestLog:
-    logged = read_request_log(p, vocab=vocab, limit=limit, vocab_flag=None)  # plan hashes any id
+def _openai(p: Path, block_size: int, vocab: int, output_tokens: int, limit: int | None,
+            bad: BadLines | None) -> RequestLog:
+    logged = read_request_log(p, vocab=vocab, limit=limit, vocab_flag=None, bad=bad)  # plan hashes any id
     full: list[list[Hashable]] = [list(hash_request_blocks(r.tokens, block_size)) for r in logged]
     # A hit leaves the engine the prompt's last token to compute: a block-aligned prompt's last
     # block is never loaded.
@@ -137,10 +138,14 @@ def _mooncake_line(rec: object, n: int) -> tuple[list[int], float, int]:
     return ids, ts / 1000.0, int(length)
 
 
-def _mooncake(p: Path, limit: int | None) -> RequestLog:
+def _mooncake(p: Path, limit: int | None, bad: BadLines) -> RequestLog:
     reqs = []
     for n, line in read_lines(p):
-        ids, ts, length = _mooncake_line(parse_json(line, f"line {n}"), n)
+        try:
+            ids, ts, length = _mooncake_line(parse_json(line, f"line {n}"), n)
+        except RequestLogError as exc:
+            bad.skip(exc)
+            continue
         full = ids[: length // MOONCAKE_BLOCK_TOKENS] if length else ids
         reqs.append(PlanRequest(ts, None, list(full), max(length, 1), list(full)))
         if limit is not None and len(reqs) >= limit:

@@ -69,7 +69,14 @@ class Plan:
     #: Median of each request's TTFT without offload over its prefill alone: far above 1,
     #: requests queue, and TTFT measures the queue more than the tiers.
     queueing: float = 1.0
+    #: The KV of every distinct block the log's requests store (their prompts' and replies'
+    #: full blocks): what a cache must hold for every repeated prefix to hit.
+    working_set_bytes: int = 0
     results: list[PlanResult] = field(default_factory=list)
+
+    @property
+    def device_bytes(self) -> int:
+        return self.device_blocks * self.block_bytes
 
 
 def returning_mask(log: RequestLog) -> np.ndarray:
@@ -139,7 +146,8 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
     alone = eng.prefill_s(base_new, dev_tok)  # each by itself
     base_prefill = float(alone.sum())
     plan = Plan(log.form, len(reqs), bt, block_bytes, device_blocks, log.stand_in,
-                queueing=float(np.median(base / np.maximum(alone, 1e-12))))
+                queueing=float(np.median(base / np.maximum(alone, 1e-12))),
+                working_set_bytes=len({h for r in reqs for h in r.stored}) * block_bytes)
     for tiers in chains:
         counts = replay_chain(reqs, dev, tiers, block_bytes, bt, order, progress, eng.max_batched_tokens)
         hit = dev_tok.copy()

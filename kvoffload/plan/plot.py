@@ -31,7 +31,7 @@ def plot_plan(results: Sequence[PlanResult], advice: Advice, path: str) -> None:
     ax2.plot(gib, [r.ttft_p50_s * 1e3 for r in rs], "s--", color="tab:red", label="returning TTFT p50 (ms)")
     ax2.axhline(rs[0].base_ttft_p50_s * 1e3, color="tab:red", linestyle=":", label="TTFT p50 without offload")
     ax2.set_ylabel("returning TTFT p50 (ms)", color="tab:red")
-    marks = [(advice.recommended, "*", "recommended")]
+    marks = [(advice.recommended, "*", "recommended")] if advice.recommended is not None else []
     if advice.knee is not None:
         marks.insert(0, (advice.knee, "v", "knee" if advice.knee is not advice.recommended else "knee, recommended"))
     for r, mark, text in marks if advice.knee is not advice.recommended else marks[:1]:

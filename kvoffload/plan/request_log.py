@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,35 +106,76 @@ def _object(raw: str, n: int) -> dict[str, Any]:
     return rec
 
 
+@dataclass(slots=True)
+class BadLines:
+    """Lines that are not a valid request, skipped up to ``allowed`` (a live log's last line is
+    often cut short); past that, the next one is an error that names the option."""
+
+    allowed: int = 0
+    #: The caller's option that sets ``allowed`` (None: it has none, and errors do not name one).
+    option: str | None = "--skip-bad-lines"
+    skipped: list[str] = field(default_factory=list)
+
+    def skip(self, exc: RequestLogError) -> None:
+        if len(self.skipped) < self.allowed:
+            self.skipped.append(str(exc))
+            return
+        if self.option is None:
+            raise exc
+        if self.allowed:
+            raise RequestLogError(f"{exc} (bad line {self.allowed + 1}: past {self.option} {self.allowed})") from None
+        raise RequestLogError(f"{exc} (or {self.option} N skips up to N bad lines)") from None
+
+    def note(self) -> str | None:
+        """One line for the report: how many were skipped and the first of them."""
+        if not self.skipped:
+            return None
+        return f"note: skipped {len(self.skipped):,} bad line(s) (--skip-bad-lines); the first: {self.skipped[0]}"
+
+
 def read_request_log(path: str | Path, vocab: int = 32000, limit: int | None = None,
-                     vocab_flag: str | None = "--vocab") -> list[LoggedRequest]:
+                     vocab_flag: str | None = "--vocab", bad: BadLines | None = None) -> list[LoggedRequest]:
     """The log's requests in arrival order (by timestamp where the lines have one).
-    ``vocab_flag``: the option that sets ``vocab`` for the caller (None: it has none)."""
+    ``vocab_flag``: the option that sets ``vocab`` for the caller (None: it has none); ``bad``:
+    how many bad lines to skip, and those skipped (None: the first is an error)."""
     p = Path(path)
     if p.is_dir():
         raise RequestLogError(f"--log {path}: a directory; give a request log file (OpenAI-style JSONL) inside it")
     if not p.is_file():
         raise RequestLogError(f"--log {path}: no such file; give an OpenAI-style JSONL request log")
     out: list[LoggedRequest] = []
-    for n, raw in read_lines(p):  # plain or gzipped
-        rec = _object(raw, n)
-        body: dict[str, Any] = rec["body"] if isinstance(rec.get("body"), dict) else rec  # a batch-API line
-        tokens, from_text = _prompt(body, n, vocab, vocab_flag)
-        ts = _number(rec, "timestamp", n, MAX_TIMESTAMP)
-        mt = _number(body, "max_tokens", n, MAX_TOKENS, "; a longer reply is beyond any model's context")
-        duration = _number(rec, "duration_s", n, MAX_SECONDS)
-        session = rec.get("session", rec.get("user", body.get("user")))
-        if session is not None and not ((isinstance(session, str) and len(session) <= MAX_SESSION_CHARS)
-                                        or (type(session) is int and session.bit_length() <= 64)):
-            raise RequestLogError(f"line {n}: session must be a string of at most {MAX_SESSION_CHARS} characters, "
-                                  f"got {describe_value(session)}")
-        out.append(LoggedRequest(n, tokens, math.nan if ts is None else ts / 1000 if ts > 1e11 else ts,
-                                 None if session is None else str(session),
-                                 None if mt is None else max(1, int(mt)), from_text, duration))
+    bad = bad if bad is not None else BadLines(option=None)
+    for n, raw in read_lines(p):  # plain or gzipped; a line past the length bound is never skipped
+        try:
+            out.append(_request(raw, n, vocab, vocab_flag))
+        except RequestLogError as exc:
+            bad.skip(exc)
+            continue
         if limit is not None and len(out) >= limit:
             break
     if not out:
         raise RequestLogError(f"--log {path}: no requests in it")
+    return _placed(out)
+
+
+def _request(raw: str, n: int, vocab: int, vocab_flag: str | None) -> LoggedRequest:
+    rec = _object(raw, n)
+    body: dict[str, Any] = rec["body"] if isinstance(rec.get("body"), dict) else rec  # a batch-API line
+    tokens, from_text = _prompt(body, n, vocab, vocab_flag)
+    ts = _number(rec, "timestamp", n, MAX_TIMESTAMP)
+    mt = _number(body, "max_tokens", n, MAX_TOKENS, "; a longer reply is beyond any model's context")
+    duration = _number(rec, "duration_s", n, MAX_SECONDS)
+    session = rec.get("session", rec.get("user", body.get("user")))
+    if session is not None and not ((isinstance(session, str) and len(session) <= MAX_SESSION_CHARS)
+                                    or (type(session) is int and session.bit_length() <= 64)):
+        raise RequestLogError(f"line {n}: session must be a string of at most {MAX_SESSION_CHARS} characters, "
+                              f"got {describe_value(session)}")
+    return LoggedRequest(n, tokens, math.nan if ts is None else ts / 1000 if ts > 1e11 else ts,
+                         None if session is None else str(session), None if mt is None else max(1, int(mt)),
+                         from_text, duration)
+
+
+def _placed(out: list[LoggedRequest]) -> list[LoggedRequest]:
     # A line without a timestamp arrives with the timed line before it (the first timed one, if
     # it comes before them all).
     timed = [r.t for r in out if not math.isnan(r.t)]

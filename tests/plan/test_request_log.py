@@ -140,3 +140,22 @@ def test_bench_serve_replays_a_chat_log_on_the_bundled_engine(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         serve_bench.main(["--engine", "bundled", "--workload", "log", "--log", write(tmp_path, ["{"])])
     assert exc.value.code == 2 and "line 1: not JSON" in capsys.readouterr().err
+
+
+def test_bad_lines_are_skipped_up_to_the_bound_counted_and_the_first_named(tmp_path):
+    from kvoffload.plan.log_reader import read_log
+    from kvoffload.plan.request_log import BadLines
+
+    log = tmp_path / "live.jsonl"
+    good = '{"timestamp": %d, "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9], "max_tokens": 4}\n'
+    log.write_text(good % 1 + '{"timestamp": 2, "prompt_token_ids": "x"}\n' + good % 3 + '{"timestamp": 4, "prom')
+    bad = BadLines(2)
+    assert len(read_log(log, 4, bad=bad).requests) == 2
+    assert len(bad.skipped) == 2 and bad.skipped[0].startswith("line 2: prompt_token_ids must be")
+    assert bad.note() == f"note: skipped 2 bad line(s) (--skip-bad-lines); the first: {bad.skipped[0]}"
+    with pytest.raises(RequestLogError, match=r"^line 4: not JSON .* \(bad line 2: past --skip-bad-lines 1\)$"):
+        read_log(log, 4, bad=BadLines(1))
+    with pytest.raises(RequestLogError, match=r"^line 2: .* \(or --skip-bad-lines N skips up to N bad lines\)$"):
+        read_log(log, 4, bad=BadLines(0))
+    with pytest.raises(RequestLogError, match=r"^line 2: prompt_token_ids must be [^(]*$"):
+        read_log(log, 4)  # a caller without the option: the error names none
