@@ -75,3 +75,8 @@ def test_a_missing_plot_extra_is_quoted_as_printed(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as exc:
         check_output("FILE", "--plot", plot=True)
     _quoted(str(exc.value))
+
+
+def test_another_models_profile_is_quoted_as_printed(capsys):
+    line = _error(["plan", "--log", "sample", "--model", "small", "--tiers", "cpu:1MiB"], capsys)
+    _quoted(line.removeprefix("error: ").split(" small (4 layers")[0])

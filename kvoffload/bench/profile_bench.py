@@ -18,6 +18,7 @@ The baseline this prints beside each tier is a plain contiguous copy of the same
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import random
@@ -29,6 +30,7 @@ import numpy as np
 
 from kvoffload.bench.measure import add_reps, bench_parser, preamble
 from kvoffload.bench.step_fit import LENGTHS, fit_steps, step_terms
+from kvoffload.plan.model_shape import kv_shape
 from kvoffload.plan.profile import EngineSpeed, Profile, TierSpeed
 
 
@@ -221,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{s.store_gb_per_s:.3f} GB/s; plain memory copy {plain:.2f} GB/s, ratio "
                   f"{s.load_gb_per_s / plain:.3f}")
     machine = f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
-    Profile(engine, speeds, machine).save(args.out)
+    timed = kv_shape(args.model)  # the profile says which model it timed: a plan for another refuses it
+    Profile(dataclasses.replace(engine, shape=timed.signature, params=timed.params), speeds, machine).save(args.out)
     print(f"profile written: {args.out}")
     return 0

@@ -335,11 +335,9 @@ def _finish(args: argparse.Namespace, wl: Workload, runs: dict[str, list[RunResu
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1))
     if args.write_log:
-        from kvoffload.bench.served_log import write_served_log
+        from kvoffload.bench.served_log import save_first_run
 
-        first = next(iter(runs.values()))[0]
-        n = write_served_log(wl, [(t.sid, t.turn, t.completion) for t in first.turns], args.write_log)
-        print(f"request log of the first {first.config} run ({n} requests): {args.write_log}")
+        print(save_first_run(args, wl, next(iter(runs.values()))[0]))
     if args.plot:
         plot(runs, Path(args.plot), wl.name)
         print(f"plot: {args.plot}")

@@ -37,3 +37,23 @@ def write_served_log(wl: Workload, turns: Sequence[tuple[str, int, Any]], path: 
             f.write(json.dumps({"timestamp": round(start, 6), "session": sid, "max_tokens": wl.max_tokens,
                                 "duration_s": round(duration, 6), "prompt_token_ids": prompts[(sid, turn)]}) + "\n")
     return len(rows)
+
+
+def model_beside(log: str | Path) -> Path:
+    """Where ``bench serve --write-log`` keeps the served model's config.json: ``LOG-model/``
+    beside the log (the bench's own model directory is temporary, and ``plan --model`` needs it)."""
+    p = Path(log)
+    return p.with_name(p.name.split(".")[0] + "-model")
+
+
+def save_first_run(args: Any, wl: Workload, first: Any) -> str:
+    """``bench serve --write-log``: the first configuration's first run as a log, and the model's
+    config.json beside it where the bench made the model up; the line to print."""
+    from kvoffload.bench.dummy_model import write_model
+
+    n = write_served_log(wl, [(t.sid, t.turn, t.completion) for t in first.turns], args.write_log)
+    model = args.model or model_beside(args.write_log)
+    if args.model is None:
+        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab, args.intermediate)
+    return (f"request log of the first {first.config} run ({n} requests): {args.write_log}; the model it served: "
+            f"{model} (kvoffload plan --log {args.write_log} --model {model} ...)")

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype if not the model's (e.g. fp8)")
     p.add_argument("--output-tokens", type=int, default=128,
                    help="tokens each reply generates where the log does not say (max_tokens)")
+    p.add_argument("--scale-profile", action="store_true",
+                   help="price another model than the profile's engine was timed on, its times scaled by FLOPs per "
+                        "token (every TTFT figure is then a guess, and the report says so)")
     p.add_argument("--skip-bad-lines", type=int, default=0, metavar="N",
                    help="skip up to N lines that are not a valid request (a live log's last line is often cut "
                         "short); each is counted and the first reported")
@@ -95,7 +98,7 @@ def _longest_gap(log: RequestLog) -> str | None:
             "order); is a timestamp in another unit or clock (epoch among relative times)? The plan idles through it")
 
 
-def _table(plan: Plan) -> str:
+def _table(plan: Plan, scaled: bool = False) -> str:
     from kvoffload.plan.advice import rate
     from kvoffload.report import format_table
 
@@ -108,8 +111,9 @@ def _table(plan: Plan) -> str:
             col[f"{t.medium} stores (mean)"] = rate(t.store_bytes_per_s)
         col["prefill tokens saved"] = f"{r.prefill_tokens_saved:,}"
         col["prefill seconds saved"] = f"{r.prefill_s_saved:,.2f}"
-        col["returning TTFT p50 ms (no offload)"] = f"{r.ttft_p50_s * 1e3:,.1f} ({r.base_ttft_p50_s * 1e3:,.1f})"
-        col["returning TTFT p95 ms (no offload)"] = f"{r.ttft_p95_s * 1e3:,.1f} ({r.base_ttft_p95_s * 1e3:,.1f})"
+        guess = ", scaled" if scaled else ""  # from another model's profile: a guess, and said so
+        col[f"returning TTFT p50 ms (no offload{guess})"] = f"{r.ttft_p50_s * 1e3:,.1f} ({r.base_ttft_p50_s * 1e3:,.1f})"
+        col[f"returning TTFT p95 ms (no offload{guess})"] = f"{r.ttft_p95_s * 1e3:,.1f} ({r.base_ttft_p95_s * 1e3:,.1f})"
         cols[r.label] = col
     return format_table(cols)
 
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvoffload.plan.model_shape import kv_shape
     from kvoffload.plan.planner import make_plan, require_speeds
     from kvoffload.plan.profile import load_profile
+    from kvoffload.plan.profile_model import fit_profile
     from kvoffload.plan.tier_spec import expand, parse_chain
 
     if args.block_size < 1:
@@ -144,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = kv_shape(args.model, args.kv_dtype)
     profile = load_profile(args.profile)
     source = f"--profile {args.profile or '(shipped)'}"
+    profile, profile_note = fit_profile(profile, shape, args.model, source, args.scale_profile)
     require_speeds(profile, chains, source)  # before the log is read: a large one takes a while
     # Token ids are only hashed here, whatever the model's vocabulary; text is hashed into ids.
     bad = BadLines(args.skip_bad_lines)
@@ -159,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{log.block_tokens} tokens, {format_size(block_bytes)} each ({shape.name}: {shape.bytes_per_token:,} B "
           f"of KV per token); device prefix cache {device:,} blocks; profile: {args.profile or 'shipped'}"
           + (f" ({profile.machine})" if profile.machine else ""))
+    if profile_note:
+        print(profile_note)
     if bad.note():
         print(bad.note())
     gap = _longest_gap(log)
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
               f"the profile's engine ({profile.engine.model or 'unnamed'}) this log's requests queue, so TTFT "
               "measures the queue more than the tiers; price the plan with the profile of the engine you serve "
               "with (--profile)")
-    print(_table(plan))
+    print(_table(plan, scaled=bool(profile_note and "scaled" in profile_note)))
     advice = advise(plan.results, args.within, args.knee_share, plan.working_set_bytes, plan.device_bytes)
     print()
     print(advice.paragraph)
@@ -180,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"log": str(args.log), "model": shape.name, "block_tokens": log.block_tokens, "block_bytes": block_bytes,
                "device_blocks": device, "stand_in_tokenizer": log.stand_in,
                "working_set_bytes": plan.working_set_bytes, "device_bytes": plan.device_bytes,
+               "ttft_scaled_from": profile_note if profile_note and "scaled" in profile_note else None,
                "results": [r.as_dict() for r in plan.results],
                "recommended": advice.buy_label or None, "recommended_bytes": advice.buy_bytes,
                "knee": advice.knee.label if advice.knee else None, "advice": advice.paragraph}

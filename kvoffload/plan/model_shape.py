@@ -29,10 +29,28 @@ class KVShape:
     dtype_bytes: int
     #: The model's vocabulary (0: its config does not say): the token ids a log of it may hold.
     vocab_size: int = 0
+    #: Weights a token's forward pass multiplies by (attention, MLP, output head; 0: unknown):
+    #: its compute is about twice this many FLOPs.
+    params: int = 0
 
     @property
     def bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def signature(self) -> str:
+        """The shape a prefill's time depends on, as a profile records the model it timed."""
+        size = f", {self.params / 1e6:.1f}M parameters" if self.params else ""
+        return f"{self.layers} layers, {self.kv_heads} KV heads of {self.head_dim}{size}"
+
+
+def count_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                 vocab: int) -> int:
+    """A decoder's multiplied weights: per layer Q and O (heads x head_dim each way), K and V
+    (kv_heads x head_dim), a gated MLP (three hidden x intermediate matrices); and the output
+    head. Embeddings are looked up, not multiplied."""
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    return layers * (attention + 3 * hidden * intermediate) + vocab * hidden
 
 
 def kv_shape(model: str, dtype: str | None = None) -> KVShape:
@@ -42,7 +60,9 @@ def kv_shape(model: str, dtype: str | None = None) -> KVShape:
 
     if model in BUILTIN_MODELS:
         cfg = ModelConfig.tiny(model)
-        shape = KVShape(model, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, cfg.vocab_size)
+        params = count_params(cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                              cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+        shape = KVShape(model, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, cfg.vocab_size, params)
     else:
         shape = _from_config(Path(model))
     if dtype is not None:
@@ -89,4 +109,8 @@ def _from_config(path: Path) -> KVShape:
                               f"head_dim {describe_value(head_dim)}: "
                               f"each must be 1 to {MAX_DIMENSION:,}")
     dtype_bytes = _DTYPE_BYTES.get(dtype, 2) if isinstance(dtype, str) else 2
-    return KVShape(path.name or str(path), layers, kv_heads, head_dim, dtype_bytes, max(vocab, 0))
+    params = 0
+    hidden, inter = raw.get("hidden_size"), raw.get("intermediate_size")
+    if type(hidden) is int and type(inter) is int and 0 < hidden <= MAX_DIMENSION and 0 < inter <= MAX_DIMENSION:
+        params = count_params(layers, hidden, heads, kv_heads, head_dim, inter, min(max(vocab, 0), 1 << 24))
+    return KVShape(path.name or str(path), layers, kv_heads, head_dim, dtype_bytes, max(vocab, 0), params)

@@ -11,7 +11,7 @@ token of its context.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,19 @@ class EngineSpeed:
     #: What each decoding request adds to a step, and each token of its context (attention).
     decode_s: float = 0.0
     decode_context_s: float = 0.0
+    #: The model these terms were timed on (``KVShape.signature``, its parameter count): a
+    #: plan for another model refuses them, or scales them when asked (``scaled``).
+    shape: str = ""
+    params: int = 0
+
+    def scaled(self, model: str, shape: str, params: int) -> EngineSpeed:
+        """These terms guessed for a model of ``params`` weights: every per-token and attention
+        term by the ratio of weights (FLOPs per token), the fixed cost of a step as it is. A
+        guess, not a measurement: the plan marks what it prices with it."""
+        w = params / self.params
+        return replace(self, model=model, shape=shape, params=params, token_s=self.token_s * w,
+                       decode_s=self.decode_s * w, attention_s=self.attention_s * w,
+                       decode_context_s=self.decode_context_s * w)
 
     def prefill_s(self, new: ArrayLike, cached: ArrayLike = 0) -> np.ndarray:
         """A prefill alone (one request, or an array of them, each by itself)."""
@@ -120,9 +133,13 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
         raise ProfileError(f"{source}: engine.max_batched_tokens = {describe_value(mbt)}: give an integer >= 1")
     optional = {k: _positive(eng, k, "engine", True) if k in eng else 0.0
                 for k in ("attention_s", "decode_s", "decode_context_s")}
+    params = eng.get("params", 0)
+    if type(params) is not int or not 0 <= params <= 10**15:
+        raise ProfileError(f"{source}: engine.params = {describe_value(params)}: give the timed model's parameter "
+                           "count (an integer), or leave it out")
     engine = EngineSpeed(_text(eng, "model", f"{source}: engine"), _positive(eng, "step_s", "engine", True),
                          _positive(eng, "token_s", "engine"), optional["attention_s"], mbt, optional["decode_s"],
-                         optional["decode_context_s"])
+                         optional["decode_context_s"], _text(eng, "shape", f"{source}: engine"), params)
     tiers_doc = doc.get("tiers") or {}
     if not isinstance(tiers_doc, dict):
         raise ProfileError(f"{source}: tiers: a mapping of medium -> speeds")

@@ -39,13 +39,20 @@ def test_a_users_token_log_and_a_checkpoint_config(tmp_path, capsys):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8,
                                                    "num_key_value_heads": 2, "hidden_size": 256,
-                                                   "torch_dtype": "bfloat16"}))
+                                                   "intermediate_size": 688, "torch_dtype": "bfloat16"}))
     log = tmp_path / "log.jsonl"
     prefix = list(range(100, 400))
     log.write_text("".join(json.dumps({"prompt_token_ids": prefix + [500 + i] * 20, "timestamp": i * 0.5}) + "\n"
                            for i in range(10)))
-    assert plan("--log", str(log), "--model", str(model), "--tiers", "cpu:64MiB+disk:1GiB", "--device-blocks", "0") == 0
+    args = ["--log", str(log), "--model", str(model), "--tiers", "cpu:64MiB+disk:1GiB", "--device-blocks", "0"]
+    # The shipped profile timed the tiny model: its TTFT would be another model's.
+    assert plan(*args) == 2
+    err = capsys.readouterr().err
+    assert "its engine was timed on tiny (2 layers, 2 KV heads of 16, 0.1M parameters), not on --model" in err
+    assert "(4 layers, 2 KV heads of 32, 2.8M parameters)" in err and "`kvoffload bench profile --model" in err
+    assert plan(*args, "--scale-profile") == 0
     text = capsys.readouterr().out
+    assert "note: TTFT figures are scaled, not measured" in text and "returning TTFT p50 ms (no offload, scaled)" in text
     # 2 (K, V) x 4 layers x 2 heads x 32 dims x 2 bytes = 1 KiB a token, 16 KiB a block.
     assert "16KiB each" in text and "1,024 B of KV per token" in text
     # Nine requests find the 18 shared blocks in the CPU tier (no device cache).
@@ -86,7 +93,13 @@ def test_bench_serve_writes_the_log_plan_reads(tmp_path, capsys):
                              "--configs", "plain,cpu", "--cpu", "16MiB", "--reps", "1", "--write-log", str(log),
                              "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
                              "--vocab", "500"]) == 0
-    assert f"request log of the first plain run (9 requests): {log}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"request log of the first plain run (9 requests): {log}; the model it served: " in out
+    model = tmp_path / "served-model"  # kept beside the log: the bench's own model directory is gone
+    config = json.loads((model / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"]) == (2, 64, 2)
+    assert f"kvoffload plan --log {log} --model {model}" in out
+    assert plan("--log", str(log), "--model", str(model), "--tiers", "cpu:16MiB", "--scale-profile") == 0
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == 9 and all(r["duration_s"] > 0 and r["max_tokens"] == 4 for r in rows)
     by_session: dict[str, list[list[int]]] = {}
@@ -145,3 +158,19 @@ def test_a_gzipped_log_plans_as_the_plain_one(tmp_path, capsys):
                     "--json", str(out)) == 0
         docs.append(json.loads(out.read_text())["results"])
     assert docs[0] == docs[1] and docs[0][0]["tiers"][0]["tokens_served"] > 0
+
+
+def test_a_profile_of_the_same_model_prices_without_a_note_and_unknown_sizes_cannot_be_scaled(tmp_path, capsys):
+    assert plan("--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB") == 0
+    assert "note: TTFT figures are scaled" not in capsys.readouterr().out
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                   "hidden_size": 64}))
+    assert plan("--log", "sample", "--model", str(model), "--tiers", "cpu:1MiB", "--scale-profile") == 2
+    assert "the parameter count of --model" in capsys.readouterr().err
+    own = tmp_path / "p.yaml"
+    own.write_text("kvoffload_profile: 1\nengine: {model: mine, step_s: 0.001, token_s: 0.00001}\n"
+                   "tiers: {cpu: {load_gb_per_s: 1, store_gb_per_s: 1}}\n")
+    assert plan("--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB", "--profile", str(own)) == 0
+    assert "does not say which model its engine was timed on" in capsys.readouterr().out

@@ -74,6 +74,8 @@ def test_bench_profile_writes_a_profile_plan_reads(tmp_path, capsys):
     assert cli.main(["bench", "profile", "--out", str(out), "--tiers", "cpu", "--reps", "1"]) == 0
     p = load_profile(out)
     assert set(p.tiers) == {"cpu"} and p.engine.model == "tiny" and p.engine.max_batched_tokens == 512
+    # It says which model it timed, so a plan for another model refuses it (tests/plan/test_plan_cli.py).
+    assert p.engine.shape == "2 layers, 2 KV heads of 16, 0.1M parameters" and p.engine.params == 90240
     assert p.tiers["cpu"].load_gb_per_s > 0 and p.engine.token_s > 0
     assert "plain memory copy" in capsys.readouterr().out
     assert cli.main(["plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB", "--profile", str(out)]) == 0
