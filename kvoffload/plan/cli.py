@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype if not the model's (e.g. fp8)")
     p.add_argument("--output-tokens", type=int, default=128,
                    help="tokens each reply generates where the log does not say (max_tokens)")
+    p.add_argument("--slo", default=None, metavar="NAME=DURATION,...",
+                   help="objectives to meet: ttft_p50, ttft_p95 (returning requests), prefill_saved, e.g. "
+                        "ttft_p95=2s; the answer names the cheapest configuration that meets them, or what binds")
+    p.add_argument("--price", default=None, metavar="MEDIUM=AMOUNT/UNIT,...",
+                   help="each medium's price, e.g. cpu=4/GiB,disk=0.1/GiB (any currency and period): the table "
+                        "gets each configuration's price, and --slo picks the cheapest")
     p.add_argument("--scale-profile", action="store_true",
                    help="price another model than the profile's engine was timed on, its times scaled by FLOPs per "
                         "token (every TTFT figure is then a guess, and the report says so)")
@@ -98,7 +104,7 @@ def _longest_gap(log: RequestLog) -> str | None:
             "order); is a timestamp in another unit or clock (epoch among relative times)? The plan idles through it")
 
 
-def _table(plan: Plan, scaled: bool = False) -> str:
+def _table(plan: Plan, scaled: bool = False, prices: dict[str, float] | None = None) -> str:
     from kvoffload.plan.advice import rate
     from kvoffload.report import format_table
 
@@ -114,6 +120,10 @@ def _table(plan: Plan, scaled: bool = False) -> str:
         guess = ", scaled" if scaled else ""  # from another model's profile: a guess, and said so
         col[f"returning TTFT p50 ms (no offload{guess})"] = f"{r.ttft_p50_s * 1e3:,.1f} ({r.base_ttft_p50_s * 1e3:,.1f})"
         col[f"returning TTFT p95 ms (no offload{guess})"] = f"{r.ttft_p95_s * 1e3:,.1f} ({r.base_ttft_p95_s * 1e3:,.1f})"
+        if prices:
+            from kvoffload.plan.slo import cost
+
+            col["price (--price units)"] = f"{cost(r, prices):,.4g}"
         cols[r.label] = col
     return format_table(cols)
 
@@ -128,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvoffload.plan.planner import make_plan, require_speeds
     from kvoffload.plan.profile import load_profile
     from kvoffload.plan.profile_model import fit_profile
+    from kvoffload.plan.slo import answer, cost, parse_prices, parse_slo
     from kvoffload.plan.tier_spec import expand, parse_chain
 
     if args.block_size < 1:
@@ -142,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--within {args.within}: give a share in [0, 1), e.g. 0.05")
     if not 0 < args.knee_share <= 1:
         raise ValueError(f"--knee-share {args.knee_share}: give a share in (0, 1], e.g. 0.1")
+    objectives = parse_slo(args.slo) if args.slo is not None else None
+    prices = parse_prices(args.price) if args.price is not None else None
     chains = [parse_chain(s) for s in expand(args.tiers)]
     for out, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if out:
@@ -180,10 +193,14 @@ def main(argv: list[str] | None = None) -> int:
               f"the profile's engine ({profile.engine.model or 'unnamed'}) this log's requests queue, so TTFT "
               "measures the queue more than the tiers; price the plan with the profile of the engine you serve "
               "with (--profile)")
-    print(_table(plan, scaled=bool(profile_note and "scaled" in profile_note)))
+    print(_table(plan, scaled=bool(profile_note and "scaled" in profile_note), prices=prices))
     advice = advise(plan.results, args.within, args.knee_share, plan.working_set_bytes, plan.device_bytes)
     print()
     print(advice.paragraph)
+    slo = answer(plan.results, objectives, prices, plan.queueing) if objectives else None
+    if slo is not None:
+        print()
+        print(slo.paragraph)
     if args.json:
         doc = {"log": str(args.log), "model": shape.name, "block_tokens": log.block_tokens, "block_bytes": block_bytes,
                "device_blocks": device, "stand_in_tokenizer": log.stand_in,
@@ -191,11 +208,15 @@ def main(argv: list[str] | None = None) -> int:
                "ttft_scaled_from": profile_note if profile_note and "scaled" in profile_note else None,
                "results": [r.as_dict() for r in plan.results],
                "recommended": advice.buy_label or None, "recommended_bytes": advice.buy_bytes,
-               "knee": advice.knee.label if advice.knee else None, "advice": advice.paragraph}
+               "knee": advice.knee.label if advice.knee else None, "advice": advice.paragraph,
+               "prices_per_byte": prices, "costs": {r.label: cost(r, prices) for r in plan.results} if prices else None,
+               "slo": None if slo is None else {"objectives": [o.text for o in objectives or ()],
+                                                "chosen": slo.chosen.label if slo.chosen else None,
+                                                "answer": slo.paragraph}}
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.plot:
         from kvoffload.plan.plot import plot_plan
 
-        plot_plan(plan.results, advice, args.plot)
+        plot_plan(plan.results, advice, args.plot, slo.chosen if slo is not None else None)
         print(f"plot: {args.plot}")
     return 0

@@ -8,7 +8,8 @@ from kvoffload.plan.advice import Advice
 from kvoffload.plan.planner import PlanResult
 
 
-def plot_plan(results: Sequence[PlanResult], advice: Advice, path: str) -> None:
+def plot_plan(results: Sequence[PlanResult], advice: Advice, path: str, slo_pick: PlanResult | None = None) -> None:
+    """``slo_pick``: the configuration ``--slo`` chose, marked too."""
     try:
         import matplotlib
 
@@ -34,10 +35,13 @@ def plot_plan(results: Sequence[PlanResult], advice: Advice, path: str) -> None:
     marks = [(advice.recommended, "*", "recommended")] if advice.recommended is not None else []
     if advice.knee is not None:
         marks.insert(0, (advice.knee, "v", "knee" if advice.knee is not advice.recommended else "knee, recommended"))
-    for r, mark, text in marks if advice.knee is not advice.recommended else marks[:1]:
+    marks = marks if advice.knee is not advice.recommended else marks[:1]
+    if slo_pick is not None:
+        marks.append((slo_pick, "D", "meets --slo"))
+    for i, (r, mark, text) in enumerate(marks):
         ax.plot([r.size_bytes / 2**30], [r.hit_ratio * 100], mark, markersize=14, color="black")
-        ax.annotate(text, (r.size_bytes / 2**30, r.hit_ratio * 100), textcoords="offset points", xytext=(0, -24),
-                    ha="center")
+        ax.annotate(text, (r.size_bytes / 2**30, r.hit_ratio * 100), textcoords="offset points",
+                    xytext=(0, -24 - 12 * i), ha="center")
     ax.set_title("kvoffload plan")
     fig.legend(loc="upper left", bbox_to_anchor=(0.12, 0.88), fontsize=8)
     fig.tight_layout()
