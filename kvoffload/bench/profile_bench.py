@@ -166,6 +166,10 @@ def _vllm_engine(args: Any) -> EngineSpeed:
     vocab = kv_shape(args.model).vocab_size or 32000  # the config's own (a text_config's, for a multimodal one)
     settings = {"max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
                 "dtype": args.dtype, "gpu_memory_utilization": 0.3}
+    if not any(any(Path(args.model).glob(f"*.{ext}")) for ext in ("safetensors", "bin", "pt")):
+        # A config.json alone (bench serve --write-log keeps one): random weights cost the same compute.
+        print(f"--model {args.model}: no weight files there; timing its shape with random weights (load_format dummy)")
+        settings["load_format"] = "dummy"
     return vllm_engine_speed(args.model, settings, args.reps, min(vocab, 32000), {"OMP_NUM_THREADS": str(args.threads)})
 
 
