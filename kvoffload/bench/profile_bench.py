@@ -194,12 +194,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto", help="--engine vllm: the server's dtype")
     p.add_argument("--tiers", default="cpu,disk,fs", help="comma-separated media to time (cpu, disk, fs)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per engine block")
-    p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step budget")
+    p.add_argument("--max-batched-tokens", type=int, default=None,
+                   help="the engine's step budget (default 512; with --from, the largest step the server published)")
     p.add_argument("--dir", default=None, help="directory for the disk tier's file (default: a temporary one)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (--engine vllm: the OpenMP threads the server's engine binds)")
+    p.add_argument("--from", dest="from_url", default=None, metavar="URL",
+                   help="read the speeds a running server measured in service from its /metrics (the bundled "
+                        "engine's or vllm serve's with kvoffload) instead of timing this machine; --model names "
+                        "the model it serves")
     add_reps(p, 3)
     args = p.parse_args(argv)
+    if args.max_batched_tokens is not None and args.max_batched_tokens < 1:
+        raise ValueError(f"--max-batched-tokens {args.max_batched_tokens}: give at least 1")
+    if args.from_url is not None:
+        from kvoffload.bench.profile_scrape import profile_from_server
+
+        timed = kv_shape(args.model)
+        profile = profile_from_server(args.from_url, args.model, timed.signature, timed.params, args.max_batched_tokens)
+        profile.save(args.out)
+        print(f"profile from {args.from_url} (in service): engine a step {profile.engine.step_s * 1e3:.3f} ms + "
+              f"{profile.engine.token_s * 1e6:.2f} us a token; tiers " + ", ".join(
+                  f"{m} {t.load_gb_per_s:.3f} GB/s" for m, t in profile.tiers.items()) + f"; written: {args.out}")
+        return 0
+    args.max_batched_tokens = args.max_batched_tokens or 512
     if args.block_size < 1 or args.max_batched_tokens < 1:
         raise ValueError(f"--block-size {args.block_size}, --max-batched-tokens {args.max_batched_tokens}: "
                          "each must be at least 1")

@@ -83,6 +83,8 @@ class Profile:
     engine: EngineSpeed
     tiers: dict[str, TierSpeed] = field(default_factory=dict)
     machine: str = ""
+    #: Where each figure came from ("engine", "tiers.cpu", ...), where the writer said.
+    sources: dict[str, str] = field(default_factory=dict)
 
     def tier(self, medium: str, source: str = "the profile") -> TierSpeed:
         speed = self.tiers.get(medium)
@@ -95,6 +97,8 @@ class Profile:
     def to_yaml(self) -> str:
         doc = {"kvoffload_profile": VERSION, "machine": self.machine, "engine": asdict(self.engine),
                "tiers": {m: asdict(s) for m, s in self.tiers.items()}}
+        if self.sources:
+            doc["sources"] = dict(self.sources)
         return yaml.safe_dump(doc, sort_keys=False)
 
     def save(self, path: str | Path) -> None:
@@ -151,7 +155,11 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
         tiers[str(medium)] = TierSpeed(_positive(t, "load_gb_per_s", where), _positive(t, "store_gb_per_s", where),
                                        _positive(t, "load_latency_s", where, True) if "load_latency_s" in t else 0.0,
                                        _positive(t, "store_latency_s", where, True) if "store_latency_s" in t else 0.0)
-    return Profile(engine, tiers, _text(doc, "machine", source))
+    sources = doc.get("sources") or {}
+    if not isinstance(sources, dict) or len(sources) > 64:
+        raise ProfileError(f"{source}: sources: a mapping of figure -> where it came from (short texts)")
+    return Profile(engine, tiers, _text(doc, "machine", source),
+                   {str(k)[:100]: _text(sources, k, f"{source}: sources") for k in sources})
 
 
 def load_profile(path: str | Path | None) -> Profile:
