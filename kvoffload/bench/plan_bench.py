@@ -30,6 +30,19 @@ def _workloads(args: Any, block_tokens: int) -> dict[str, Workload]:
 
     out = {"chat": serve_workloads.chat(conversations=args.conversations, turns=4, context=args.context, user=64,
                                         max_tokens=16, think_s=0.2, vocab=VOCAB)}
+    if args.log:  # the user's own: the bundled engine runs the tiny model (ids below its 258)
+        from kvoffload.plan.request_log import RequestLogError
+
+        vocab = 258 if args.engine == "bundled" else 32000
+        try:
+            out["log"] = serve_workloads.request_log(args.log, clients=4, max_tokens=16, vocab=vocab,
+                                                     limit=args.log_limit)
+        except RequestLogError as exc:
+            if "--vocab" not in str(exc):
+                raise
+            raise RequestLogError(f"--log {args.log}: {str(exc).split(' (pass')[0]}: past the {vocab} token ids of the "
+                                  f"{args.engine} engine's model here; use --engine vllm (its model reads 32,000), "
+                                  "or a log of text prompts") from None
     if args.weka:  # a trace block of 64 tokens as 1 token (bundled) or 8 (vLLM, prompts up to 2,048 tokens)
         per_block = max(1, block_tokens // 16)
         out["weka"] = serve_workloads.weka(args.weka, conversations=6, turns=6, block_tokens=per_block,
@@ -61,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=8, help="chat workload: conversations")
     p.add_argument("--context", type=int, default=768, help="chat workload: each conversation's opening tokens")
     p.add_argument("--weka", default=None, help="WEKA traces .tar.gz: also validate on a slice of it")
+    p.add_argument("--log", default=None, metavar="FILE",
+                   help="your own request log (OpenAI-style JSONL, as plan reads it): also validate on it, served live")
+    p.add_argument("--log-limit", type=int, default=200, help="--log: its first N requests")
     p.add_argument("--device-fraction", type=float, default=0.25, help="device cache as a share of the working set")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step budget")
     add_reps(p, 1)

@@ -52,7 +52,7 @@ def test_a_profile_read_from_a_serving_engine_prices_a_plan(tmp_path, capsys):
 class _Page(http.server.BaseHTTPRequestHandler):
     body = b"# HELP up a gauge\n# TYPE up gauge\nup 1\n"
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         self.send_response(200)
         self.end_headers()
         self.wfile.write(self.body)
