@@ -100,6 +100,10 @@ def test_the_wheel_follows_the_quickstart_literally(installed):
     assert installed.run("-c", block).strip().endswith("{'device': 0, 'cpu': 192, 'disk': 0}")
     assert "kvoffload bench mix" in installed.run("-m", "kvoffload", "bench", "mix", "--help")
     assert "--selector" in installed.run("-m", "kvoffload.integrations.dynamo_gateway", "--help")
+    # #71's command, on the installed wheel: the sizing answer in an operator's terms.
+    sized = installed.run("-m", "kvoffload", "plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:{1,4}MiB",
+                          "--slo", "ttft_p95=1s", "--price", "cpu=4/GiB")
+    assert "For ttft_p95 <= 1.00 s:" in sized and "working set" in sized
 
 
 def test_no_path_in_the_package_refers_outside_it():

@@ -96,11 +96,17 @@ def test_master_killed_between_and_during_rounds_then_restarted(master, baseline
 
         master.start()
         master.segment_holder("128MB")
-        other = dataclasses.replace(WORKLOAD, seed=7)  # prompts the live replica's CPU tier has not seen
+        others = [dataclasses.replace(WORKLOAD, seed=s) for s in (7, 8)]  # prompts the live replica has not seen
         with LLM(engine_config(kv)) as writer:
-            expected = run_chat_workload(writer, other)
-        time.sleep(1.2)  # the live replica's tier comes back into service
-        assert run_chat_workload(live, other) == expected
+            expected = [run_chat_workload(writer, other) for other in others]
+        for other, want in zip(others, expected):
+            time.sleep(1.2)  # the live replica's tier comes back into service
+            assert run_chat_workload(live, other) == want
+            if live.stats()["prefix_hit_tokens"].get("mooncake", 0):
+                break
+            # Its client's first call after the master restarted can fail on the connection the old
+            # master closed ("Batch RPC call failed: End of file", seen once in a full run): the tier
+            # goes out again for retry_after_s, and the client has reconnected by the next round.
         assert live.stats()["prefix_hit_tokens"]["mooncake"] > 0  # the same replica hits again
 
 
