@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = kv_shape(args.model, args.kv_dtype)
     profile = load_profile(args.profile)
     source = f"--profile {args.profile or '(shipped)'}"
-    profile, profile_note = fit_profile(profile, shape, args.model, source, args.scale_profile)
+    fitted = fit_profile(profile, shape, args.model, source, args.scale_profile)
+    profile = fitted.profile
     require_speeds(profile, chains, source)  # before the log is read: a large one takes a while
     # Token ids are only hashed here, whatever the model's vocabulary; text is hashed into ids.
     bad = BadLines(args.skip_bad_lines)
@@ -178,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{log.block_tokens} tokens, {format_size(block_bytes)} each ({shape.name}: {shape.bytes_per_token:,} B "
           f"of KV per token); device prefix cache {device:,} blocks; profile: {args.profile or 'shipped'}"
           + (f" ({profile.machine})" if profile.machine else ""))
-    if profile_note:
-        print(profile_note)
+    if fitted.note:
+        print(fitted.note)
     if bad.note():
         print(bad.note())
     gap = _longest_gap(log)
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
               f"the profile's engine ({profile.engine.model or 'unnamed'}) this log's requests queue, so TTFT "
               "measures the queue more than the tiers; price the plan with the profile of the engine you serve "
               "with (--profile)")
-    print(_table(plan, scaled=bool(profile_note and "scaled" in profile_note), prices=prices))
+    print(_table(plan, scaled=fitted.scaled, prices=prices))
     advice = advise(plan.results, args.within, args.knee_share, plan.working_set_bytes, plan.device_bytes)
     print()
     print(advice.paragraph)
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"log": str(args.log), "model": shape.name, "block_tokens": log.block_tokens, "block_bytes": block_bytes,
                "device_blocks": device, "stand_in_tokenizer": log.stand_in,
                "working_set_bytes": plan.working_set_bytes, "device_bytes": plan.device_bytes,
-               "ttft_scaled_from": profile_note if profile_note and "scaled" in profile_note else None,
+               "ttft_scaled_from": fitted.note if fitted.scaled else None,
                "results": [r.as_dict() for r in plan.results],
                "recommended": advice.buy_label or None, "recommended_bytes": advice.buy_bytes,
                "knee": advice.knee.label if advice.knee else None, "advice": advice.paragraph,

@@ -4,7 +4,7 @@ engine's terms by the models' FLOPs per token and says every TTFT figure is scal
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kvoffload.plan.model_shape import KVShape, kv_shape
 from kvoffload.plan.profile import Profile, ProfileError
@@ -24,16 +24,24 @@ def _timed_on(profile: Profile) -> tuple[str, int]:
     return "", 0
 
 
-def fit_profile(profile: Profile, shape: KVShape, model_flag: str, source: str,
-                scale: bool = False) -> tuple[Profile, str | None]:
-    """The profile to price ``shape``'s plan with, and a note for the report (None: nothing to
-    say). Raises ProfileError for another model's profile unless ``scale``."""
+@dataclass(frozen=True, slots=True)
+class FittedProfile:
+    profile: Profile
+    #: A line for the report (None: nothing to say).
+    note: str | None = None
+    #: The engine's terms were scaled from another model's: every TTFT figure is a guess.
+    scaled: bool = False
+
+
+def fit_profile(profile: Profile, shape: KVShape, model_flag: str, source: str, scale: bool = False) -> FittedProfile:
+    """The profile to price ``shape``'s plan with. Raises ProfileError for another model's
+    profile unless ``scale``."""
     timed, params = _timed_on(profile)
     if not timed:
-        return profile, (f"note: {source} does not say which model its engine was timed on; its TTFT figures are "
-                         f"taken as {model_flag}'s")
+        return FittedProfile(profile, f"note: {source} does not say which model its engine was timed on; its TTFT "
+                                      f"figures are taken as {model_flag}'s")
     if timed == shape.signature:
-        return profile, None
+        return FittedProfile(profile)
     name = profile.engine.model or "another model"
     if not scale:
         raise ProfileError(
@@ -49,4 +57,4 @@ def fit_profile(profile: Profile, shape: KVShape, model_flag: str, source: str,
     note = (f"note: TTFT figures are scaled, not measured: {source} timed {name} ({timed}); its per-token times "
             f"were multiplied by {shape.params / params:,.2f} (FLOPs per token of {shape.name}: "
             f"{shape.params / 1e6:,.1f}M parameters)")
-    return replace(profile, engine=engine), note
+    return FittedProfile(replace(profile, engine=engine), note, scaled=True)
