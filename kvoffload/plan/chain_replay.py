@@ -20,27 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvoffload.offload import CPUTier
-from kvoffload.offload.abstract import LoadStoreSpec
 from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.offload.ledger_tier import LedgerTier
-from kvoffload.offload.mediums import DiskLoadStoreSpec
 from kvoffload.plan.device_queue import DeviceQueue
 from kvoffload.plan.log_reader import PlanRequest
 from kvoffload.plan.tier_spec import PlannedTier
 from kvoffload.registry import TIER_KINDS
 from kvoffload.tiers.base import TierKind
-
-
-def _spec_type(medium: str) -> type[LoadStoreSpec]:
-    if medium == "disk":
-        return DiskLoadStoreSpec
-    if medium == "fs":
-        from kvoffload.tiers.fs.spec import FsLoadStoreSpec
-
-        return FsLoadStoreSpec
-    from kvoffload.tiers.mooncake.spec import MooncakeLoadStoreSpec
-
-    return MooncakeLoadStoreSpec
 
 
 @dataclass(slots=True)
@@ -95,7 +81,7 @@ def _blocks(tier: PlannedTier, block_bytes: int, most: int, overhead: tuple[int,
 def build_chain(tiers: Sequence[PlannedTier], block_bytes: int, most: int = 1 << 62) -> HostTierChain:
     host = CPUTier(_blocks(tiers[0], block_bytes, most), tiers[0].policy)
     kinds: list[type[TierKind]] = [TIER_KINDS.load(t.medium) for t in tiers[1:]]
-    lower = [LedgerTier(_blocks(t, block_bytes, most, kind.storage_overhead()), t.policy, _spec_type(t.medium))
+    lower = [LedgerTier(_blocks(t, block_bytes, most, kind.storage_overhead()), t.policy, kind.spec_type)
              for t, kind in zip(tiers[1:], kinds)]
     return HostTierChain(host, *lower, write_through=[t.write_through for t in tiers[1:]])
 

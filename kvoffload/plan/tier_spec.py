@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from kvoffload.config.values import MAX_SIZE
 from kvoffload.errors import describe_value
+from kvoffload.registry import TIER_KINDS
 
-#: Media a chain can hold, in the order the engine's chains put them.
-MEDIA = ("cpu", "disk", "fs", "mooncake")
 POLICIES = ("lru", "arc")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -23,6 +22,12 @@ _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)$")
 _SWEEP = re.compile(r"\{([^{}]*)\}")
 #: A sweep larger than this is a typo more often than a plan.
 MAX_CONFIGURATIONS = 256
+
+
+def media() -> tuple[str, ...]:
+    """Media a chain can hold: the host tier, then every tier kind the registry knows (a kind
+    a user registers, or publishes as a ``kvoffload.tiers`` entry point, is sized like ours)."""
+    return ("cpu", *TIER_KINDS.known())
 
 
 class TierSpecError(ValueError):
@@ -100,8 +105,9 @@ def parse_chain(spec: str) -> tuple[PlannedTier, ...]:
         if len(fields) < 2 or not fields[0]:
             raise TierSpecError(f"--tiers {spec!r}: tier {part!r} needs MEDIUM:SIZE, e.g. cpu:32GiB")
         medium = fields[0].lower()
-        if medium not in MEDIA:
-            raise TierSpecError(f"--tiers {spec!r}: medium {fields[0]!r} is not a tier; use {', '.join(MEDIA)}")
+        known = media()
+        if medium not in known:
+            raise TierSpecError(f"--tiers {spec!r}: medium {fields[0]!r} is not a tier; use {', '.join(known)}")
         if any(t.medium == medium for t in tiers):
             raise TierSpecError(f"--tiers {spec!r}: {medium} appears twice; a chain holds one tier per medium")
         size = parse_size(fields[1], f"--tiers {spec!r}: size")

@@ -66,3 +66,24 @@ def test_a_printed_size_reads_back_within_its_rounding(n):
     text = format_size(n)
     back = parse_size(text)
     assert abs(back - n) <= max(1, n // 20), (n, text, back)
+
+
+def test_plan_sizes_a_tier_kind_a_user_registered(tmp_path, monkeypatch, capsys):
+    """The media plan knows come from the registry: a kind registered by a user (here the test
+    double of kvoffload.testing) is parsed, replayed with its own spec type, and priced."""
+    from kvoffload import cli
+    from kvoffload.registry import TIER_KINDS
+
+    monkeypatch.setitem(TIER_KINDS._targets, "memstore", "kvoffload.testing.memory_tier:MemoryKind")
+    assert "memstore" in parse_chain("cpu:1MiB+memstore:4MiB")[1].medium
+    profile = tmp_path / "p.yaml"
+    profile.write_text("kvoffload_profile: 1\nengine: {model: tiny, step_s: 0.001, token_s: 0.00001}\n"
+                       "tiers:\n  cpu: {load_gb_per_s: 1, store_gb_per_s: 1}\n"
+                       "  memstore: {load_gb_per_s: 0.5, store_gb_per_s: 0.5}\n")
+    assert cli.main(["plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:256KiB+memstore:4MiB",
+                     "--device-blocks", "16", "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    served = next(line for line in out.splitlines() if line.startswith("tokens from memstore"))
+    assert int(served.split()[3].replace(",", "")) > 0
+    with pytest.raises(TierSpecError, match="medium 'nvme' is not a tier; use cpu, disk, fs, memstore, mooncake"):
+        parse_chain("cpu:1MiB+nvme:1GiB")
