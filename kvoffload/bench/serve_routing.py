@@ -18,13 +18,13 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from kvoffload.bench.serve_runs import RunResult, hit_tokens, requests_served, reset_caches, run_http, tokens_by_turn
 from kvoffload.bench.serve_workloads import Workload
 from kvoffload.integrations import dynamo_gateway
+from kvoffload.testing.health import StartError, wait_healthy
 from kvoffload.testing.vllm_server import VllmServer, free_port
 
 ROUTERS = ("round-robin", "dynamo")
@@ -59,17 +59,12 @@ def start_selector(python: str, log: Path, settings: dict[str, str] | None = Non
     proc = subprocess.Popen([python, "-m", "dynamo.select_service", "--port", str(port), "--threads", "1"],
                             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(settings or {})})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dynamo.select_service exited ({python}): {log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=5)
-            return proc, url
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"dynamo.select_service did not answer on {url} within 60 s; see {log}")
+    try:
+        wait_healthy(url, proc, f"dynamo.select_service ({python})", 60, lambda: log.read_text()[-2000:])
+    except StartError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, engine_args: list[str],

@@ -12,10 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from kvoffload.testing.health import StartError, answers, wait_healthy
 
 
 def free_port() -> int:
@@ -69,24 +70,18 @@ class VllmServer:
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)  # its own group: stop() ends the engine too
         log.close()
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                errors = [line for line in self.log_tail(200_000).splitlines() if "Error:" in line][-3:]
-                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}) at start-up (log: {self.log_path}):\n"
-                                   + "\n".join(errors or [self.log_tail()]))
-            if self.healthy():
-                return
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"vllm serve did not answer /health within {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
+        def errors() -> str:  # the lines that name what went wrong, else the log's tail
+            found = [line for line in self.log_tail(200_000).splitlines() if "Error:" in line][-3:]
+            return f"(log: {self.log_path})\n" + "\n".join(found or [self.log_tail()])
+
+        try:
+            wait_healthy(self.url, self.proc, "vllm serve", self.start_timeout_s, errors, poll_s=1)
+        except StartError:
+            self.stop()
+            raise
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return answers(f"{self.url}/health")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.healthy()

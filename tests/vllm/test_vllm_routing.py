@@ -36,6 +36,8 @@ if not DYNAMO or not Path(DYNAMO).exists():
     pytest.skip("KVOFFLOAD_DYNAMO_PYTHON: set it to a python with ai-dynamo-runtime==1.6.1 (.ci/run makes one)",
                 allow_module_level=True)
 
+from kvoffload.testing.health import answers  # noqa: E402
+
 BLOCK = 128
 A = [(7 * j) % 500 + 1 for j in range(5 * BLOCK)]  # conversation A: five full blocks
 TURN = A + [(11 * j) % 500 + 1 for j in range(BLOCK)]  # A's next turn
@@ -133,12 +135,7 @@ class Fleet:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.tmp.glob("*.log")))
 
 
-def _up(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=5)
-        return True
-    except OSError:
-        return False
+_up = answers  # the start-up probe every harness shares (kvoffload.testing.health)
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ pytest.importorskip("vllm")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from kvoffload.testing.health import wait_healthy  # noqa: E402
+
 PROMPTS = [[(i * 37 + j) % 500 + 1 for j in range(300)] for i in range(3)]
 
 
@@ -52,16 +54,8 @@ def serve(model, tmp_path):
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})})
         procs.append(proc)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"vllm serve exited: {(tmp_path / 'serve.log').read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=5)
-                return base
-            except OSError:
-                time.sleep(2)
-        raise AssertionError("vllm serve did not come up")
+        wait_healthy(base, proc, "vllm serve", 400, lambda: (tmp_path / "serve.log").read_text()[-3000:], poll_s=2)
+        return base
 
     yield start
     for proc in procs:
