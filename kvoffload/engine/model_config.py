@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvoffload.errors import require_positive
 
@@ -102,24 +103,25 @@ class ModelConfig:
             raise ValueError(f"{cfg_file}: model_type={model_type!r} is not implemented by the bundled engine "
                              "(it runs llama, mistral, qwen2 and gemma3_text checkpoints)")
         rope_theta, rope_factor = _rope(raw.get("rope_parameters") or raw.get("rope_scaling") or {}, raw, cfg_file)
-        heads = raw["num_attention_heads"]
         return cls(
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_hidden_layers=raw["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            **_common(raw, path, raw["num_hidden_layers"]),
             rope_theta=rope_theta,
             rope_scaling_factor=rope_factor,
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=raw.get("attention_bias", model_type == "qwen2"),
             mlp_bias=raw.get("mlp_bias", False),
-            eos_token_id=_eos(raw),
-            checkpoint_dir=str(path),
         )
+
+
+def _common(raw: dict[str, Any], path: Path, layers: int) -> dict[str, Any]:
+    """The fields every supported family reads the same way from its HF config (its shape, its
+    norm's epsilon, its end-of-sequence token, where it came from)."""
+    heads = raw["num_attention_heads"]
+    return {"vocab_size": raw["vocab_size"], "hidden_size": raw["hidden_size"],
+            "intermediate_size": raw["intermediate_size"], "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": raw.get("num_key_value_heads") or heads,
+            "head_dim": raw.get("head_dim") or raw["hidden_size"] // heads,
+            "rms_norm_eps": raw.get("rms_norm_eps", 1e-6), "eos_token_id": _eos(raw), "checkpoint_dir": str(path)}
 
 
 MODEL_TYPES = ("llama", "gemma3_text")
@@ -173,24 +175,14 @@ def _gemma3(raw: dict, cfg_file: Path, path: Path) -> ModelConfig:
     local = params.get("sliding_attention", {})
     theta, factor = _rope(full, raw, cfg_file, default_theta=1_000_000.0)
     local_theta, local_factor = _rope(local, raw, cfg_file, theta_key="rope_local_base_freq")
-    heads = raw["num_attention_heads"]
     return ModelConfig(
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_hidden_layers=n,
-        num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        **_common(raw, path, n),
         rope_theta=theta,
         rope_scaling_factor=factor,
         rope_local_theta=local_theta,
         rope_local_scaling_factor=local_factor,
         tie_word_embeddings=raw.get("tie_word_embeddings", True),
         attention_bias=raw.get("attention_bias", False),
-        eos_token_id=_eos(raw),
-        checkpoint_dir=str(path),
         model_type="gemma3_text",
         layer_types=tuple(layer_types),
         sliding_window=raw.get("sliding_window"),
