@@ -77,32 +77,29 @@ class CPUStreamPool(StreamPool):
     def submit(self, direction: str, fn: Callable[[], None], inline: bool = False) -> JobHandle:
         with self._lock:
             prev = self._last.get(direction)
-            here: cf.Future[float] | None = None
             if inline and (prev is None or prev.done()):
                 # Waking a copy thread and getting the GIL back costs the caller tens of
                 # microseconds, more than a small copy: run it here, in the direction's order.
-                here = self._last[direction] = cf.Future()
-        if here is not None:
-            t0 = time.perf_counter()
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - a failed copy is a failed job, as on a copy thread
-                here.set_exception(e)
+                future: cf.Future[float] = cf.Future()
+                self._last[direction] = future
             else:
-                here.set_result(time.perf_counter() - t0)
-            return _FutureHandle(here)
-        with self._lock:
-            prev = self._last.get(direction)
 
-            def run() -> float:
-                if prev is not None:
-                    cf.wait([prev])  # the previous job's end event
-                t0 = time.perf_counter()
-                fn()
-                return time.perf_counter() - t0
+                def run() -> float:
+                    if prev is not None:
+                        cf.wait([prev])  # the previous job's end event
+                    t0 = time.perf_counter()
+                    fn()
+                    return time.perf_counter() - t0
 
-            future = self._executor.submit(run)
-            self._last[direction] = future
+                self._last[direction] = self._executor.submit(run)
+                return _FutureHandle(self._last[direction])
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - a failed copy is a failed job, as on a copy thread
+            future.set_exception(e)
+        else:
+            future.set_result(time.perf_counter() - t0)
         return _FutureHandle(future)
 
     def close(self) -> None:
