@@ -11,15 +11,13 @@ from kvoffload.errors import describe_value
 from kvoffload.help_format import DefaultsFormatter
 from kvoffload.output_paths import check_output
 from kvoffload.plan.log_reader import RequestLog
-from kvoffload.plan.planner import Plan
+from kvoffload.plan.planner import QUEUEING_NOTE, Plan
 from kvoffload.plan.request_log import MAX_TOKENS, BadLines
 from kvoffload.plan.tier_spec import TierSpecError, format_size
 
 DEFAULT_DEVICE_BLOCKS = 64
 #: 2^40 blocks: more than any device holds at any block size.
 MAX_DEVICE_BLOCKS = 1 << 40
-#: A median TTFT this many times the prefill alone means requests queue (the output says so).
-QUEUEING_NOTE = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:

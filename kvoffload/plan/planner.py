@@ -58,6 +58,11 @@ class PlanResult:
         return d
 
 
+#: A median TTFT without offload this many times the prefill alone means requests queue: the
+#: report says so, and an objective out of reach is the engine's capacity, not the tiers'.
+QUEUEING_NOTE = 5.0
+
+
 @dataclass(slots=True)
 class Plan:
     log_form: str

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvoffload.errors import describe_value
-from kvoffload.plan.planner import PlanResult
+from kvoffload.plan.planner import QUEUEING_NOTE, PlanResult
 from kvoffload.plan.tier_spec import TierSpecError, format_size
 
-#: Objective name -> (what it bounds, whether the figure must stay below it).
-OBJECTIVES = {"ttft_p50": ("returning requests' TTFT p50", True), "ttft_p95": ("returning requests' TTFT p95", True),
-              "prefill_saved": ("prefill seconds saved", False)}
+#: Objective name -> whether its figure must stay below the bound (else reach it): returning
+#: requests' TTFT p50 and p95, and the prefill seconds saved.
+OBJECTIVES = {"ttft_p50": True, "ttft_p95": True, "prefill_saved": False}
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|min)$")
 _PRICE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)/(KiB|MiB|GiB|TiB)$")
 _SCALE = {"ms": 1e-3, "s": 1.0, "min": 60.0}
@@ -34,9 +34,12 @@ class Objective:
     def value(self, r: PlanResult) -> float:
         return {"ttft_p50": r.ttft_p50_s, "ttft_p95": r.ttft_p95_s, "prefill_saved": r.prefill_s_saved}[self.name]
 
+    @property
+    def below(self) -> bool:
+        return OBJECTIVES[self.name]
+
     def met(self, r: PlanResult) -> bool:
-        below = OBJECTIVES[self.name][1]
-        return self.value(r) <= self.bound if below else self.value(r) >= self.bound
+        return self.value(r) <= self.bound if self.below else self.value(r) >= self.bound
 
     def without_offload(self, r: PlanResult) -> float | None:
         return {"ttft_p50": r.base_ttft_p50_s, "ttft_p95": r.base_ttft_p95_s}.get(self.name)
@@ -47,7 +50,7 @@ class Objective:
 
     @property
     def text(self) -> str:
-        return f"{self.name} {'<=' if OBJECTIVES[self.name][1] else '>='} {self.show()}"
+        return f"{self.name} {'<=' if self.below else '>='} {self.show()}"
 
 
 def parse_slo(text: str) -> list[Objective]:
@@ -122,25 +125,24 @@ def answer(results: Sequence[PlanResult], objectives: Sequence[Objective], price
     for o in objectives:
         if all(o.met(r) for r in results):
             continue
-        nearest = (min if OBJECTIVES[o.name][1] else max)(results, key=o.value)
+        nearest = (min if o.below else max)(results, key=o.value)
         base = o.without_offload(nearest)
         lines.append(f"{o.name}: the nearest is {nearest.label} at {o.show(o.value(nearest))}"
                      + (f" (without offload {o.show(base)})" if base is not None else "")
-                     + f"; {_binding(o, results, queueing)}.")
+                     + f"; {_binding(o, results, nearest, queueing)}.")
     return SloAnswer(None, math.nan, " ".join(lines))
 
 
-def _binding(o: Objective, results: Sequence[PlanResult], queueing: float) -> str:
-    """What keeps the objective out of reach, read from the sweep: the engine's queue, the
-    tiers' size (bigger ones still help), or what the tiers cannot change."""
+def _binding(o: Objective, results: Sequence[PlanResult], nearest: PlanResult, queueing: float) -> str:
+    """What keeps the objective out of reach, read from the sweep (``nearest``: the configuration
+    closest to it): the engine's queue, the tiers' size (bigger ones still help), or what the
+    tiers cannot change."""
     if o.name == "prefill_saved":
         return "the log's reuse binds: even the largest tiers save no more; only a longer log or more reuse would"
-    if queueing > 5:
+    if queueing > QUEUEING_NOTE:
         return (f"queueing binds: without offload a request's TTFT is {queueing:,.0f}x its prefill alone, so the "
                 "engine's capacity (more replicas or a faster device), not the tiers, decides it")
-    largest = max(results, key=lambda r: r.size_bytes)
-    nearest = min(results, key=o.value)
-    if len(results) > 1 and nearest is largest:
+    if len(results) > 1 and nearest is max(results, key=lambda r: r.size_bytes):
         return "tier size may bind: the nearest is the largest configuration tried; try larger tiers"
     return ("the device cache and the tiers' bandwidth bind: larger tiers tried do no better, so what is left is "
             "the prefill of new tokens and the loads' time (a faster tier, or a larger device cache)")
