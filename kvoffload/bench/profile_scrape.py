@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from kvoffload.bench.step_fit import TERMS, fit_steps
@@ -86,11 +87,12 @@ def _tiers(metrics: dict[str, Any]) -> tuple[dict[str, TierSpeed], dict[str, str
     for tier, rate in sorted(bps.items()):
         if rate <= 0:
             continue
-        store = stored / seconds if tier == "cpu" and stored > 0 and seconds > 0 else rate
+        measured = tier == "cpu" and stored > 0 and seconds > 0  # only host stores have their own histogram
+        store = stored / seconds if measured else rate
         speeds[tier] = TierSpeed(rate / 1e9, store / 1e9, latency.get(tier, 0.0), latency.get(tier, 0.0))
         sources[f"tiers.{tier}"] = ("loads: kvoffload_tier_load_bytes_per_second and _latency_seconds; stores: "
                                     + ("kvoffload_transfer_bytes_total / kvoffload_transfer_seconds_sum of device_to_host"
-                                       if store is not rate else "not published, the load speed stands in"))
+                                       if measured else "not published, the load speed stands in"))
     if not speeds:
         raise ProfileError("the server published no tier load speeds (kvoffload_tier_load_bytes_per_second): no "
                            "tier has served a load yet; serve returning requests first")
@@ -104,6 +106,4 @@ def profile_from_server(url: str, model: str, shape: str, params: int, max_batch
     sources["engine"] = ("kvoffload_prefill_tokens_per_second by step size (the server's steps under its load); "
                          "decode terms not published: 0")
     when = time.strftime("%Y-%m-%d %H:%M")
-    from dataclasses import replace
-
     return Profile(replace(engine, shape=shape, params=params), speeds, f"{url}, in service, {when}", sources)

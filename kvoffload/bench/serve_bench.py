@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.dummy_model import write_model
+from kvoffload.bench.dummy_model import write_model_of
 from kvoffload.bench.measure import add_reps, bench_parser, positive_int, preamble
 from kvoffload.bench.serve_configs import (
     config_names,
@@ -263,7 +263,7 @@ def _engine(args: argparse.Namespace, wl: Workload, work: Path) -> tuple[str, di
                               "gpu_memory_utilization": args.memory_utilization}
     if model is None:
         model = str(work / "model")
-        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab, args.intermediate)
+        write_model_of(Path(model), args)
         engine["load_format"] = "dummy"
     max_len, ws_blocks, device_blocks = cache_geometry(wl, VLLM_BLOCK, args.device_fraction)
     engine.update(max_model_len=max_len, num_gpu_blocks_override=device_blocks)
@@ -358,7 +358,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     model, load_format = args.model, "auto"
     if model is None:
         model, load_format = str(work / "model"), "dummy"
-        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab, args.intermediate)
+        write_model_of(Path(model), args)
     names = config_names(args.configs)
     tiers = tier_sets(args.cpu, args.disk, work)
     offload = {name: offload_config(name, tiers, bool(args.throttle_tier), hints_section(args, wl)) for name in names}

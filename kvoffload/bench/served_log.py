@@ -49,11 +49,11 @@ def model_beside(log: str | Path) -> Path:
 def save_first_run(args: Any, wl: Workload, first: Any) -> str:
     """``bench serve --write-log``: the first configuration's first run as a log, and the model's
     config.json beside it where the bench made the model up; the line to print."""
-    from kvoffload.bench.dummy_model import write_model
+    from kvoffload.bench.dummy_model import write_model_of
 
     n = write_served_log(wl, [(t.sid, t.turn, t.completion) for t in first.turns], args.write_log)
     model = args.model or model_beside(args.write_log)
     if args.model is None:
-        write_model(Path(model), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab, args.intermediate)
+        write_model_of(Path(model), args)
     return (f"request log of the first {first.config} run ({n} requests): {args.write_log}; the model it served: "
             f"{model} (kvoffload plan --log {args.write_log} --model {model} ...)")
