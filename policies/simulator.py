@@ -93,7 +93,7 @@ def replay(
     if mode not in ("prefix", "page"):
         raise ValueError(f"mode={mode!r}: use 'prefix' (connector order) or 'page' (page cache)")
     mgr, tier = build_manager(policy, capacity, store_threshold, native)
-    pol = tier.policy
+    pol = tier.index.policy
     offline = pol if isinstance(pol, OfflinePolicy) else None
     if offline is not None:
         offline.set_future(requests)
@@ -111,7 +111,7 @@ def replay(
         if hints is not None:
             hint = hints[r]
             if hint is not None:
-                mgr.hint(hashes, hint)
+                tier.index.hint(hashes, hint)  # the filter in front has no policy of its own
         hits = mgr.lookup(hashes) or 0
         if hits:
             head = hashes[:hits]
@@ -159,7 +159,7 @@ class OpRecorder(HostTierChain):
         hits = self.lookup(hashes)
         if hits == len(hashes):
             return PrefixLookup([self.medium] * hits, LookupResult.HIT)
-        pending = self.primary.is_pending(hashes[hits])
+        pending = self.host.is_pending(hashes[hits])
         return PrefixLookup([self.medium] * hits, LookupResult.HIT_PENDING if pending else LookupResult.MISS)
 
     def lookup(self, block_hashes):

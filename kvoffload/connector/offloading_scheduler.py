@@ -82,6 +82,8 @@ class OffloadingConnectorScheduler:
         self.loads = LoadPlanner(*shared, self.cost, self.hints)
         self.stores = StorePlanner(*shared)
         self.swaps = SwapPlanner(*shared)
+        #: A preempted request's swap-out (the engine asks the facade): the swap planner's own.
+        self.swap_out = self.swaps.swap_out
         #: Results of jobs some ranks have reported and others not yet.
         self._partial: dict[int, list[TransferResult]] = {}
 
@@ -140,9 +142,6 @@ class OffloadingConnectorScheduler:
             self.swaps.plan_swap_in(request, state, num_local, num_external_tokens)
         else:
             self.loads.plan(request, state, num_local, num_external_tokens)
-
-    def swap_out(self, request: EngineRequest, block_ids: GroupBlockIds) -> bool:
-        return self.swaps.swap_out(request, block_ids)
 
     # ---- each step ---------------------------------------------------------------------------
     def has_pending_work(self) -> bool:

@@ -71,6 +71,8 @@ class KVOffloadManager(OffloadingManager):
         # vLLM looks keys up one at a time: bind the cheapest single-key checks once (a host
         # tier alone: the C ledger's own methods).
         self._is_ready, self._is_pending = chain.key_probes()
+        #: Recency without reuse goes to the host tier's policy (the one stores land in).
+        self._refresh = chain.host.refresh
 
     # ---- helpers -------------------------------------------------------------------------
     def _access(self, ctx: ReqContext) -> _RequestAccess:
@@ -100,7 +102,7 @@ class KVOffloadManager(OffloadingManager):
         seen = self._access(req_context).keys
         for k in keys:
             seen.setdefault(k, True)  # re-reading what this request inserted is not a reuse
-        return CPULoadStoreSpec(spec.block_ids.tolist())
+        return CPULoadStoreSpec(spec.block_ids)  # vLLM copies it into int32
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.inner.touch(list(keys))
@@ -140,10 +142,12 @@ class KVOffloadManager(OffloadingManager):
 
     @staticmethod
     def _store_output(out: KVPrepareStoreOutput) -> PrepareStoreOutput:
+        # The lists are the ledger's fresh ones (the evicted one is also in a removal event,
+        # which nobody changes): handed over as they are.
         return PrepareStoreOutput(
-            keys_to_store=list(out.block_hashes_to_store),
-            store_spec=CPULoadStoreSpec(out.store_spec.block_ids.tolist()),
-            evicted_keys=list(out.block_hashes_evicted),
+            keys_to_store=out.block_hashes_to_store,
+            store_spec=CPULoadStoreSpec(out.store_spec.block_ids),  # vLLM copies it into int32
+            evicted_keys=out.block_hashes_evicted,
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
@@ -171,7 +175,7 @@ class KVOffloadManager(OffloadingManager):
             ordered = list(keys)
             keys.clear()
             if reused_head < len(ordered):
-                self.inner.refresh(ordered[reused_head:])
+                self._refresh(ordered[reused_head:])
             if reused_head:
                 self.inner.touch(ordered[:reused_head])
             return
@@ -183,7 +187,7 @@ class KVOffloadManager(OffloadingManager):
                 runs.append((reused, [k]))
         state.keys.clear()
         for reused, run in reversed(runs):
-            (self.inner.touch if reused else self.inner.refresh)(run)
+            (self.inner.touch if reused else self._refresh)(run)
 
     def get_stats(self) -> OffloadingConnectorStats:
         """vLLM's own CPU-offload metrics (``vllm:kv_offload_*``) from our ledger: pinned and

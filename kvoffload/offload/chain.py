@@ -26,10 +26,15 @@ from kvoffload.offload.abstract import (
     as_list,
 )
 from kvoffload.offload.hints import BlockHint
+from kvoffload.offload.tier_index import TierIndex
 from kvoffload.offload.tier_report import ChainReport, TierReport
 
 
 class TierChain(OffloadingManager):
+    #: The index of the tier stores land in first (the host tier): its policy is the one vLLM's
+    #: per-request recency (``refresh``, ``touch`` of what a request reused) informs.
+    host: TierIndex
+
     def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
         """The tier of each leading hit and what stopped the run, in one pass over the chain."""
         hashes = as_list(block_hashes)
@@ -57,13 +62,9 @@ class TierChain(OffloadingManager):
         a caller can show each one once per request."""
         return []
 
-    def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
-        """Recency without reuse, e.g. a request's newly stored blocks."""
-
     def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
         """What the caller knows of the future of the request using these blocks (session,
         expected return, priority, lease): every tier's policy sees it (default: nothing)."""
-
 
     def prepare_load_segments(self, block_hashes: list[BlockHash], media: Sequence[Medium] | None = None,
                               ) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:

@@ -37,6 +37,7 @@ from kvoffload.offload.abstract import (
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.ledger_tier import LedgerTier
+from kvoffload.offload.slot_table import SlotTable
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_report import ChainReport
 
@@ -68,6 +69,9 @@ class HostTierChain(TierChain):
         if len(write_through) != len(secondaries):
             raise ValueError(f"write_through: {len(write_through)} flags for {len(secondaries)} secondary tiers")
         self.primary = primary
+        #: The host tier's index: lookups start there, and the policy that vLLM's recency and
+        #: store-miss calls inform is its own.
+        self.host: SlotTable = primary.index
         self.secondaries = list(secondaries)
         #: write_through[i]: tier i+1 receives every block landing in tier i.
         self.write_through = [False, *write_through]
@@ -75,6 +79,7 @@ class HostTierChain(TierChain):
         self.block_size = primary.block_size
         tiers: list[Tier] = [primary, *secondaries]
         self._by_medium: dict[str, Tier] = dict(zip(media, tiers))
+        self._indexes = [t.index for t in tiers]
         self._index_of: dict[str, int] = {m: i for i, m in enumerate(media)}
         self._demotions: list[Demotion] = []
         self.num_demoted = 0
@@ -99,8 +104,10 @@ class HostTierChain(TierChain):
         # case: a prefix in DRAM, then perhaps a tail further down); then block by block
         # through the local tiers; a tier whose ledger is a shared store is asked once, in one
         # batch, for the run the local tiers miss.
-        cpu_hits = self.primary.lookup(hashes)
+        cpu_hits = self.host.lookup(hashes)
         media: list[Medium] = [self.primary.medium] * cpu_hits
+        if cpu_hits == len(hashes):
+            return PrefixLookup(media, LookupResult.HIT)
         secondaries = [t for t in self.secondaries if t.in_service]
         local: list[Tier] = [self.primary]
         local += [t for t in secondaries if not t.batched_lookup]
@@ -108,7 +115,7 @@ class HostTierChain(TierChain):
         i = cpu_hits
         while i < len(hashes):
             h = hashes[i]
-            tier = next((t for t in local if t.is_ready(h)), None)
+            tier = next((t for t in local if t.index.is_ready(h)), None)
             if tier is None and remote:
                 batched, remote = remote, []  # one round trip per lookup, whatever follows
                 for t in batched:
@@ -124,7 +131,7 @@ class HostTierChain(TierChain):
                 # Worth a step's wait only while the block is on its way into host memory (a
                 # memory copy); a demotion into a slower tier may take seconds (a throttled or
                 # saturated disk held every waiting request back): the hit ends here.
-                pending = self.primary.is_pending(h)
+                pending = self.host.is_pending(h)
                 return PrefixLookup(media, LookupResult.HIT_PENDING if pending else LookupResult.MISS)
             media.append(tier.medium)
             i += 1
@@ -132,30 +139,29 @@ class HostTierChain(TierChain):
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
         if not self.secondaries:  # a chain of one: the ledger's own lookup
-            return self.primary.lookup(block_hashes)
+            return self.host.lookup(block_hashes)
         return self.lookup_prefix(list(block_hashes)).hits
 
     # The host tier, then the secondaries in service: what a lookup may use now. Asked per
     # block (the reuse filter, vLLM's one-key lookups), so no list is built per call.
     def is_ready(self, block_hash: BlockHash) -> bool:
-        return self.primary.is_ready(block_hash) or any(
-            t.is_ready(block_hash) for t in self.secondaries if t.in_service)
+        return self.host.is_ready(block_hash) or any(
+            t.index.is_ready(block_hash) for t in self.secondaries if t.in_service)
 
     def is_pending(self, block_hash: BlockHash) -> bool:
-        return not self.is_ready(block_hash) and (self.primary.is_pending(block_hash) or any(
-            t.is_pending(block_hash) for t in self.secondaries if t.in_service))
+        return not self.is_ready(block_hash) and (self.host.is_pending(block_hash) or any(
+            t.index.is_pending(block_hash) for t in self.secondaries if t.in_service))
 
     def key_probes(self) -> KeyProbes:
         """A chain of the host tier alone answers as that tier does (unless a subclass answers
         these itself): vLLM's adapter then asks the ledger directly, not through three frames."""
         own = type(self).is_ready is HostTierChain.is_ready and type(self).is_pending is HostTierChain.is_pending
-        return self.primary.key_probes() if own and not self.secondaries else (self.is_ready, self.is_pending)
+        return self.host.key_probes() if own and not self.secondaries else (self.is_ready, self.is_pending)
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        hashes = list(block_hashes)
-        self.primary.touch(hashes)
-        for t in self.secondaries:
-            t.touch(hashes)
+        hashes = as_list(block_hashes)
+        for index in self._indexes:
+            index.touch(hashes)
 
     def prepare_load_segments(self, block_hashes: list[BlockHash], media: Sequence[Medium] | None = None,
                               ) -> list[tuple[LoadStoreSpec, list[BlockHash]]]:
@@ -174,7 +180,7 @@ class HostTierChain(TierChain):
                 pass  # a block left the tier the lookup found it in: ask the tiers afresh
         tiers: list[Tier] = [self.primary, *self.secondaries]
         # A miss falls to the last tier, whose prepare_load fails with BlockNotReadyError.
-        found = [next((t for t in tiers if t.is_ready(h)), tiers[-1]) for h in hashes]
+        found = [next((t for t in tiers if t.index.is_ready(h)), tiers[-1]) for h in hashes]
         return self._pin_runs(self._runs(hashes, found))
 
     @staticmethod
@@ -205,7 +211,7 @@ class HostTierChain(TierChain):
         spec, so they are refused (nothing stays pinned); the connector loads by segments. No
         blocks is an empty load of the host tier, as in vLLM's managers."""
         hashes = list(block_hashes)
-        if not hashes:
+        if not hashes or not self.secondaries:  # a chain of one: the host tier's
             return self.primary.prepare_load(hashes)
         segments = self.prepare_load_segments(hashes)
         if len(segments) != 1:
@@ -224,7 +230,7 @@ class HostTierChain(TierChain):
     # ---- stores and demotions ------------------------------------------------------------
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         out = self.primary.prepare_store(block_hashes)
-        if out is not None and out.block_hashes_evicted:
+        if out is not None and out.block_hashes_evicted and self.secondaries:
             self._demote(0, list(zip(out.block_hashes_evicted, out.evicted_block_ids)))
         return out
 
@@ -241,7 +247,8 @@ class HostTierChain(TierChain):
         if not target.in_service:
             self.num_demotions_dropped += len(pairs)
             return
-        pairs = [(h, s) for h, s in pairs if not target.contains(h)]
+        contains = target.index.contains
+        pairs = [(h, s) for h, s in pairs if not contains(h)]
         if not pairs:
             return
         out = target.prepare_store([h for h, _ in pairs])
@@ -273,16 +280,16 @@ class HostTierChain(TierChain):
             self._write_through(i, block_hashes)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
-        hashes = list(block_hashes)
+        hashes = as_list(block_hashes)
         self.primary.complete_store(hashes, success)
-        if success:
+        if success and self.secondaries:
             self._write_through(0, hashes)
 
     def _write_through(self, i: int, hashes: list[BlockHash]) -> None:
         """Blocks landed in tier i: copy them on if tier i+1 is written through."""
         if i + 1 < len(self.write_through) and self.write_through[i + 1]:
             tier = self.primary if i == 0 else self.secondaries[i - 1]
-            self._demote(i, [(h, s) for h in hashes if (s := tier.slot_of(h)) is not None])
+            self._demote(i, [(h, s) for h in hashes if (s := tier.index.slot_of(h)) is not None])
 
     # ---- faults, events, report ----------------------------------------------------------
     def drop_corrupt(self, medium: str, slots: list[int]) -> int:
@@ -295,15 +302,11 @@ class HostTierChain(TierChain):
             tier.note_io(ok, write)
 
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
-        return self.primary.on_store_miss(block_hashes)
-
-    def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
-        self.primary.refresh(block_hashes)
+        return self.host.store_miss(block_hashes)
 
     def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
-        self.primary.hint(block_hashes, hint)
-        for t in self.secondaries:
-            t.hint(block_hashes, hint)
+        for index in self._indexes:
+            index.hint(block_hashes, hint)
 
     def take_events(self) -> list[OffloadingEvent]:
         events = list(self.primary.take_events())

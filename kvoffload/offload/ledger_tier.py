@@ -1,20 +1,20 @@
 """LedgerTier: a tier whose slots this process owns (host memory, a local disk file, the test
-tiers). It keeps the manager contract, its events, its I/O health and its report; which hash is
-in which slot, and which slot goes first, is its ``SlotTable``: the C one for the policies the
-native ledger implements (where it is built), the Python one for any other CachePolicy, chosen
-when the tier is built (``make_slot_table``). A call from the chain reaches the policy through
-the tier and its table. Tensor-free, like everything scheduler-side.
+tiers). It keeps the writes of the manager contract (pins, stores), its events, its I/O health
+and its report; which hash is in which slot, and which slot goes first, is its ``index``, a
+``SlotTable``: the C one for the policies the native ledger implements (where it is built), the
+Python one for any other CachePolicy, chosen when the tier is built (``make_slot_table``). Reads
+go to the index directly (the chain's, and a lone tier's ``lookup``/``touch``), never through
+the tier. Tensor-free, like everything scheduler-side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kvoffload.offload.abstract import BlockHash, KeyProbes, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput, as_list
+from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput, as_list
 from kvoffload.offload.event_queue import EventQueue
-from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy
-from kvoffload.offload.slot_table import LedgerSnapshot, SlotTable
+from kvoffload.offload.slot_table import SlotTable
 from kvoffload.offload.slots import make_slot_table
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
@@ -45,7 +45,7 @@ class LedgerTier(Tier):
         self.num_corrupt = 0
         self._events: EventQueue[OffloadingEvent] | None = EventQueue(
             MAX_QUEUED_EVENTS, f"{self.medium} tier", "call take_events() regularly") if enable_events else None
-        self.slots: SlotTable = make_slot_table(capacity, cache_policy, self.medium, native)
+        self.index: SlotTable = make_slot_table(capacity, cache_policy, self.medium, native)
 
     def describe(self) -> str:
         """How log lines name this tier."""
@@ -62,13 +62,13 @@ class LedgerTier(Tier):
     # ---- the manager contract, over the slot primitives below -----------------------------
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         hashes = as_list(block_hashes)
-        return self._spec_for(self.slots.pin(hashes), hashes)
+        return self._spec_for(self.index.pin(hashes), hashes)
 
     def complete_load(self, block_hashes: Iterable[BlockHash], medium: str | None = None) -> None:
-        self.slots.unpin(as_list(block_hashes))
+        self.index.unpin(as_list(block_hashes))
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
-        out = self.slots.allocate(block_hashes)
+        out = self.index.allocate(block_hashes)
         if out is None:
             return None
         if out.evicted and self._events is not None:
@@ -76,27 +76,24 @@ class LedgerTier(Tier):
         return PrepareStoreOutput(out.new, self._spec_for(out.slots, out.new), out.evicted, out.evicted_slots)
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
-        done = self.slots.complete(block_hashes, success)
+        done = self.index.complete(block_hashes, success)
         if success and self._events is not None:  # the test first: no call per store without events
             self._emit(done, removed=False)
 
     def take_events(self) -> list[OffloadingEvent]:
         return self._events.take() if self._events is not None else []
 
-    def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
-        return self.slots.store_miss(block_hashes)
-
     def slot_spec(self, slots: Sequence[int], block_hashes: list[BlockHash]) -> LoadStoreSpec:
         return self.spec_type.for_blocks(slots, block_hashes)
 
     def drop(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
         """Forget ready, unpinned blocks (found corrupt); returns the hashes dropped."""
-        dropped = self.slots.forget_ready(block_hashes)
+        dropped = self.index.forget_ready(block_hashes)
         self._emit(dropped, removed=True)
         return dropped
 
     def drop_slots(self, slots: list[int]) -> int:
-        hashes = [h for h in map(self.slots.hash_at, slots) if h is not None]
+        hashes = [h for h in map(self.index.hash_at, slots) if h is not None]
         n = len(self.drop(hashes))
         self.num_corrupt += n
         return n
@@ -111,62 +108,16 @@ class LedgerTier(Tier):
 
     @property
     def num_free_blocks(self) -> int:
-        return self.slots.num_free
+        return self.index.num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self.slots.num_used
+        return self.index.num_used
 
     def report(self) -> TierReport:
-        pinned, writing = self.slots.busy()
+        pinned, writing = self.index.busy()
         health = self.health
-        return TierReport(self.medium, self.slots.num_used, self.num_blocks, pinned, writing,
+        return TierReport(self.medium, self.index.num_used, self.num_blocks, pinned, writing,
                           in_service=self.in_service, corrupt_blocks=self.num_corrupt,
                           io_errors=health.num_io_errors if health else 0,
                           outages=health.num_outages if health else 0)
-
-    # ---- the tier and manager contract's reads, from the slot table ----------------------
-    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        return self.slots.lookup(block_hashes)
-
-    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.slots.touch(block_hashes)
-
-    def refresh(self, block_hashes: Iterable[BlockHash]) -> None:
-        self.slots.refresh(block_hashes)
-
-    def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
-        self.slots.hint(block_hashes, hint)
-
-    def contains(self, block_hash: BlockHash) -> bool:
-        return self.slots.contains(block_hash)
-
-    def is_ready(self, block_hash: BlockHash) -> bool:
-        return self.slots.is_ready(block_hash)
-
-    def is_pending(self, block_hash: BlockHash) -> bool:
-        return self.slots.is_pending(block_hash)
-
-    def key_probes(self) -> KeyProbes:
-        """The slot table's own, unless a subclass answers these itself."""
-        own = type(self).is_ready is LedgerTier.is_ready and type(self).is_pending is LedgerTier.is_pending
-        return self.slots.key_probes() if own else (self.is_ready, self.is_pending)
-
-    def slot_of(self, block_hash: BlockHash) -> int | None:
-        return self.slots.slot_of(block_hash)
-
-    def hash_at(self, slot: int) -> BlockHash | None:
-        return self.slots.hash_at(slot)
-
-    def restore(self, entries: list[tuple[BlockHash, int]]) -> None:
-        """Re-admit ready blocks at known slots (a persistent tier reopening); only when empty."""
-        self.slots.restore(entries)
-
-    @property
-    def policy(self) -> object:
-        """The eviction policy's state (the CachePolicy, or a view of the native one)."""
-        return self.slots.policy
-
-    def debug_snapshot(self) -> LedgerSnapshot:
-        """The slot table's state (tests, debugging; the native table's is a copy)."""
-        return self.slots.debug_snapshot()

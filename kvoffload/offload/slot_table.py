@@ -1,4 +1,4 @@
-"""SlotTable: the ledger of a tier whose slots this process owns: which hash is in which slot,
+"""SlotTable: the index of a tier whose slots this process owns (a TierIndex that also writes): which hash is in which slot,
 ready or being written, pinned by how many loads, and the eviction order over them.
 
 One interface, two implementations chosen when the tier is built (``make_slot_table``):
@@ -9,7 +9,7 @@ freed ids last-freed-first. Tensor-free, like everything scheduler-side.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,8 +17,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload.offload.abstract import BlockHash, KeyProbes, SlotIds
+from kvoffload.offload.abstract import BlockHash, SlotIds
 from kvoffload.offload.hints import BlockHint
+from kvoffload.offload.tier_index import TierIndex
 
 
 @dataclass(slots=True)
@@ -47,8 +48,9 @@ class LedgerSnapshot(Protocol):
     def ref_cnt(self) -> npt.NDArray[np.int32]: ...
 
 
-class SlotTable(ABC):
-    """The slot primitives a ledger tier's manager contract is written over."""
+class SlotTable(TierIndex):
+    """The reads a chain asks of a ledger tier, and the slot primitives the tier's writes are
+    made of."""
 
     def __init__(self, capacity: int, medium: str) -> None:
         self.capacity = capacity
@@ -118,22 +120,6 @@ class SlotTable(ABC):
 
     @abstractmethod
     def hash_at(self, slot: int) -> BlockHash | None: ...
-
-    @abstractmethod
-    def slot_of(self, block_hash: BlockHash) -> int | None: ...
-
-    @abstractmethod
-    def contains(self, block_hash: BlockHash) -> bool: ...
-
-    @abstractmethod
-    def is_ready(self, block_hash: BlockHash) -> bool: ...
-
-    @abstractmethod
-    def is_pending(self, block_hash: BlockHash) -> bool: ...
-
-    def key_probes(self) -> KeyProbes:
-        """``(is_ready, is_pending)`` as the cheapest callables (the native table's are C's)."""
-        return self.is_ready, self.is_pending
 
     @abstractmethod
     def busy(self) -> tuple[int, int]:

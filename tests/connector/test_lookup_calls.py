@@ -37,9 +37,11 @@ class Blocks:
 
 
 def _counting(tier, calls: Counter):
-    """Count each call of ``COUNTED`` on this tier, per (method, hash) where it takes hashes."""
+    """Count each call of ``COUNTED`` on this tier (its reads: on its index), per (method, hash)
+    where it takes hashes."""
     for name in COUNTED:
-        method = getattr(tier, name)
+        owner = tier if name in ("prepare_load", "lookup_run") else tier.index
+        method = getattr(owner, name)
 
         def counted(*args, _name=name, _method=method, **kwargs):
             arg = args[0] if args else None
@@ -50,7 +52,7 @@ def _counting(tier, calls: Counter):
             calls[_name, "calls"] += 1
             return _method(*args, **kwargs)
 
-        setattr(tier, name, counted)
+        setattr(owner, name, counted)
 
 
 def _scheduler(tmp_path):

@@ -48,7 +48,7 @@ def _reset_device(llm: LLM) -> None:
 
 
 def _policy(llm: LLM) -> HintedCachePolicy:
-    policy = llm.scheduler_connector.connector_scheduler.manager.primary.policy  # type: ignore[union-attr]
+    policy = llm.scheduler_connector.connector_scheduler.manager.primary.index.policy  # type: ignore[union-attr]
     assert isinstance(policy, HintedCachePolicy)
     return policy
 

@@ -54,7 +54,7 @@ def _run(llm: LLM, rid: str, prompt=PROMPT, **kw) -> list[int]:
 
 def _policy(llm: LLM) -> RecordingHinted:
     sched = llm.scheduler_connector.connector_scheduler  # type: ignore[union-attr]
-    policy = sched.manager.primary.policy
+    policy = sched.manager.primary.index.policy
     assert isinstance(policy, RecordingHinted)
     return policy
 

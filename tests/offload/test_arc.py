@@ -11,7 +11,7 @@ def test_scan_cannot_evict_twice_touched_blocks():
     mgr = CPUOffloadingManager(4, cache_policy="arc")
     stored(mgr, [1, 2])
     mgr.touch([1, 2])  # ready T1 blocks touched again → T2
-    policy = mgr.policy
+    policy = mgr.index.policy
     assert policy.t2.size == 2 and policy.t1.size == 0
     for h in range(100, 140):  # a one-off scan of new hashes
         out = stored(mgr, [h])
@@ -23,12 +23,12 @@ def test_touch_of_not_ready_block_stays_in_t1():
     mgr = CPUOffloadingManager(4, cache_policy="arc")
     mgr.prepare_store([1])
     mgr.touch([1])
-    assert mgr.policy.t1.size == 1 and mgr.policy.t2.size == 0
+    assert mgr.index.policy.t1.size == 1 and mgr.index.policy.t2.size == 0
 
 
 def test_ghost_hits_move_target_both_ways():
     mgr = CPUOffloadingManager(2, cache_policy="arc")
-    policy: ARCCachePolicy = mgr.policy
+    policy: ARCCachePolicy = mgr.index.policy
     stored(mgr, [1, 2])
     stored(mgr, [3])  # evicts 1 from T1 → B1
     assert list(policy.b1) == [1] and policy.target_t1_size == 0
@@ -51,7 +51,7 @@ def test_ghost_hits_move_target_both_ways():
 
 def test_evict_falls_back_to_other_list():
     mgr = CPUOffloadingManager(2, cache_policy="arc")
-    policy = mgr.policy
+    policy = mgr.index.policy
     stored(mgr, [1, 2])
     mgr.touch([1])  # 1 → T2; T1 = {2}
     mgr.prepare_load([2])  # the only T1 block is pinned
@@ -62,7 +62,7 @@ def test_evict_falls_back_to_other_list():
 
 def test_ghost_lists_never_exceed_capacity():
     mgr = CPUOffloadingManager(3, cache_policy="arc")
-    policy = mgr.policy
+    policy = mgr.index.policy
     for h in range(200):
         stored(mgr, [h])
         if h % 3 == 0:

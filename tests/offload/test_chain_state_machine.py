@@ -83,10 +83,10 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
         def _offer(self, hashes: list[int]):
             """Offer hashes for store, as a request's cursor does; checks atomicity and victims."""
             cpu_pins = self._pins("CPU")
-            before = dict(self.cpu.debug_snapshot().index)
+            before = dict(self.cpu.index.debug_snapshot().index)
             out = self.mgr.prepare_store(hashes)
             if out is None:
-                assert dict(self.cpu.debug_snapshot().index) == before  # atomic
+                assert dict(self.cpu.index.debug_snapshot().index) == before  # atomic
                 return None
             offered = hashes
             if threshold:
@@ -134,7 +134,7 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
             CPU tier again while that load may still run; then another request loads the copy."""
             below = sorted({h for load in self.loads for m, hs in load if m != "CPU" for h in hs})
             h = data.draw(st.sampled_from(below))
-            if self.cpu.contains(h):
+            if self.cpu.index.contains(h):
                 return
             out = self._offer([h])
             if out is None or h not in out.block_hashes_to_store:
@@ -159,10 +159,10 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
             found = self.mgr.lookup_prefix(hashes)
             live = [t for m, t in self.tiers.items() if m == "CPU" or t.in_service]
             for h, medium in zip(hashes, found.media):
-                first = next(t for t in live if t.is_ready(h))
+                first = next(t for t in live if t.index.is_ready(h))
                 assert first.medium == medium  # the fastest tier holding it
             if found.hits < len(hashes):
-                assert not any(t.is_ready(hashes[found.hits]) for t in live)
+                assert not any(t.index.is_ready(hashes[found.hits]) for t in live)
             assert self.mgr.lookup(hashes) == found.hits
             self.mgr.touch(hashes)
 
@@ -179,7 +179,7 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
             media = None
             if data.draw(st.booleans()):
                 media = [data.draw(st.sampled_from(sorted(m for m, t in self.tiers.items()
-                                                          if t.is_ready(h) or not t.batched_lookup)))
+                                                          if t.index.is_ready(h) or not t.batched_lookup)))
                          for h in chosen]
             segments = self.mgr.prepare_load_segments(chosen, media)
             assert [h for _, hs in segments for h in hs] == chosen
@@ -202,12 +202,12 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
         @rule(data=st.data(), medium=st.sampled_from(order[1:]))
         def drop_corrupt(self, data, medium):
             tier, pinned = self.tiers[medium], self._pins(medium)
-            slots = [s for h, s in tier.debug_snapshot().index.items() if h not in pinned and tier.is_ready(h)]
+            slots = [s for h, s in tier.index.debug_snapshot().index.items() if h not in pinned and tier.index.is_ready(h)]
             if slots and not data.draw(st.integers(0, 3)):  # rare: else the lower tiers rarely hold anything
                 slot = data.draw(st.sampled_from(slots))
-                h = tier.hash_at(slot)
+                h = tier.index.hash_at(slot)
                 assert self.mgr.drop_corrupt(medium, [slot]) == 1
-                assert not tier.contains(h)
+                assert not tier.index.contains(h)
 
         @rule(medium=st.sampled_from(order[1:]), ok=st.booleans(), write=st.booleans())
         def io_outcome(self, medium, ok, write):
@@ -222,14 +222,14 @@ def make_machine(policy: str, threshold: int, remote: bool, write_through: bool)
         @invariant()
         def ledgers_agree(self):
             for medium, tier in self.tiers.items():
-                index = tier.debug_snapshot().index
+                index = tier.index.debug_snapshot().index
                 assert len(set(index.values())) == len(index)
                 assert tier.num_free_blocks + len(index) == cap[medium]
                 pins = self._pins(medium)
                 writing = set(self.storing) if medium == "CPU" else {
                     h for dst, hs, _, _ in self.demoting if dst == medium for h in hs}
                 for h, s in index.items():
-                    assert tier.debug_snapshot().ref_cnt[s] == (-1 if h in writing else pins.get(h, 0)), (medium, h)
+                    assert tier.index.debug_snapshot().ref_cnt[s] == (-1 if h in writing else pins.get(h, 0)), (medium, h)
                 assert set(pins) <= set(index)  # a pinned block is never evicted or dropped
 
     Chain.TestCase.settings = settings(max_examples=40, stateful_step_count=50, deadline=None,

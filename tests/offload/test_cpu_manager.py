@@ -118,7 +118,7 @@ def test_lru_touch_order_evicts_request_tail_first():
     mgr = CPUOffloadingManager(4, cache_policy="lru")
     stored(mgr, [1, 2, 3, 4])
     mgr.touch([3, 4, 1])  # 3 ends most recent, then 4, then 1; 2 untouched
-    order = [mgr.debug_snapshot().hashes[s] for s in mgr.policy.order.oldest_first()]
+    order = [mgr.index.debug_snapshot().hashes[s] for s in mgr.index.policy.order.oldest_first()]
     assert order == [2, 1, 4, 3]
     out = mgr.prepare_store([5, 6, 7])
     assert out.block_hashes_evicted == [2, 1, 4]

@@ -161,7 +161,7 @@ def test_unpinning_a_block_twice_after_one_pin_is_refused_and_changes_nothing(na
         mgr.complete_load([b"h", b"h"])
     assert _state(mgr, "lru") == before
     mgr.complete_load([b"h"])
-    assert mgr.slots.busy() == (0, 0)
+    assert mgr.index.busy() == (0, 0)
 
 
 @pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False])
@@ -174,9 +174,9 @@ def test_unpinning_a_block_twice_after_one_pin_is_refused_and_changes_nothing(na
 def test_a_hostile_restore_is_refused_and_changes_nothing(native, entries, words):
     mgr = CPUOffloadingManager(8, "arc", native=native)
     with pytest.raises(ValueError, match=words):
-        mgr.restore(entries)
+        mgr.index.restore(entries)
     assert mgr.num_used_blocks == 0 and mgr.num_free_blocks == 8
-    mgr.restore([(b"a", 1)])  # still empty, still usable
+    mgr.index.restore([(b"a", 1)])  # still empty, still usable
     assert mgr.lookup([b"a"]) == 1
 
 
@@ -224,7 +224,7 @@ class DifferentialMachine(RuleBasedStateMachine):
     @invariant()
     def equal(self):
         assert _state(self.pair[0]) == _state(self.pair[1])
-        assert self.pair[0].slots.busy() == self.pair[1].slots.busy()
+        assert self.pair[0].index.busy() == self.pair[1].index.busy()
 
 
 DifferentialMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,

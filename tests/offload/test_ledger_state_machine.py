@@ -83,7 +83,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def ledgers_agree(self):
         type(self).steps_run += 1
-        ledger = self.mgr.debug_snapshot()
+        ledger = self.mgr.index.debug_snapshot()
         slots = list(ledger.index.values())
         assert len(set(slots)) == len(slots), "slot allocated twice"
         assert self.mgr.num_free_blocks + len(slots) == CAPACITY
@@ -99,7 +99,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert events == self.ref.events
         self.ref.events.clear()
         if self.policy == "arc":
-            p = self.mgr.policy
+            p = self.mgr.index.policy
             assert p.target_t1_size == self.ref.target
             assert list(p.b1) == list(self.ref.b1) and list(p.b2) == list(self.ref.b2)
             assert len(p.b1) <= CAPACITY and len(p.b2) <= CAPACITY
@@ -107,7 +107,7 @@ class LedgerMachine(RuleBasedStateMachine):
             t2 = [ledger.hashes[s] for s in p.t2.oldest_first()]
             assert t1 == list(self.ref.t1) and t2 == list(self.ref.t2)
         else:
-            order = [ledger.hashes[s] for s in self.mgr.policy.order.oldest_first()]
+            order = [ledger.hashes[s] for s in self.mgr.index.policy.order.oldest_first()]
             assert order == list(self.ref.lru)
 
 
@@ -143,7 +143,7 @@ def code_path(request, monkeypatch):
 def test_ledger_matches_reference(machine, code_path):
     from kvoffload.offload.native_ledger import NativeSlotTable
 
-    assert isinstance(machine().mgr.slots, NativeSlotTable) == (code_path == "native")
+    assert isinstance(machine().mgr.index, NativeSlotTable) == (code_path == "native")
     _run(machine, steps=50, examples=40)
 
 

@@ -31,8 +31,8 @@ def test_the_readme_install_builds_the_native_ledger():
 
 
 def _state(mgr, policy="arc"):
-    p = mgr.policy
-    ledger = mgr.debug_snapshot()
+    p = mgr.index.policy
+    ledger = mgr.index.debug_snapshot()
     hashes = ledger.hashes
     state = {"index": dict(ledger.index), "refs": np.array(ledger.ref_cnt).tolist(), "free": mgr.num_free_blocks}
     if policy == "prefix_value":  # its order is a heap; every eviction is compared op for op instead
@@ -51,9 +51,13 @@ def _state(mgr, policy="arc"):
     return state
 
 
+#: What a tier's index answers (its reads and recency), not the tier.
+INDEX_OPS = {"lookup", "touch", "refresh", "store_miss", "restore"}
+
+
 def _call(mgr, op, args):
     try:
-        out = getattr(mgr, op)(*args)
+        out = getattr(mgr.index if op in INDEX_OPS else mgr, op)(*args)
     except (KeyError, ValueError) as e:  # BlockNotReadyError is a KeyError
         return ("raised", type(e).__name__, str(e))
     if op == "prepare_store" and out is not None:
@@ -71,7 +75,7 @@ def test_native_and_python_ledgers_agree_op_for_op(policy, capacity, universe):
     rng = random.Random(f"{policy}-{capacity}")
     native = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16)
     python = CPUOffloadingManager(capacity, policy, enable_events=True, block_size=16, native=False)
-    assert isinstance(native.slots, NativeSlotTable) and not isinstance(python.slots, NativeSlotTable)
+    assert isinstance(native.index, NativeSlotTable) and not isinstance(python.index, NativeSlotTable)
     pending: list[list[int]] = []
     pinned: list[list[int]] = []
     evicted = 0
@@ -109,7 +113,7 @@ def test_native_and_python_ledgers_agree_op_for_op(policy, capacity, universe):
             if results[1] is not None and results[1][0] != "raised" and isinstance(results[1], list):
                 pinned.append(hashes)
         else:
-            name = {"touch": "touch", "refresh": "refresh", "lookup": "lookup", "miss": "on_store_miss",
+            name = {"touch": "touch", "refresh": "refresh", "lookup": "lookup", "miss": "store_miss",
                     "drop": "drop", "complete": "lookup", "unload": "lookup"}[op]
             results = [_call(m, name, (hashes,)) for m in (native, python)]
         assert results[0] == results[1], (step, op, hashes)
@@ -118,8 +122,8 @@ def test_native_and_python_ledgers_agree_op_for_op(policy, capacity, universe):
         if step % 250 == 0:
             assert _state(native, policy) == _state(python, policy), step
         for h in hashes[:3]:
-            assert (native.slot_of(h), native.is_ready(h), native.is_pending(h), native.contains(h)) == \
-                   (python.slot_of(h), python.is_ready(h), python.is_pending(h), python.contains(h))
+            assert (native.index.slot_of(h), native.index.is_ready(h), native.index.is_pending(h), native.index.contains(h)) == \
+                   (python.index.slot_of(h), python.index.is_ready(h), python.index.is_pending(h), python.index.contains(h))
     assert _state(native, policy) == _state(python, policy)
     assert evicted > capacity  # the table churned: on average every slot was refilled
     assert native.report() == python.report()
@@ -159,11 +163,11 @@ def test_restore_matches_the_python_ledger():
     entries = [(b"a", 5), (b"b", 1), (b"c", 3)]
     native, python = (CPUOffloadingManager(8, "arc", native=n) for n in (True, False))
     for m in (native, python):
-        m.restore(entries)
+        m.index.restore(entries)
     assert _state(native) == _state(python)
     assert _call(native, "prepare_store", ([b"d", b"e"],)) == _call(python, "prepare_store", ([b"d", b"e"],))
     with pytest.raises(ValueError, match="empty"):
-        native.restore(entries)
+        native.index.restore(entries)
 
 
 def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypatch, caplog):
@@ -172,7 +176,7 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
     monkeypatch.setattr(nm, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="kvoffload.offload.native_ledger"):
         first, second = CPUOffloadingManager(4, "lru"), CPUOffloadingManager(4, "arc")
-    assert not isinstance(first.slots, NativeSlotTable) and not isinstance(second.slots, NativeSlotTable)
+    assert not isinstance(first.index, NativeSlotTable) and not isinstance(second.index, NativeSlotTable)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "no module named kvoffload_ext.ledger._ledger" in lines[0] and "Python ledger" in lines[0]
     with pytest.raises(NativeLedgerUnavailableError, match=r"native=True but kvoffload_ext\.ledger\._ledger is not built .*pip install"):
@@ -182,14 +186,14 @@ def test_without_the_extension_the_python_ledger_runs_and_says_so_once(monkeypat
 def test_native_is_used_only_where_it_applies(monkeypatch):
     from kvoffload.offload import LRUCachePolicy
 
-    assert not isinstance(CPUOffloadingManager(4, LRUCachePolicy(4)).slots, NativeSlotTable)  # a policy object
+    assert not isinstance(CPUOffloadingManager(4, LRUCachePolicy(4)).index, NativeSlotTable)  # a policy object
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
         CPUOffloadingManager(4, "sieve", native=True)
     with pytest.raises(NativeLedgerUnavailableError, match="cache_policy='sieve'"):
         NativeSlotTable(4, "sieve", "CPU")  # the native table built directly
     monkeypatch.setenv("KVOFFLOAD_NO_NATIVE", "1")
     tier = CPUOffloadingManager(4, "lru")
-    assert type(tier) is CPUOffloadingManager and type(tier.slots) is PythonSlotTable
+    assert type(tier) is CPUOffloadingManager and type(tier.index) is PythonSlotTable
 
 
 @needs_native
@@ -214,7 +218,7 @@ def test_no_key_reference_leaks_across_every_operation(policy):
             mgr.complete_store(pending.pop(rng.randrange(len(pending))), success=rng.random() < 0.8)
         elif op == 4:
             mgr.touch(batch)
-            mgr.on_store_miss(batch)
+            mgr.index.store_miss(batch)
         elif op == 5:
             hits = mgr.lookup(batch)
             mgr.prepare_load(batch[:hits])
@@ -224,9 +228,9 @@ def test_no_key_reference_leaks_across_every_operation(policy):
         elif op == 6:
             mgr.drop(batch[:2])
         else:
-            mgr.refresh(batch)
+            mgr.index.refresh(batch)
         mgr.take_events()
-    assert mgr.num_used_blocks > 0 and mgr.policy.num_ghosts() >= (0 if policy in ("lru", "prefix_value") else 1)
+    assert mgr.num_used_blocks > 0 and mgr.index.policy.num_ghosts() >= (0 if policy in ("lru", "prefix_value") else 1)
     del mgr, pending, batch
     assert [sys.getrefcount(k) for k in keys] == base
 

@@ -39,7 +39,7 @@ def test_the_registry_is_asked_once_per_tier_and_the_tier_uses_the_resolved_clas
     try:
         assert loads == [name, "arc"]  # config's lookups only: the tiers asked nothing more
         assert CountingLRU.made == made_at_config + 1
-        assert isinstance(manager.primary.policy, CountingLRU)
+        assert isinstance(manager.primary.index.policy, CountingLRU)
     finally:
         manager.close()
 

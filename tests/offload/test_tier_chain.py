@@ -64,7 +64,7 @@ def test_victims_move_down_the_chain_each_read_before_its_slot_is_reused(chain):
         (Medium.CPU, [0, 1], [5, 6]), (DISK, [1], [3]), (REMOTE, [0, 1], [1, 2])]
     for spec, hashes in segments:
         mgr.complete_load(hashes, spec.medium())
-    assert not np.any(remote.debug_snapshot().ref_cnt[:2]) and not np.any(disk.debug_snapshot().ref_cnt[:2])
+    assert not np.any(remote.index.debug_snapshot().ref_cnt[:2]) and not np.any(disk.index.debug_snapshot().ref_cnt[:2])
 
 
 def test_a_block_on_its_way_into_a_lower_tier_is_a_miss_and_into_host_memory_a_wait(chain):
@@ -143,5 +143,5 @@ def test_prepare_load_refuses_blocks_in_two_tiers_and_pins_nothing(chain):
     _land(mgr, mgr.take_demotions())
     with pytest.raises(BlocksSpanTiersError, match=r"2 tier segments \(CPU, DISK\); load them with prepare_load_segments"):
         mgr.prepare_load([3, 1])
-    assert not np.any(cpu.debug_snapshot().ref_cnt[:2]) and not np.any(disk.debug_snapshot().ref_cnt[:2])
+    assert not np.any(cpu.index.debug_snapshot().ref_cnt[:2]) and not np.any(disk.index.debug_snapshot().ref_cnt[:2])
     assert mgr.prepare_load([3, 4]).block_ids.tolist() == [1, 0]  # one tier: one spec

@@ -29,7 +29,7 @@ def store(mgr: CPUOffloadingManager, hashes: list, hint: RequestHint | None, now
     was evicted (None: nothing could be stored)."""
     mgr.touch(hashes)
     if hint is not None:
-        mgr.hint(hashes, hint.at(now, tenant))
+        mgr.index.hint(hashes, hint.at(now, tenant))
     out = mgr.prepare_store(hashes)
     if out is None:
         return None
@@ -38,7 +38,7 @@ def store(mgr: CPUOffloadingManager, hashes: list, hint: RequestHint | None, now
 
 
 def held(mgr: CPUOffloadingManager) -> set:
-    return set(mgr.debug_snapshot().index)
+    return set(mgr.index.debug_snapshot().index)
 
 
 TOOL = RequestHint("a", expect_return_s=10)
@@ -278,7 +278,7 @@ class HintedMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def load(self, data):
-        ready = sorted(h for h in held(self.mgr) if self.mgr.is_ready(h))
+        ready = sorted(h for h in held(self.mgr) if self.mgr.index.is_ready(h))
         if ready:
             chosen = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=2, unique=True))
             self.mgr.prepare_load(chosen)
@@ -291,7 +291,7 @@ class HintedMachine(RuleBasedStateMachine):
 
     @invariant()
     def consistent(self):
-        index = self.mgr.debug_snapshot().index
+        index = self.mgr.index.debug_snapshot().index
         assert self.mgr.num_free_blocks + len(index) == self.CAP
         for h in index:
             assert self.policy.get(h) is not None

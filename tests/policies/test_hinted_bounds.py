@@ -40,7 +40,7 @@ def request(mgr: CPUOffloadingManager, hashes: list, hint: RequestHint | None, n
     hits = mgr.lookup(hashes)
     mgr.touch(hashes)
     if hint is not None:
-        mgr.hint(hashes, hint.at(now))
+        mgr.index.hint(hashes, hint.at(now))
     out = mgr.prepare_store(hashes)
     if out is not None:
         mgr.complete_store(out.block_hashes_to_store)
@@ -117,7 +117,7 @@ def test_raised_priority_is_honoured_within_its_share():
     # Full: a normal session due soon evicts a normal block (b's deepest: b is due last), not a
     # raised one, although the raised session is due back much later (2 blocks of 8: in share).
     request(mgr, ["c1"], RequestHint("c", 1.0), 3.0)
-    assert set(mgr.debug_snapshot().index) == {"p1", "p2", "a1", "a2", "a3", "b1", "b2", "c1"}
+    assert set(mgr.index.debug_snapshot().index) == {"p1", "p2", "a1", "a2", "a3", "b1", "b2", "c1"}
 
 
 def test_a_block_back_in_the_live_chain_is_not_evicted_as_dead():
@@ -129,7 +129,7 @@ def test_a_block_back_in_the_live_chain_is_not_evicted_as_dead():
     request(mgr, ["a", "b", "c"], RequestHint("s", 10.0), 0.0)
     request(mgr, ["a", "b", "x"], RequestHint("s", 10.0), 1.0)  # rewritten: c dead, x live
     request(mgr, ["a", "b", "c", "d"], RequestHint("s", 10.0), 2.0)  # back: c live again, x dead
-    assert set(mgr.debug_snapshot().index) == {"a", "b", "c", "d", "x"}
+    assert set(mgr.index.debug_snapshot().index) == {"a", "b", "c", "d", "x"}
     out = mgr.prepare_store(["o1", "o2", "o3"])  # unhinted: one free slot, two victims from s
     assert out is not None
     assert list(out.block_hashes_evicted) == ["x", "d"]

@@ -12,7 +12,7 @@ from kvoffload.offload import CPUOffloadingManager
 
 def manager(capacity: int) -> tuple[CPUOffloadingManager, PrefixValueCachePolicy]:
     mgr = CPUOffloadingManager(capacity, cache_policy="prefix_value", native=False)  # the reference
-    policy = mgr.policy
+    policy = mgr.index.policy
     assert isinstance(policy, PrefixValueCachePolicy)
     return mgr, policy
 

@@ -32,10 +32,10 @@ def make_contract_machine(policy_name):
         @rule(hashes=st.lists(st.integers(0, 12), min_size=1, max_size=4))
         def store(self, hashes):
             pinned = {h for load in self.loads for h in load}
-            before = dict(self.mgr.debug_snapshot().index)
+            before = dict(self.mgr.index.debug_snapshot().index)
             out = self.mgr.prepare_store(hashes)
             if out is None:
-                assert self.mgr.debug_snapshot().index == before  # atomic: nothing changed
+                assert self.mgr.index.debug_snapshot().index == before  # atomic: nothing changed
                 return
             for h in out.block_hashes_evicted:
                 assert h not in pinned and h not in self.pending and h not in hashes
@@ -51,12 +51,12 @@ def make_contract_machine(policy_name):
         @rule(hashes=st.lists(st.integers(0, 12), max_size=5))
         def lookup_touch(self, hashes):
             n = self.mgr.lookup(hashes)
-            assert all(self.mgr.is_ready(h) for h in hashes[:n])
+            assert all(self.mgr.index.is_ready(h) for h in hashes[:n])
             self.mgr.touch(hashes)
 
         @rule(data=st.data())
         def load(self, data):
-            ready = [h for h in range(13) if self.mgr.is_ready(h)]
+            ready = [h for h in range(13) if self.mgr.index.is_ready(h)]
             if ready:
                 chosen = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=2, unique=True))
                 self.mgr.prepare_load(chosen)
@@ -69,12 +69,12 @@ def make_contract_machine(policy_name):
 
         @invariant()
         def ledger_consistent(self):
-            index = self.mgr.debug_snapshot().index
+            index = self.mgr.index.debug_snapshot().index
             assert len(set(index.values())) == len(index)
             assert self.mgr.num_free_blocks + len(index) == 5
             for h, s in index.items():
-                assert self.mgr.debug_snapshot().refs[s] >= -1
-                assert self.mgr.policy.get(h) is not None
+                assert self.mgr.index.debug_snapshot().refs[s] >= -1
+                assert self.mgr.index.policy.get(h) is not None
 
     Contract.TestCase.settings = settings(max_examples=30, stateful_step_count=40, deadline=None,
                                           suppress_health_check=list(HealthCheck))

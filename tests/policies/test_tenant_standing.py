@@ -60,7 +60,7 @@ def _tier(capacity: int) -> tuple[CPUOffloadingManager, HintedCachePolicy]:
 def _request(mgr: CPUOffloadingManager, hashes: list, hint: RequestHint, tenant: bytes, now: float) -> None:
     mgr.lookup(hashes)
     mgr.touch(hashes)
-    mgr.hint(hashes, hint.at(now, tenant))
+    mgr.index.hint(hashes, hint.at(now, tenant))
     out = mgr.prepare_store(hashes)
     if out is not None:
         mgr.complete_store(out.block_hashes_to_store)

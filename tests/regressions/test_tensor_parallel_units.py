@@ -57,6 +57,6 @@ def test_each_rank_owns_its_file_and_only_records_intact_in_all_are_recovered(tm
             os.pwritev(fd, [record_header(value, data_checksum(data)), data], layout.offset(slot))
     mgr.close()
     again = DiskTier(tmp_path, layout)
-    assert again.num_recovered == 1 and again.is_ready(10) and not again.contains(11) and not again.contains(12)
+    assert again.num_recovered == 1 and again.index.is_ready(10) and not again.index.contains(11) and not again.index.contains(12)
     again.close()
     assert DiskLayout("tp", 64, 16, 8).file_header() != layout.for_rank(1).file_header()

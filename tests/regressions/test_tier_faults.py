@@ -108,11 +108,11 @@ def test_pins_are_released_per_load_even_when_a_hash_is_pinned_in_both_tiers(tmp
     (cpu_spec, _), = tiered.prepare_load_segments([7])  # load B reads it from CPU
     assert cpu_spec.medium() == "CPU"
     tiered.complete_load([7], "DISK")  # load A lands first
-    assert cpu.debug_snapshot().refs[cpu.slot_of(7)] == 1  # B still pins the CPU copy
-    assert disk.debug_snapshot().refs[disk.slot_of(7)] == 0
+    assert cpu.index.debug_snapshot().refs[cpu.index.slot_of(7)] == 1  # B still pins the CPU copy
+    assert disk.index.debug_snapshot().refs[disk.index.slot_of(7)] == 0
     assert cpu.prepare_store([1, 2, 3, 4]) is None  # the pinned block cannot be evicted
     tiered.complete_load([7], "CPU")
-    assert cpu.debug_snapshot().refs[cpu.slot_of(7)] == 0
+    assert cpu.index.debug_snapshot().refs[cpu.index.slot_of(7)] == 0
     with pytest.raises(ValueError, match="needs the medium"):
         tiered.complete_load([7])
     disk.close()

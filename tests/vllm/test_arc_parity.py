@@ -33,7 +33,7 @@ def arc_state(m) -> tuple[float, int, int]:
     if isinstance(m, VllmCPUManager):
         p = m._policy
         return p.target_t1_size, len(p.t1), len(p.t2)
-    p = m.inner.primary.policy  # the chain's host tier (the reuse filter is a chain too)
+    p = m.inner.primary.index.policy  # the chain's host tier (the reuse filter is a chain too)
     return p.target_t1_size, p.t1.size, p.t2.size
 
 

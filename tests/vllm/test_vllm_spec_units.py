@@ -79,14 +79,17 @@ class RecencyLog(HostTierChain):
     def __init__(self, tier):
         super().__init__(tier)
         self.calls: list[tuple[str, list[int]]] = []
+        refresh = self.host.refresh  # recency without reuse goes to the host tier's index
+
+        def logged_refresh(block_hashes):
+            self.calls.append(("refresh", [int.from_bytes(k[:8], "big") for k in block_hashes]))
+            refresh(block_hashes)
+
+        self.host.refresh = logged_refresh
 
     def touch(self, block_hashes):
         self.calls.append(("touch", [int.from_bytes(k[:8], "big") for k in block_hashes]))
         super().touch(block_hashes)
-
-    def refresh(self, block_hashes):
-        self.calls.append(("refresh", [int.from_bytes(k[:8], "big") for k in block_hashes]))
-        super().refresh(block_hashes)
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])
@@ -151,7 +154,7 @@ def test_arc_insertion_is_not_reuse_even_behind_the_reuse_filter():
     from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 
     m = KVOffloadManager(lambda: FilterReusedOffloadingManager(CPUOffloadingManager(4, "arc"), 2))
-    arc = m.inner.primary.policy
+    arc = m.inner.primary.index.policy
     a = ReqContext("a")
     m.prepare_store([key(1), key(2)], a)  # first sighting: filtered
     out = m.prepare_store([key(1), key(2)], a)

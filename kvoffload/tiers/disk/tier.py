@@ -312,7 +312,7 @@ class DiskTier(LedgerTier):
         for slot, key in sorted(per_rank[0].items()):
             if all(other.get(slot) == key for other in per_rank[1:]):
                 first_slot.setdefault(key, slot)  # a hash stored twice keeps one slot
-        self.restore(list(first_slot.items()))
+        self.index.restore(list(first_slot.items()))
         self.num_recovered = len(first_slot)
         if self.num_corrupt:
             logger.warning("disk tier %s: dropped %d torn or truncated blocks on open", self.path, self.num_corrupt)

@@ -28,6 +28,7 @@ from kvoffload.offload.ledger_tier import MAX_QUEUED_EVENTS
 from kvoffload.offload.mediums import KeyedLoadStoreSpec
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
+from kvoffload.offload.tier_index import TierIndex
 from kvoffload.offload.tier_report import TierReport
 from kvoffload.tiers.store.lookups import STORE_ERROR, StoreLookups
 
@@ -35,7 +36,9 @@ from kvoffload.tiers.store.lookups import STORE_ERROR, StoreLookups
 BAD_BLOCK_S = 60.0
 
 
-class SharedStoreTier(Tier):
+class SharedStoreTier(Tier, TierIndex):
+    """Its own index: what it has learnt of the store is all there is to read."""
+
     batched_lookup = True
 
     def __init__(self, spec_type: type[KeyedLoadStoreSpec], lookups: StoreLookups, capacity_blocks: int,
@@ -50,6 +53,9 @@ class SharedStoreTier(Tier):
         self._events: EventQueue[OffloadingEvent] | None = EventQueue(
             MAX_QUEUED_EVENTS, self.describe(), "call take_events() regularly") if enable_events else None
         self.health = TierHealth(retry_after_s, self.describe)
+        #: Each copy's outcome goes to the health record itself.
+        self.note_io = self.health.note_io  # type: ignore[method-assign]
+        self.index = self
         #: Blocks the store held when last asked (or when our write landed), oldest first.
         self._ready: OrderedDict[BlockHash, int] = OrderedDict()
         self._pending: dict[BlockHash, int] = {}
@@ -68,9 +74,6 @@ class SharedStoreTier(Tier):
     @property
     def in_service(self) -> bool:
         return self.health.in_service
-
-    def note_io(self, ok: bool, write: bool = False) -> None:
-        self.health.note_io(ok, write)
 
     # ---- what the store holds ------------------------------------------------------------
     def lookup_run(self, block_hashes: Sequence[BlockHash]) -> int | None:

@@ -146,13 +146,13 @@ def test_stores_are_not_repeated_and_failed_ones_are_forgotten():
     tier = _manager(DictStore())
     out = tier.prepare_store([b"a" * 16, b"b" * 16])
     assert out.block_hashes_to_store == [b"a" * 16, b"b" * 16] and out.block_hashes_evicted == []
-    assert tier.is_pending(b"a" * 16)
+    assert tier.index.is_pending(b"a" * 16)
     assert tier.prepare_store([b"a" * 16]).block_hashes_to_store == []
     tier.complete_store([b"a" * 16], success=True)
     tier.complete_store([b"b" * 16], success=False)
-    assert tier.is_ready(b"a" * 16) and not tier.contains(b"b" * 16)
+    assert tier.index.is_ready(b"a" * 16) and not tier.index.contains(b"b" * 16)
     spec = tier.prepare_load([b"a" * 16])
-    assert tier.drop_slots(spec.block_ids.tolist()) == 1 and not tier.contains(b"a" * 16)
+    assert tier.drop_slots(spec.block_ids.tolist()) == 1 and not tier.index.contains(b"a" * 16)
 
 
 # ---- worker I/O --------------------------------------------------------------------------
