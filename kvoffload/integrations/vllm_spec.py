@@ -28,7 +28,7 @@ from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.integrations.vllm import load_extra_config
 from kvoffload.integrations.vllm_manager import KVOffloadManager
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
-from kvoffload.offload.cpu_manager import CPUTier
+from kvoffload.offload.cpu_tier import CPUTier
 from kvoffload.offload.empty_chain import EmptyTierChain
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager
 

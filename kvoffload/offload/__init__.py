@@ -6,7 +6,7 @@ Tensor-free by design: nothing here imports torch or the engine.
 from kvoffload.offload.abstract import LoadStoreSpec, OffloadingEvent, OffloadingManager, PrepareStoreOutput
 from kvoffload.offload.arc import ARCCachePolicy
 from kvoffload.offload.block_status import BlockLedger, BlockStatus
-from kvoffload.offload.cpu_manager import BlockNotReadyError, CPUOffloadingManager, CPUTier
+from kvoffload.offload.cpu_tier import BlockNotReadyError, CPUOffloadingManager, CPUTier
 from kvoffload.offload.lru import LRUCachePolicy
 from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy

@@ -13,9 +13,10 @@ from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput, as_list
 from kvoffload.offload.event_queue import EventQueue
+from kvoffload.offload.native_ledger import NativeSlotTable, wants_native
 from kvoffload.offload.policy import CachePolicy
+from kvoffload.offload.python_slots import PythonSlotTable
 from kvoffload.offload.slot_table import SlotTable
-from kvoffload.offload.slots import make_slot_table
 from kvoffload.offload.tier import Tier
 from kvoffload.offload.tier_health import TierHealth
 from kvoffload.offload.tier_report import TierReport
@@ -23,6 +24,15 @@ from kvoffload.registry import PolicyRef
 
 #: Undrained events kept per tier before the oldest are dropped.
 MAX_QUEUED_EVENTS = 10_000
+
+
+def make_slot_table(capacity: int, cache_policy: str | PolicyRef | CachePolicy, medium: str,
+                    native: bool | None = None) -> SlotTable:
+    """The C table where it is built and implements ``cache_policy`` (a name), else the Python
+    one; ``native``: None = as available, False = Python, True = C or NativeLedgerUnavailableError."""
+    if wants_native(cache_policy, native):
+        return NativeSlotTable(capacity, cache_policy, medium)
+    return PythonSlotTable(capacity, cache_policy, medium)
 
 
 class LedgerTier(Tier):

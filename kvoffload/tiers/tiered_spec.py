@@ -9,7 +9,7 @@ from typing import Any
 from kvoffload.errors import ConfigError
 from kvoffload.offload.abstract import LoadStoreSpec, Medium, OffloadingManager
 from kvoffload.offload.chain import TierChain
-from kvoffload.offload.cpu_manager import CPUTier
+from kvoffload.offload.cpu_tier import CPUTier
 from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager

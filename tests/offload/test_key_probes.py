@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.offload.cpu_manager import CPUTier
+from kvoffload.offload.cpu_tier import CPUTier
 from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.offload.native_ledger import native_available
 from kvoffload.testing.memory_tier import MemoryTier

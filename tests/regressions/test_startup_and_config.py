@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvoffload.cli import main
 from kvoffload.config import ConfigError, OffloadConfig
 from kvoffload.engine import LLM, EngineConfig
-from kvoffload.offload.cpu_manager import MAX_QUEUED_EVENTS, CPUOffloadingManager
+from kvoffload.offload.cpu_tier import MAX_QUEUED_EVENTS, CPUOffloadingManager
 from kvoffload.tiers.disk import format as disk_format
 from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header
 from kvoffload.tiers.disk.tier import DiskTier, DiskTierError

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
-from kvoffload.offload.cpu_manager import CPUOffloadingManager
+from kvoffload.offload.cpu_tier import CPUOffloadingManager
 from kvoffload.offload.host_tier_chain import HostTierChain
 from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
 from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout

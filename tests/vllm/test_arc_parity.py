@@ -10,7 +10,7 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUManager  # noqa: E402
 
 from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
-from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
+from kvoffload.offload.cpu_tier import CPUOffloadingManager  # noqa: E402
 from kvoffload.offload.empty_chain import EmptyTierChain  # noqa: E402
 from kvoffload.offload.reuse_filter import FilterReusedOffloadingManager  # noqa: E402
 

@@ -22,7 +22,7 @@ from kvoffload.config import ConfigError, OffloadConfig  # noqa: E402
 from kvoffload.integrations.vllm_manager import KVOffloadManager  # noqa: E402
 from kvoffload.integrations.vllm_spec import check_config  # noqa: E402
 from kvoffload.integrations.vllm_worker import KVOffloadWorker  # noqa: E402
-from kvoffload.offload.cpu_manager import CPUOffloadingManager  # noqa: E402
+from kvoffload.offload.cpu_tier import CPUOffloadingManager  # noqa: E402
 from kvoffload.offload.host_tier_chain import HostTierChain  # noqa: E402
 
 

@@ -24,10 +24,10 @@ from kvoffload.config import TierConfig, expand_path, format_bytes
 from kvoffload.errors import ConfigError
 from kvoffload.tiers.base import TierContext, TierKind
 from kvoffload.tiers.fs.directory import FsDirectory, may_create_parents, missing_mount
-from kvoffload.tiers.fs.manager import FsTier
 from kvoffload.tiers.fs.options import OPTION_KEYS, FsOptions, parse_options
 from kvoffload.tiers.fs.spec import FS, FsLoadStoreSpec
 from kvoffload.tiers.fs.store import FsStore
+from kvoffload.tiers.fs.tier import FsTier
 from kvoffload.tiers.store.io import StoreIO
 from kvoffload.tiers.store.keys import StoreKeys
 from kvoffload.tiers.store.record import HEADER_BYTES

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from kvoffload.auth import RecordTagger
-from kvoffload.tiers.fs import manager as manager_module
+from kvoffload.tiers.fs import tier as tier_module
 from kvoffload.tiers.fs.bucket import allocated
 from kvoffload.tiers.fs.directory import FsDirectory
-from kvoffload.tiers.fs.manager import FsTier
 from kvoffload.tiers.fs.store import FsStore
+from kvoffload.tiers.fs.tier import FsTier
 from kvoffload.tiers.store.io import StoreIO
 from kvoffload.tiers.store.keys import StoreKeys
 
@@ -54,7 +54,7 @@ def test_a_hit_in_an_upper_tier_refreshes_the_record_once_a_second(tmp_path, mon
     mgr.touch([b"a" * 16])  # within the second: not again
     _settle(mgr)
     assert _mtime(store, keys, b"a" * 16) == 10**9
-    monkeypatch.setattr(manager_module, "REFRESH_S", 0.0)
+    monkeypatch.setattr(tier_module, "REFRESH_S", 0.0)
     mgr.touch([b"a" * 16])
     _settle(mgr)
     assert _mtime(store, keys, b"a" * 16) > 10**9 * 1000
