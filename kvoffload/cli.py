@@ -89,7 +89,7 @@ def _offload_column(summary: dict[str, Any], stats: dict[str, Any]) -> dict[str,
     for direction, d in stats.get("transfer", {}).items():
         if d.get("jobs"):
             summary[f"{direction} MiB / GB/s"] = f"{d['bytes'] / 2**20:.1f} / {d['gb_per_s']:.2f}"
-    summary["stores skipped (reuse filter)"] = stats["connector"].get("stores_skipped_by_filter", 0)
+    summary["stores skipped (reuse filter)"] = stats["connector"].get("filter_skipped_blocks", 0)
     return summary
 
 

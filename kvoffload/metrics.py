@@ -53,23 +53,23 @@ GAUGES = {
 CONNECTOR_COUNTERS = {
     "lookups": ("kvoffload_lookups", "Prefix lookups in the offload tiers"),
     "lookups_deferred": ("kvoffload_lookups_deferred", "Lookups deferred a step (a store or load still in flight)"),
-    "blocks_loaded": ("kvoffload_loaded_blocks", "Offloaded blocks loaded into the device cache"),
-    "loads_failed": ("kvoffload_failed_load_blocks", "Blocks whose load failed (recomputed)"),
-    "loads_cancelled": ("kvoffload_cancelled_load_blocks", "Blocks whose load was given up as slower than "
+    "loaded_blocks": ("kvoffload_loaded_blocks", "Offloaded blocks loaded into the device cache"),
+    "failed_load_blocks": ("kvoffload_failed_load_blocks", "Blocks whose load failed (recomputed)"),
+    "cancelled_load_blocks": ("kvoffload_cancelled_load_blocks", "Blocks whose load was given up as slower than "
                         "recomputing them (a tier that slowed down): recomputed"),
     "corrupt_blocks": ("kvoffload_corrupt_blocks", "Blocks dropped as corrupt, misplaced or unreadable"),
-    "blocks_stored": ("kvoffload_stored_blocks", "Blocks stored into the first tier"),
-    "stores_failed": ("kvoffload_failed_store_blocks", "Blocks whose store failed"),
+    "stored_blocks": ("kvoffload_stored_blocks", "Blocks stored into the first tier"),
+    "failed_store_blocks": ("kvoffload_failed_store_blocks", "Blocks whose store failed"),
     "store_retries": ("kvoffload_store_retries", "Stores retried because the tier was full of pinned blocks"),
-    "stores_skipped_by_filter": ("kvoffload_filter_skipped_blocks", "Offered blocks the reuse filter did not store"),
-    "blocks_evicted": ("kvoffload_evicted_blocks", "Blocks evicted from the first tier"),
-    "blocks_demoted": ("kvoffload_demoted_blocks", "Blocks demoted into a slower tier"),
-    "blocks_swapped_out": ("kvoffload_swapped_out_blocks", "Blocks saved at swap-mode preemption"),
-    "blocks_swapped_in": ("kvoffload_swapped_in_blocks", "Blocks restored at swap-mode resume"),
+    "filter_skipped_blocks": ("kvoffload_filter_skipped_blocks", "Offered blocks the reuse filter did not store"),
+    "evicted_blocks": ("kvoffload_evicted_blocks", "Blocks evicted from the first tier"),
+    "demoted_blocks": ("kvoffload_demoted_blocks", "Blocks demoted into a slower tier"),
+    "swapped_out_blocks": ("kvoffload_swapped_out_blocks", "Blocks saved at swap-mode preemption"),
+    "swapped_in_blocks": ("kvoffload_swapped_in_blocks", "Blocks restored at swap-mode resume"),
     "store_flushes": ("kvoffload_store_flushes", "Stores awaited before a step: they read a sliding-window block "
                       "the engine had released and handed out again"),
     "hinted_requests": ("kvoffload_hinted_requests", "Requests that carried a usable kvoffload hint"),
-    "hints_given": ("kvoffload_hints", "Hints given to the tiers' policies (a hinted request's lookup and finish)"),
+    "hints_given": ("kvoffload_hints_given", "Hints given to the tiers' policies (a hinted request's lookup and finish)"),
     "tool_call_finishes": ("kvoffload_tool_call_finishes", "Requests whose output held a tool-call token "
                            "(hints.tool_call_token_ids): expected back within hints.tool_return_s"),
     "estimated_saved_seconds": ("kvoffload_estimated_saved_seconds", "Seconds of prefill the loads saved, as the cost "

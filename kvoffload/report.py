@@ -38,8 +38,8 @@ def summarize(stats: dict[str, Any], wall_s: float) -> dict[str, Any]:
         "preemptions": stats["preemptions"],
         "tokens swapped out": stats.get("swapped_out_tokens", 0),
         "recomputed after preemption": stats.get("recomputed_after_preemption", 0),
-        "blocks swapped out/in": f"{stats['connector'].get('blocks_swapped_out', 0)}/"
-                                 f"{stats['connector'].get('blocks_swapped_in', 0)}",
+        "blocks swapped out/in": f"{stats['connector'].get('swapped_out_blocks', 0)}/"
+                                 f"{stats['connector'].get('swapped_in_blocks', 0)}",
         "TTFT p50 (ms)": f"{1000 * percentile(ttft, 0.5):.1f}",
         "TTFT p95 (ms)": f"{1000 * percentile(ttft, 0.95):.1f}",
         # Every prompt token (computed or hit) and generated token, over the run's wall time.

@@ -253,7 +253,7 @@ def format_results(results: list[dict]) -> str:
         mrefs = f"{rate / 1e6:.2f}" if rate else "-"
         speed = f"{rate / base:.2f}x" if rate and base else "-"
         lines.append(f"{r['policy']:<{w}}{r['store_threshold']:>7}{r['capacity']:>10}{100 * r['block_hit_ratio']:>9.2f}%"
-                     f"{100 * r['token_hit_ratio']:>9.2f}%{r['blocks_written']:>10}{r['blocks_evicted']:>10}"
+                     f"{100 * r['token_hit_ratio']:>9.2f}%{r['blocks_written']:>10}{r['evicted_blocks']:>10}"
                      f"{gap:>9}{closed:>16}{mrefs:>9}{speed:>9}{flag}")
     return "\n".join(lines)
 

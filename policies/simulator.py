@@ -31,7 +31,7 @@ class SimResult:
     hit_tokens: int
     total_tokens: int
     blocks_written: int
-    blocks_evicted: int
+    evicted_blocks: int
     seconds: float
     #: Block hit ratio in each of ``WINDOWS`` equal slices of the trace (by request), in order:
     #: how a policy warms up and follows shifts in the workload.

@@ -53,3 +53,22 @@ def test_the_vllm_route_serves_the_documented_counters():
         assert documented[f"{name}_total"][1] == "tier"
     for name, (label, _) in GAUGES.items():
         assert documented[name] == ("gauge", label or "—")
+
+
+def test_each_counter_has_one_name_from_field_to_metric():
+    """A counter is called the same in the scheduler half's fields or the chain's report, in
+    ``stats()["connector"]`` and (after ``kvoffload_``) in the metric: one counter once had
+    three names (``evicted_blocks`` → ``"blocks_evicted"`` → ``kvoffload_evicted_blocks``)."""
+    from dataclasses import fields
+
+    from kvoffload.connector.scheduler_stats import ConnectorStatsDict, SchedulerSideStats
+    from kvoffload.offload.tier_report import ChainReport
+
+    named = {f.name for f in fields(SchedulerSideStats)} | {f.name for f in fields(ChainReport)}
+    keys = set(ConnectorStatsDict.__annotations__)
+    for key, (metric, _) in {**CONNECTOR_COUNTERS, **TIER_COUNTERS}.items():
+        assert metric == f"kvoffload_{key}", (key, metric)
+        assert key in keys, f"{key}: not a stats() key"
+    # Every plain counter is a field of the same name (the chain report's corrupt_blocks sums
+    # its tiers', a property).
+    assert sorted(k for k in CONNECTOR_COUNTERS if k not in named) == ["corrupt_blocks"]

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     p50[ph, name].append(statistics.median(ttft[ph]))
                     worst[ph, name].append(max(ttft[ph]))
                 if name == "tier":
-                    given_up.append(stats.get("loads_cancelled", 0))
+                    given_up.append(stats.get("cancelled_load_blocks", 0))
     device = "one queue" if args.one_queue else "reads side by side"
     busy = f", {args.hogs} CPU-bound processes beside" if args.hogs else ""
     print(f"disk at {args.slow} ({device}) after {args.warm} fast hits{busy}")

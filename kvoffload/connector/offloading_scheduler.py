@@ -215,7 +215,7 @@ class OffloadingConnectorScheduler:
         if kind is JobKind.DEMOTE:
             self.manager.complete_demotion(hashes, result.success, job.medium)
             self._record_io(job.medium, result, write=True)
-            self.stats.blocks_demoted += len(hashes) if result.success else 0
+            self.stats.demoted_blocks += len(hashes) if result.success else 0
             if result.skipped:
                 self.stats.tier_stores_skipped[job.medium.lower()] += len(hashes)
         elif kind is JobKind.LOAD:
@@ -235,14 +235,14 @@ class OffloadingConnectorScheduler:
             for reason, n in result.rejected:
                 self.stats.tier_rejected[(tier, reason)] += n
             if result.success:
-                self.stats.blocks_loaded += len(hashes)
+                self.stats.loaded_blocks += len(hashes)
                 if job.hit_tokens:
                     self.stats.tier_hits[tier] += job.hit_tokens
                     self.stats.tier_hit_blocks[tier] += len(hashes)
             elif result.cancelled:
-                self.stats.loads_cancelled += len(hashes)
+                self.stats.cancelled_load_blocks += len(hashes)
             else:
-                self.stats.loads_failed += len(hashes)
+                self.stats.failed_load_blocks += len(hashes)
                 if job.hit_tokens:
                     self.stats.tier_failed_hits[tier] += job.hit_tokens
         else:  # STORE, SWAP_OUT
@@ -251,9 +251,9 @@ class OffloadingConnectorScheduler:
                 state.storing.subtract(hashes)
                 state.storing = +state.storing
             if result.success:
-                self.stats.blocks_stored += len(hashes)
+                self.stats.stored_blocks += len(hashes)
             else:
-                self.stats.stores_failed += len(hashes)
+                self.stats.failed_store_blocks += len(hashes)
         if state is not None and state.finished and not state.busy:
             records.drop(job.req_id)  # type: ignore[arg-type]
 

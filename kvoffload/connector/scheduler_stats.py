@@ -18,17 +18,17 @@ from kvoffload.offload.tier_report import ChainReport
 class SchedulerSideStats:
     lookups: int = 0
     lookups_deferred: int = 0
-    blocks_loaded: int = 0
-    blocks_stored: int = 0
-    stores_failed: int = 0
-    loads_failed: int = 0
+    loaded_blocks: int = 0
+    stored_blocks: int = 0
+    failed_store_blocks: int = 0
+    failed_load_blocks: int = 0
     #: Blocks whose load was given up: predicted to finish later than recomputing them.
-    loads_cancelled: int = 0
+    cancelled_load_blocks: int = 0
     store_retries: int = 0
     evicted_blocks: int = 0
-    blocks_demoted: int = 0
-    blocks_swapped_out: int = 0
-    blocks_swapped_in: int = 0
+    demoted_blocks: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
     resets: int = 0
     #: Store jobs the worker had to finish before a step: they read sliding-window blocks the
     #: engine had released and handed out again.
@@ -65,22 +65,22 @@ class ConnectorStatsDict(TypedDict):
     tier_usage: dict[str, list[int]]
     jobs_in_flight: int
     demotions_queued: int
-    blocks_loaded: int
-    blocks_stored: int
-    blocks_evicted: int
-    stores_skipped_by_filter: int
+    loaded_blocks: int
+    stored_blocks: int
+    evicted_blocks: int
+    filter_skipped_blocks: int
     store_retries: int
-    stores_failed: int
-    loads_failed: int
-    loads_cancelled: int
+    failed_store_blocks: int
+    failed_load_blocks: int
+    cancelled_load_blocks: int
     lookups_deferred: int
-    blocks_demoted: int
+    demoted_blocks: int
     corrupt_blocks: int
     tier_blocks_recovered: dict[str, int]
     tier_io_errors: dict[str, int]
     tier_outages: dict[str, int]
-    blocks_swapped_out: int
-    blocks_swapped_in: int
+    swapped_out_blocks: int
+    swapped_in_blocks: int
     store_flushes: int
     load_decisions: dict[str, dict[str, int]]
     estimated_saved_seconds: float
@@ -110,24 +110,24 @@ def connector_stats(s: SchedulerSideStats, report: ChainReport, jobs_in_flight: 
         "tier_usage": {t.name: [t.blocks_used, t.capacity_blocks] for t in report.tiers},
         "jobs_in_flight": jobs_in_flight,
         "demotions_queued": int(demotions_queued),
-        "blocks_loaded": s.blocks_loaded,
-        "blocks_stored": s.blocks_stored,
-        "blocks_evicted": s.evicted_blocks,
-        "stores_skipped_by_filter": report.stores_skipped_by_filter,
+        "loaded_blocks": s.loaded_blocks,
+        "stored_blocks": s.stored_blocks,
+        "evicted_blocks": s.evicted_blocks,
+        "filter_skipped_blocks": report.filter_skipped_blocks,
         "store_retries": s.store_retries,
-        "stores_failed": s.stores_failed,
-        "loads_failed": s.loads_failed,
-        "loads_cancelled": s.loads_cancelled,
+        "failed_store_blocks": s.failed_store_blocks,
+        "failed_load_blocks": s.failed_load_blocks,
+        "cancelled_load_blocks": s.cancelled_load_blocks,
         "lookups_deferred": s.lookups_deferred,
-        "blocks_demoted": s.blocks_demoted,
+        "demoted_blocks": s.demoted_blocks,
         # Records dropped as corrupt (a read's, or torn ones found when a tier opened).
         "corrupt_blocks": report.corrupt_blocks,
         # Every secondary tier's records recovered at start and health, by tier: {"disk": 0, "fs": 2}.
         "tier_blocks_recovered": {t.name: t.blocks_recovered for t in secondaries},
         "tier_io_errors": {t.name: t.io_errors for t in secondaries},
         "tier_outages": {t.name: t.outages for t in secondaries},
-        "blocks_swapped_out": s.blocks_swapped_out,
-        "blocks_swapped_in": s.blocks_swapped_in,
+        "swapped_out_blocks": s.swapped_out_blocks,
+        "swapped_in_blocks": s.swapped_in_blocks,
         "store_flushes": s.store_flushes,
         "load_decisions": _by_tier(s.load_decisions),
         "estimated_saved_seconds": s.estimated_saved_seconds,

@@ -74,7 +74,7 @@ class SwapPlanner(Planner):
             records.next_step.swap_out[rid] = jobs
             state.swapped = SwapRecord(computed, tail)
             state.next_stored = max(state.next_stored, computed // records.block_size)
-            self.stats.blocks_swapped_out += sum(len(j.src) for j in jobs)
+            self.stats.swapped_out_blocks += sum(len(j.src) for j in jobs)
             return True
         if jobs:
             records.next_step.swap_out[rid] = jobs
@@ -108,4 +108,4 @@ class SwapPlanner(Planner):
         records.next_step.reqs_to_load[rid] = jobs
         state.loading = loading
         records.blocks_being_loaded.update(loading)
-        self.stats.blocks_swapped_in += len(loading)
+        self.stats.swapped_in_blocks += len(loading)

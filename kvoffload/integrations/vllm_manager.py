@@ -67,7 +67,7 @@ class KVOffloadManager(OffloadingManager):
         self.inner = chain = as_chain(inner)
         #: prepare_store sizes since the last get_stats, and the filter's skip count then.
         self._allocation_sizes: list[int] = []
-        self._skipped_reported = chain.report().stores_skipped_by_filter
+        self._skipped_reported = chain.report().filter_skipped_blocks
         # vLLM looks keys up one at a time: bind the cheapest single-key checks once (a host
         # tier alone: the C ledger's own methods).
         self._is_ready, self._is_pending = chain.key_probes()
@@ -204,7 +204,7 @@ class KVOffloadManager(OffloadingManager):
         for size in self._allocation_sizes:
             stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
         self._allocation_sizes.clear()
-        skipped = report.stores_skipped_by_filter
+        skipped = report.filter_skipped_blocks
         if report.reuse_filter:  # reported only with a filter, as vLLM's own manager does
             stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped - self._skipped_reported)
             self._skipped_reported = skipped

@@ -50,7 +50,7 @@ class ChainReport:
     demotions_dropped: int = 0
     #: Whether a reuse filter stands in front of the chain, and the offers it kept out.
     reuse_filter: bool = False
-    stores_skipped_by_filter: int = 0
+    filter_skipped_blocks: int = 0
 
     @property
     def corrupt_blocks(self) -> int:
@@ -62,4 +62,4 @@ class ChainReport:
         return next((t for t in self.tiers if t.name == wanted), None)
 
     def with_filter(self, skipped: int) -> ChainReport:
-        return replace(self, reuse_filter=True, stores_skipped_by_filter=skipped)
+        return replace(self, reuse_filter=True, filter_skipped_blocks=skipped)

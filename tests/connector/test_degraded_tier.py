@@ -97,12 +97,12 @@ def test_auto_gives_up_loads_from_a_tier_that_slowed_down(tmp_path, model, degra
                                 "spec_module_path": "kvoffload.testing.throttle"})
     assert outs == plain  # every phase's tokens, whatever was loaded or given up
     # The warm-up loaded its hits from disk (the tier was fast) ...
-    assert warm["hit_tokens_by_tier"].get("disk", 0) >= 5 * 128 and warm["loads_cancelled"] == 0
+    assert warm["hit_tokens_by_tier"].get("disk", 0) >= 5 * 128 and warm["cancelled_load_blocks"] == 0
     # ... the burst's loads planned on that fit were given up, and no burst hit waited for the
     # slow disk to finish a load: its disk hits are the warm-up's.
-    assert burst["loads_cancelled"] > 0
+    assert burst["cancelled_load_blocks"] > 0
     assert burst["hit_tokens_by_tier"].get("disk", 0) == warm["hit_tokens_by_tier"].get("disk", 0)
-    assert burst["loads_failed"] == 0  # given up is not failed: no record was bad
+    assert burst["failed_load_blocks"] == 0  # given up is not failed: no record was bad
     # Later hits of the slow tier are recomputed outright (its fit restarted from what the given-up
     # load read; a probe comes only after 30 s).
     before, later = burst["load_decisions"]["disk"], after["load_decisions"]["disk"]

@@ -56,14 +56,14 @@ def test_offload_serves_evicted_prefixes_with_identical_outputs(offload):
     tokens, stats = run(offload, workload)
     assert tokens == base_tokens
     assert stats["prefix_hit_tokens"]["cpu"] > 0
-    assert stats["connector"]["blocks_loaded"] > 0
+    assert stats["connector"]["loaded_blocks"] > 0
     computed = stats["prefill_tokens_computed"]
     assert computed <= 0.6 * base_stats["prefill_tokens_computed"], (  # here 3,520 of 6,848 (0.51)
         f"computed {computed} of {base_stats['prefill_tokens_computed']}; decisions "
         f"{stats['connector'].get('load_decisions')}, hits {stats['prefix_hit_tokens']}")
     assert stats["transfer"]["host_to_device"]["failed"] == 0
     if offload.get("store_threshold"):
-        assert stats["connector"]["stores_skipped_by_filter"] > 0
+        assert stats["connector"]["filter_skipped_blocks"] > 0
 
 
 def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
@@ -100,7 +100,7 @@ def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
     monkeypatch.setattr(dh, "copy_block_groups", recording_copy)
     monkeypatch.setattr(dh.DeviceHostHandler, "__init__", init)
     _, stats = run(cpu_tier(offloaded_block_size=32))
-    assert len(checked) == stats["connector"]["blocks_loaded"] * 2 * num_views[0] > 0
+    assert len(checked) == stats["connector"]["loaded_blocks"] * 2 * num_views[0] > 0
 
 
 def test_negative_control_corrupted_loads_change_outputs(baseline, monkeypatch):

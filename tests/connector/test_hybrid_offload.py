@@ -52,8 +52,8 @@ def test_hybrid_tokens_identical_and_sliding_groups_load_one_window(reference, t
     geo = GroupGeometry((None, WINDOW, WINDOW, WINDOW), 8, factor)
     window_blocks = sum(n - geo.first_needed(1, n) for n in (len(p) // obs for p in PROMPTS))
     # One full group loads every hit block; each sliding group only its window.
-    assert stats["connector"]["blocks_loaded"] == full_blocks + 3 * window_blocks
-    assert stats["connector"]["blocks_loaded"] < 4 * full_blocks
+    assert stats["connector"]["loaded_blocks"] == full_blocks + 3 * window_blocks
+    assert stats["connector"]["loaded_blocks"] < 4 * full_blocks
 
 
 def test_released_sliding_blocks_are_flushed_never_stored_with_other_kv(reference):
@@ -164,5 +164,5 @@ def test_swap_preemption_of_a_hybrid_model_restores_every_groups_window():
     got, stats = run({"tiers": [{"medium": "cpu", "capacity": "8MiB"}]}, "swap")
     assert got == ref
     assert stats["preemptions"] > 0 and stats["swapped_out_tokens"] > 0
-    assert stats["connector"]["blocks_swapped_in"] > 0
+    assert stats["connector"]["swapped_in_blocks"] > 0
     assert stats["recomputed_after_preemption"] < ref_stats["recomputed_after_preemption"]

@@ -94,7 +94,7 @@ def test_a_store_that_fails_after_its_layers_were_copied_is_dropped_and_recomput
     h.handler.complete(jobs, success=False)  # e.g. its last layer's copy failed
     cs = h.sched_conn.connector_scheduler
     h.step()
-    assert cs.stats.stores_failed == 4  # blocks
+    assert cs.stats.failed_store_blocks == 4  # blocks
     h.run_until_idle()
     h.sched.kv_cache_manager.reset_prefix_cache()
     again = make_request("again", PROMPT_TOKENS, max_tokens=1)

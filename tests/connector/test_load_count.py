@@ -43,5 +43,5 @@ def test_loading_clears_when_the_requests_own_last_load_lands():
     assert delay and "r" not in sched.records.next_step.await_finish  # the finished-receiving report frees it, not await_finish
     _landed(sched, jobs["r", 2], ok=False)
     assert "r" not in sched.records.requests
-    assert sched.stats.loads_failed == 1 and sched.stats.blocks_loaded == 2
+    assert sched.stats.failed_load_blocks == 1 and sched.stats.loaded_blocks == 2
     assert sched.manager.report().tiers[0].pinned_blocks == 0  # every load unpinned what it read

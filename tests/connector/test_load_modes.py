@@ -120,7 +120,7 @@ def test_a_layerwise_load_of_corrupt_records_recomputes_exactly_the_requests_tha
     assert c["load_decisions"]["disk"]["layerwise"] >= 1
     assert c["tier_rejected_blocks"]["disk"]["checksum"] >= 1
     assert stats["failed_loads"] >= 1  # requests rolled back to their first unfilled block
-    assert c["stores_failed"] >= 1  # what those steps computed on the unfilled blocks was not stored
+    assert c["failed_store_blocks"] >= 1  # what those steps computed on the unfilled blocks was not stored
 
 
 def test_a_failed_layerwise_load_drops_the_steps_whole_stores_too(tmp_path, baseline, monkeypatch):
@@ -139,4 +139,4 @@ def test_a_failed_layerwise_load_drops_the_steps_whole_stores_too(tmp_path, base
     assert opened  # every store was offered layer by layer, and went whole
     c = stats["connector"]
     assert c["load_decisions"]["disk"]["layerwise"] >= 1 and stats["failed_loads"] >= 1
-    assert c["stores_failed"] >= 1
+    assert c["failed_store_blocks"] >= 1

@@ -88,7 +88,7 @@ def test_a_failed_load_recomputes_from_the_first_unfilled_block_and_stores_nothi
     h.step()
     # The block the step computed on top of the unfilled ones was planned for storing: dropped
     # (never submitted; or, copied layer by layer during the step, aborted at its end).
-    assert cs.stats.stores_failed == 1
+    assert cs.stats.failed_store_blocks == 1
     if progress:
         assert h.handler.jobs("store")[stores_before:] == [planned.job_id]
         assert ([planned.job_id], False) in h.handler.verdicts

@@ -121,7 +121,7 @@ def test_swap_preemption_restores_kv_instead_of_recomputing():
     assert rs["preemptions"] > 0 and rs["recomputed_after_preemption"] > 0
     assert ss["preemptions"] > 0 and ss["swapped_out_tokens"] > 0
     assert ss["recomputed_after_preemption"] == 0  # every swapped request resumed from its KV
-    assert ss["connector"]["blocks_swapped_in"] > 0
+    assert ss["connector"]["swapped_in_blocks"] > 0
 
 
 def test_swap_without_offload_is_a_config_error():

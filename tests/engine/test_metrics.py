@@ -39,10 +39,10 @@ def test_scrape_after_a_workload_equals_the_engine_stats():
     for tier, n in stats["prefix_hit_tokens"].items():
         assert m[("kvoffload_hit_tokens_total", (("tier", tier),))] == n
     assert m[("kvoffload_hit_blocks_total", (("tier", "cpu"),))] == conn["hit_blocks_by_tier"]["cpu"] > 0
-    assert m[("kvoffload_stored_blocks_total", ())] == conn["blocks_stored"] > 0
-    assert m[("kvoffload_loaded_blocks_total", ())] == conn["blocks_loaded"] > 0
+    assert m[("kvoffload_stored_blocks_total", ())] == conn["stored_blocks"] > 0
+    assert m[("kvoffload_loaded_blocks_total", ())] == conn["loaded_blocks"] > 0
     assert m[("kvoffload_lookups_total", ())] == conn["lookups"] > 0
-    assert m[("kvoffload_evicted_blocks_total", ())] == conn["blocks_evicted"]
+    assert m[("kvoffload_evicted_blocks_total", ())] == conn["evicted_blocks"]
     for direction in ("device_to_host", "host_to_device"):
         d = transfer[direction]
         assert m[("kvoffload_transfer_bytes_total", (("direction", direction),))] == d["bytes"] > 0

@@ -39,7 +39,7 @@ def test_the_reuse_filter_is_the_chain_with_stores_filtered():
     assert chain.prepare_store([3, 4]).block_hashes_evicted == [1, 2]  # second sighting: stored, 1 and 2 demoted
     (demotion,) = chain.take_demotions()
     assert demotion.block_hashes == [1, 2] and str(demotion.dst.medium()) == "REMOTE"
-    assert chain.report().stores_skipped_by_filter == 4 and chain.report().tiers[1].writing_blocks == 2
+    assert chain.report().filter_skipped_blocks == 4 and chain.report().tiers[1].writing_blocks == 2
 
 
 def test_a_manager_outside_the_chain_contract_is_refused_with_what_to_return():

@@ -113,8 +113,8 @@ def test_without_hints_it_is_its_inner_policy():
         for cap in (10, 40, 120):
             a = replay(requests, cap, inner, native=False)
             b = replay(requests, cap, HintedCachePolicy(cap, inner=inner), label="hinted")
-            assert (a.hit_blocks, a.blocks_written, a.blocks_evicted) == (b.hit_blocks, b.blocks_written,
-                                                                          b.blocks_evicted)
+            assert (a.hit_blocks, a.blocks_written, a.evicted_blocks) == (b.hit_blocks, b.blocks_written,
+                                                                          b.evicted_blocks)
     with pytest.raises(ValueError, match="inner='lru' keeps its state in the tier's ledger"):
         HintedCachePolicy(8, inner="lru")
 
@@ -139,7 +139,7 @@ def test_sessions_holding_nothing_are_forgotten_without_changing_a_decision():
         policy = HintedCachePolicy(40)
         policy.sweep_slack = policy._sweep_at = slack
         r = replay(blocks, 40, policy, hints=hints, label="hinted")
-        results.append((r.hit_blocks, r.blocks_written, r.blocks_evicted))
+        results.append((r.hit_blocks, r.blocks_written, r.evicted_blocks))
         sizes.append(len(policy.sessions))
         if slack == 0:
             policy._sweep()

@@ -113,7 +113,7 @@ def test_bundled_engine_with_prefix_value_tier_gives_identical_tokens():
         with LLM(EngineConfig(num_gpu_blocks=24, max_num_seqs=2, max_num_batched_tokens=256, kv_offload=kv)) as llm:
             outs[name] = run_chat_workload(llm, wl)
             if kv:
-                assert llm.stats()["connector"]["blocks_loaded"] > 0
+                assert llm.stats()["connector"]["loaded_blocks"] > 0
     assert outs["prefix_value"] == outs["none"]
 
 

@@ -36,4 +36,4 @@ def test_replay_figures_are_pinned(policy, capacity, ledger, workload, monkeypat
     if ledger == "python":
         monkeypatch.setenv("KVOFFLOAD_NO_NATIVE", "1")
     r = replay(workload, capacity, policy)
-    assert (r.hit_blocks, r.blocks_written, r.blocks_evicted) == PINNED[policy, capacity]
+    assert (r.hit_blocks, r.blocks_written, r.evicted_blocks) == PINNED[policy, capacity]

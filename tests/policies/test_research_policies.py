@@ -153,7 +153,7 @@ def test_simulator_agrees_with_live_connector(monkeypatch):
         run_chat_workload(llm, ChatWorkload(conversations=16, turns=3, system_tokens=128, user_tokens=64, max_tokens=12))
         stats = llm.stats()
     (rec,) = recorders
-    live_loaded = stats["connector"]["blocks_loaded"]
+    live_loaded = stats["connector"]["loaded_blocks"]
     assert live_loaded > 0
     assert replay_ops(rec.ops, 150, "arc") == live_loaded
 
@@ -191,7 +191,7 @@ def test_sim_table_columns_align_with_long_policy_names():
     from kvoffload_policies.experiment import format_results
 
     row = {"policy": "mypolicies.research:VeryLongPolicyName", "store_threshold": 0, "capacity": 100,
-           "block_hit_ratio": 0.5, "token_hit_ratio": 0.25, "blocks_written": 7, "blocks_evicted": 3}
+           "block_hit_ratio": 0.5, "token_hit_ratio": 0.25, "blocks_written": 7, "evicted_blocks": 3}
     head, *rows = format_results([row, {**row, "policy": "lru"}]).splitlines()
     # Every row's block-hit percentage ends where the header's "block hit" ends.
     assert {r.index("%") + 1 for r in rows} == {head.index("block hit") + len("block hit")}

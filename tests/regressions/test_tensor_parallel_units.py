@@ -40,7 +40,7 @@ def test_a_job_completes_when_every_rank_reported_and_fails_if_any_failed(second
     sched.update_connector_output([other])
     assert 3 not in sched.records.jobs and not sched._partial
     assert sched.manager.is_ready(7) == second_ok
-    assert sched.stats.blocks_stored == (1 if second_ok else 0)
+    assert sched.stats.stored_blocks == (1 if second_ok else 0)
 
 
 def test_each_rank_owns_its_file_and_only_records_intact_in_all_are_recovered(tmp_path):

@@ -48,7 +48,7 @@ def test_swap_preemption_with_a_disk_tier_serves_identical_tokens(tmp_path, seed
     expected, _ = _two_rounds(None, prompts)
     got, stats = _two_rounds(_tiers(tmp_path, cpu_blocks, write_through), prompts, mode="swap")
     assert got == expected
-    assert stats["connector"]["blocks_demoted"] > 0
+    assert stats["connector"]["demoted_blocks"] > 0
     assert stats["swapped_out_tokens"] > 0 or cpu_blocks == 4  # 4 slots: swap-outs fall back, after storing
 
 
@@ -65,7 +65,7 @@ def test_persistent_read_errors_drop_blocks_and_take_the_tier_out_of_service(tmp
     c = stats["connector"]
     # Every failed read dropped its block, and three failures in a row closed the tier: a
     # bounded number of failed loads, not one per retry forever.
-    assert c["loads_failed"] >= 3 and c["corrupt_blocks"] >= 3
+    assert c["failed_load_blocks"] >= 3 and c["corrupt_blocks"] >= 3
     assert 3 <= stats["transfer"]["disk_to_device"]["failed"] <= 3 + 8  # + loads already in flight
     assert c["tier_outages"]["disk"] == 1
     assert sum("out of service" in r.getMessage() for r in caplog.records) == 1
@@ -92,7 +92,7 @@ def test_a_record_moved_to_another_slot_is_never_served(tmp_path):
         stats = llm.stats()
     assert got == expected
     assert stats["connector"]["corrupt_blocks"] >= 1
-    assert stats["connector"]["loads_failed"] >= 1
+    assert stats["connector"]["failed_load_blocks"] >= 1
 
 
 def test_pins_are_released_per_load_even_when_a_hash_is_pinned_in_both_tiers(tmp_path):

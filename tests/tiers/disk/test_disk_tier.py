@@ -50,7 +50,7 @@ def test_working_set_beyond_cpu_is_served_from_disk(tmp_path, baseline):
     tokens, stats = run(tiers(tmp_path))
     assert tokens == baseline[0]
     assert stats["prefix_hit_tokens"]["disk"] > 0
-    assert stats["connector"]["blocks_demoted"] > 0
+    assert stats["connector"]["demoted_blocks"] > 0
     assert stats["prefill_tokens_computed"] < baseline[1]["prefill_tokens_computed"]
 
 
@@ -82,7 +82,7 @@ def test_restart_serves_previous_runs_cache_and_drops_corrupt_blocks(tmp_path, b
     assert c["tier_blocks_recovered"]["disk"] == len(keys_after)  # the truncated one is dropped on open
     assert c["corrupt_blocks"] >= 2  # truncated (on open) + flipped (on read)
     assert stats["transfer"].get("disk_to_device", {}).get("failed", 0) >= 1
-    assert c["loads_failed"] >= 1
+    assert c["failed_load_blocks"] >= 1
 
 
 def test_write_through_persists_what_never_left_the_cpu_tier(tmp_path, baseline):
@@ -99,10 +99,10 @@ def test_write_through_persists_what_never_left_the_cpu_tier(tmp_path, baseline)
     back.mkdir()
     through.mkdir()
     _, first = run(cfg(back, False))
-    assert first["connector"]["blocks_demoted"] == 0
+    assert first["connector"]["demoted_blocks"] == 0
     _, first = run(cfg(through, True))
-    stored = first["connector"]["blocks_stored"]
-    assert stored > 0 and first["connector"]["blocks_demoted"] == stored
+    stored = first["connector"]["stored_blocks"]
+    assert stored > 0 and first["connector"]["demoted_blocks"] == stored
     tokens, again = run(cfg(back, False))
     assert again["connector"]["tier_blocks_recovered"]["disk"] == 0 and again["prefix_hit_tokens"]["disk"] == 0
     tokens, again = run(cfg(through, True))
@@ -304,7 +304,7 @@ def test_hits_count_what_was_served_not_what_was_planned(tmp_path):
         scrape = prometheus_text(llm)
     assert out.token_ids == expected.token_ids
     assert stats["prefix_hit_tokens"]["disk"] == 0 and stats["external_hit_tokens"] == 0
-    assert stats["connector"]["blocks_loaded"] == 0 and stats["connector"]["loads_failed"] == 10
+    assert stats["connector"]["loaded_blocks"] == 0 and stats["connector"]["failed_load_blocks"] == 10
     assert stats["connector"]["failed_hit_tokens_by_tier"] == {"disk": 160}
     assert stats["failed_external_hit_tokens"] == 160
     assert 'kvoffload_hit_tokens_total{tier="disk"} 0.0' in scrape

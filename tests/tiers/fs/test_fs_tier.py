@@ -106,8 +106,8 @@ def test_four_processes_share_one_directory_within_its_capacity(tmp_path, baseli
     for r in results[1:]:
         assert r["fs_hits"][2] >= 128, (f"found only {r['fs_hits'][2]} tokens of process 0's workload; decisions "
                                         f"{r['connector'].get('load_decisions')}, cancelled "
-                                        f"{r['connector'].get('loads_cancelled')}")
-    assert sum(r["connector"]["blocks_demoted"] for r in results) > 128  # more than the directory holds
+                                        f"{r['connector'].get('cancelled_load_blocks')}")
+    assert sum(r["connector"]["demoted_blocks"] for r in results) > 128  # more than the directory holds
     assert 0.9 * capacity <= peak[0] <= capacity, f"directory peaked at {peak[0]} bytes, capacity {capacity}"
     store = FsStore([FsDirectory(root, capacity, 8192 + 64, "fs")])
     store.sweep_all()

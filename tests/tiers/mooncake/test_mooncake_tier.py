@@ -151,7 +151,7 @@ def test_overwritten_and_foreign_values_are_never_served(master, baseline):
     other_baseline = run(None, seed=1)[0]
     tokens, stats = run(kv, seed=1)
     assert tokens == other_baseline  # (its later hits are its own writes)
-    assert stats["connector"]["corrupt_blocks"] > 0 and stats["connector"]["loads_failed"] > 0
+    assert stats["connector"]["corrupt_blocks"] > 0 and stats["connector"]["failed_load_blocks"] > 0
 
     tokens, stats = run(kv)  # our own model again: the overwritten half is dropped, the rest served
     assert tokens == baseline
