@@ -89,6 +89,21 @@ def test_bench_modules_do_not_import_each_other_in_a_cycle():
     assert cycles == []
 
 
+def test_the_connector_halves_and_the_cost_model_stand_apart():
+    """``connector/`` by concern: the load-cost model imports neither half (it is given what it
+    weighs), the scheduler half never imports the worker half and the worker half never imports
+    the scheduler half or the cost model (it decides no policy); what crosses between them is
+    the plan in ``connector/`` itself (metadata, jobs)."""
+    forbidden = {"cost": ("scheduler", "worker"), "scheduler": ("worker",), "worker": ("scheduler", "cost")}
+    found = []
+    for part, banned in forbidden.items():
+        for path in sorted((ROOT / "connector" / part).rglob("*.py")):
+            for line, name in _imports(path):
+                if name.startswith(tuple(f"kvoffload.connector.{b}" for b in banned)):
+                    found.append(f"{path.relative_to(ROOT.parent)}:{line} imports {name}")
+    assert found == []
+
+
 def test_the_engine_knows_only_the_connector_contract():
     for path in (ROOT / "engine").rglob("*.py"):
         for line, name in _imports(path):

@@ -61,7 +61,7 @@ def test_each_counter_has_one_name_from_field_to_metric():
     three names (``evicted_blocks`` → ``"blocks_evicted"`` → ``kvoffload_evicted_blocks``)."""
     from dataclasses import fields
 
-    from kvoffload.connector.scheduler_stats import ConnectorStatsDict, SchedulerSideStats
+    from kvoffload.connector.scheduler.scheduler_stats import ConnectorStatsDict, SchedulerSideStats
     from kvoffload.offload.tier_report import ChainReport
 
     named = {f.name for f in fields(SchedulerSideStats)} | {f.name for f in fields(ChainReport)}

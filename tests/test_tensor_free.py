@@ -18,9 +18,8 @@ SCRIPT = textwrap.dedent("""
     names = ["kvoffload.config", "kvoffload_ext", "kvoffload_ext.ledger", "kvoffload.connector.offloading_connector"]
     for pkg in (kvoffload.offload, kvoffload.connector, kvoffload.tiers):
         names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
-    worker_half = {"kvoffload.connector.offloading_worker", "kvoffload.connector.step_clock"}
     for name in names:
-        if name not in worker_half:
+        if not name.startswith("kvoffload.connector.worker"):  # the worker half may use torch
             importlib.import_module(name)
 
     from kvoffload.connector import KVConnectorRole, OffloadingConnector

@@ -24,7 +24,7 @@ from kvoffload.connector.base import (
     StepPlan,
 )
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.kv_events import KVEvent
 from kvoffload.kv_info import EngineKVInfo
 from kvoffload.offload.spec import OffloadingSpecFactory
@@ -33,7 +33,7 @@ from kvoffload.transfer.result import TransferResult
 if TYPE_CHECKING:
     import torch
 
-    from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+    from kvoffload.connector.worker.offloading_worker import OffloadingConnectorWorker
     from kvoffload.transfer.layout import KVCaches
 
 #: What a connector is built from: the engine's config (its ``kv_offload`` section is read) or
@@ -54,7 +54,7 @@ class OffloadingConnector(KVConnectorBase):
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = OffloadingConnectorScheduler(self.spec)
         else:  # imported here: the scheduler role (its own process in vLLM) never loads torch for it
-            from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+            from kvoffload.connector.worker.offloading_worker import OffloadingConnectorWorker
 
             self.connector_worker = OffloadingConnectorWorker(self.spec)
 

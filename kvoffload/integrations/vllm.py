@@ -31,8 +31,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvoffload.config import ConfigError, OffloadConfig, format_bytes, weight_digest_dir
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
-from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.worker.offloading_worker import OffloadingConnectorWorker
 from kvoffload.examples import resolve_config
 from kvoffload.integrations.vllm_events import vllm_block_hash, vllm_events, vllm_request_tags
 from kvoffload.integrations.vllm_lora import AdapterSalt

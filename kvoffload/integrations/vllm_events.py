@@ -1,7 +1,7 @@
 """kvoffload's KV events as vLLM's own (``vllm.distributed.kv_events``), so ``--kv-events-config``
 publishes them in the batch with the device cache's and routers decode them with vLLM's schema.
 
-The scheduler half builds them (``connector/kv_event_translator.py``); here they get vLLM's hash form
+The scheduler half builds them (``connector/scheduler/kv_event_translator.py``); here they get vLLM's hash form
 (``maybe_convert_block_hash``: the same integers vLLM publishes for the device blocks), the
 request's adapter and session, and vLLM's struct of the same name, field by field.
 """
@@ -15,7 +15,7 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 from kvoffload import kv_events
-from kvoffload.connector.kv_event_translator import EventTags
+from kvoffload.connector.scheduler.kv_event_translator import EventTags
 from kvoffload.kv_events import ExternalBlockHash
 
 

@@ -4,7 +4,7 @@ given-up tier looked clearly cheaper than recomputing again)."""
 
 from __future__ import annotations
 
-from kvoffload.connector.load_choice import LoadDecision, Segment
+from kvoffload.connector.cost.load_choice import LoadDecision, Segment
 from tests.connector.test_load_cost import _timed, model
 
 

@@ -10,7 +10,7 @@ import torch
 
 from kvoffload.config import OffloadConfig
 from kvoffload.connector.group_keys import GroupGeometry, group_key
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvoffload.connector.kv_event_translator import EventTags, KVEventTranslator
+from kvoffload.connector.scheduler.kv_event_translator import EventTags, KVEventTranslator
 from kvoffload.kv_events import BlockRemoved, BlockStored, external_block_hash
 from kvoffload.offload.abstract import OffloadingEvent
 from kvoffload.offload.mediums import DISK
@@ -134,7 +134,7 @@ def test_a_disabled_book_describes_and_publishes_nothing():
 
 
 def test_an_undrained_queue_stays_bounded(monkeypatch, caplog):
-    import kvoffload.connector.kv_event_translator as mod
+    import kvoffload.connector.scheduler.kv_event_translator as mod
 
     monkeypatch.setattr(mod, "MAX_QUEUED_KV_EVENTS", 3)
     req = Req(list(range(8)))

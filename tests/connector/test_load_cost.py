@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.connector.cost_fit import LinearFit, PrefillRate, bucket_of
-from kvoffload.connector.load_choice import LoadDecision, Segment
-from kvoffload.connector.load_cost import LoadCostModel
+from kvoffload.connector.cost.cost_fit import LinearFit, PrefillRate, bucket_of
+from kvoffload.connector.cost.load_choice import LoadDecision, Segment
+from kvoffload.connector.cost.load_cost import LoadCostModel
 
 MODES = {"CPU": "auto", "DISK": "auto"}
 

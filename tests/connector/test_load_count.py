@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from kvoffload.config import OffloadConfig
 from kvoffload.connector.jobs import JobKind
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 from kvoffload.transfer.result import TransferResult

@@ -52,7 +52,7 @@ def slow_disk(monkeypatch):
 
 
 def test_auto_recomputes_a_throttled_tier_and_loads_host_memory(tmp_path, long_baseline, slow_disk, caplog):
-    caplog.set_level(logging.DEBUG, logger="kvoffload.connector.load_planner")
+    caplog.set_level(logging.DEBUG, logger="kvoffload.connector.scheduler.load_planner")
     tokens, stats = run(offload(tmp_path, "auto"), LONG)
     assert tokens == long_baseline[0]
     decisions = stats["connector"]["load_decisions"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.connector.load_choice import LoadDecision, Segment
-from kvoffload.connector.load_cost import LoadCostModel
-from kvoffload.connector.load_overheads import WARMUP, LoadOverheads
+from kvoffload.connector.cost.load_choice import LoadDecision, Segment
+from kvoffload.connector.cost.load_cost import LoadCostModel
+from kvoffload.connector.cost.load_overheads import WARMUP, LoadOverheads
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.workload import ChatWorkload, run_chat_workload
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from kvoffload.config import OffloadConfig
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 
 COUNTED = ("lookup", "lookup_run", "is_ready", "is_pending", "contains", "touch", "prepare_load")

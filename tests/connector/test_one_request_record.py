@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 
 ALLOWED = {"records.requests", "records.next_step.reqs_to_load", "records.next_step.sync_loads",

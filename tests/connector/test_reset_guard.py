@@ -3,8 +3,8 @@ is tainted (its record's ``stale_kv``), its blocks stop being fresh, and the tai
 through later hits on them."""
 
 from kvoffload.connector.group_keys import NULL_BLOCK_ID
-from kvoffload.connector.request_state import RequestOffloadState
-from kvoffload.connector.reset_guard import ResetGuard
+from kvoffload.connector.scheduler.request_state import RequestOffloadState
+from kvoffload.connector.scheduler.reset_guard import ResetGuard
 
 
 def allocated() -> RequestOffloadState:

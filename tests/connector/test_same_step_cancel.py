@@ -12,7 +12,7 @@ import numpy as np
 from kvoffload.config import OffloadConfig
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import OffloadingConnectorMetadata
-from kvoffload.connector.offloading_worker import OffloadingConnectorWorker
+from kvoffload.connector.worker.offloading_worker import OffloadingConnectorWorker
 from kvoffload.offload.mediums import DiskLoadStoreSpec, GPULoadStoreSpec
 
 

@@ -6,8 +6,8 @@ waiting for it, where asynchronous loads had the first out at 60 ms and the othe
 
 from __future__ import annotations
 
-from kvoffload.connector.cost_fit import PrefillRate
-from kvoffload.connector.step_batch import StepBatch
+from kvoffload.connector.cost.cost_fit import PrefillRate
+from kvoffload.connector.cost.step_batch import StepBatch
 from kvoffload.engine.request import RequestStatus
 from tests.connector.harness import Harness
 from tests.connector.test_scheduler_half import fill_cpu_tier_with

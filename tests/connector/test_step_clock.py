@@ -5,7 +5,7 @@ import time
 import torch
 
 from kvoffload.connector.offloading_metadata import StepTiming
-from kvoffload.connector.step_clock import StepClock
+from kvoffload.connector.worker.step_clock import StepClock
 
 
 def test_cpu_steps_report_their_host_time_at_once_and_empty_steps_none():

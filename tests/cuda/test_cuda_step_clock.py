@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from kvoffload.connector.step_clock import StepClock
+from kvoffload.connector.worker.step_clock import StepClock
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

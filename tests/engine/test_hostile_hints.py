@@ -156,9 +156,9 @@ def test_tenants_are_the_salt_the_adapter_and_the_operators_keys():
     from types import SimpleNamespace
 
     from kvoffload.config import HintsConfig
-    from kvoffload.connector.hint_relay import HintRelay
-    from kvoffload.connector.request_state import RequestOffloadState
-    from kvoffload.connector.scheduler_stats import SchedulerSideStats
+    from kvoffload.connector.scheduler.hint_relay import HintRelay
+    from kvoffload.connector.scheduler.request_state import RequestOffloadState
+    from kvoffload.connector.scheduler.scheduler_stats import SchedulerSideStats
 
     given: list = []
     chain = SimpleNamespace(hint=lambda keys, hint: given.append(hint.session))

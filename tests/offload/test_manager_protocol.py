@@ -58,7 +58,7 @@ def test_a_manager_outside_the_chain_contract_is_refused_with_what_to_return():
 
 
 def test_the_connector_half_calls_only_protocol_methods_on_its_manager():
-    source = Path(inspect.getfile(__import__("kvoffload.connector.offloading_scheduler",
+    source = Path(inspect.getfile(__import__("kvoffload.connector.scheduler.offloading_scheduler",
                                              fromlist=["x"]))).read_text()
     used = {node.attr for node in ast.walk(ast.parse(source))
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)

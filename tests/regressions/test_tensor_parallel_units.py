@@ -7,8 +7,8 @@ import pytest
 
 from kvoffload.config import OffloadConfig
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.offloading_scheduler import OffloadingConnectorScheduler
-from kvoffload.connector.request_state import JobRecord, RequestOffloadState
+from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
+from kvoffload.connector.scheduler.request_state import JobRecord, RequestOffloadState
 from kvoffload.offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.spec import EngineKVInfo, OffloadingSpecFactory
 from kvoffload.tiers.disk.format import DiskLayout, data_checksum, record_header

@@ -133,7 +133,7 @@ def test_a_load_never_waits_for_queued_stores_of_its_tier():
 
 
 def test_skipped_stores_are_not_counted_as_failed_copies():
-    from kvoffload.connector.transfer_stats import TransferStats
+    from kvoffload.connector.worker.transfer_stats import TransferStats
     from kvoffload.transfer.result import TransferResult
 
     stats = TransferStats()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from kvoffload.connector.base import StepPlan
 from kvoffload.connector.group_keys import NULL_BLOCK_ID
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.scheduler_records import Planner
+from kvoffload.connector.scheduler.scheduler_records import Planner
 from kvoffload.offload.mediums import GPULoadStoreSpec
 
 

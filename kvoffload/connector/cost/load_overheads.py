@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvoffload.connector.cost_fit import CLIP
+from kvoffload.connector.cost.cost_fit import CLIP
 
 #: Weight of a new sample in the running averages.
 ALPHA = 0.1

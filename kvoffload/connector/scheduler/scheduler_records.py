@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import xxhash
 
 from kvoffload.connector.base import EngineRequest, RequestSalt
+from kvoffload.connector.cost.step_batch import StepBatch
 from kvoffload.connector.group_keys import GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.kv_event_translator import KVEventTranslator
-from kvoffload.connector.request_state import JobRecord, RequestOffloadState
-from kvoffload.connector.reset_guard import ResetGuard
-from kvoffload.connector.scheduler_stats import SchedulerSideStats
-from kvoffload.connector.step_batch import StepBatch
+from kvoffload.connector.scheduler.kv_event_translator import KVEventTranslator
+from kvoffload.connector.scheduler.request_state import JobRecord, RequestOffloadState
+from kvoffload.connector.scheduler.reset_guard import ResetGuard
+from kvoffload.connector.scheduler.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash, LoadStoreSpec, as_list
 from kvoffload.offload.chain import TierChain
 

@@ -49,10 +49,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from kvoffload.connector.cost_fit import LinearFit, PrefillRate
-from kvoffload.connector.load_choice import LoadChoice, LoadDecision, Segment
-from kvoffload.connector.load_overheads import LoadOverheads
-from kvoffload.connector.load_queue import InFlightLoad, LoadQueue
+from kvoffload.connector.cost.cost_fit import LinearFit, PrefillRate
+from kvoffload.connector.cost.load_choice import LoadChoice, LoadDecision, Segment
+from kvoffload.connector.cost.load_overheads import LoadOverheads
+from kvoffload.connector.cost.load_queue import InFlightLoad, LoadQueue
 
 
 @dataclass(slots=True)

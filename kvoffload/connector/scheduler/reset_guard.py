@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvoffload.connector.group_keys import NULL_BLOCK_ID
-from kvoffload.connector.request_state import RequestOffloadState
+from kvoffload.connector.scheduler.request_state import RequestOffloadState
 
 
 class ResetGuard:

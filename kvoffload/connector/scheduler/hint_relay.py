@@ -24,8 +24,8 @@ from dataclasses import replace
 
 from kvoffload.config import HintsConfig
 from kvoffload.connector.base import EngineRequest, RequestSalt
-from kvoffload.connector.request_state import RequestOffloadState, TenantHint
-from kvoffload.connector.scheduler_stats import SchedulerSideStats
+from kvoffload.connector.scheduler.request_state import RequestOffloadState, TenantHint
+from kvoffload.connector.scheduler.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.hints import RequestHint, parse_hint, tenant_digest

@@ -15,19 +15,19 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, StepPlan
+from kvoffload.connector.cost.load_cost import LoadCostModel
 from kvoffload.connector.group_keys import GroupGeometry
-from kvoffload.connector.hint_relay import HintRelay
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.kv_event_translator import ExternalHash, KVEventTranslator, RequestTags
-from kvoffload.connector.load_cost import LoadCostModel
-from kvoffload.connector.load_planner import LoadPlanner
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
-from kvoffload.connector.request_state import JobRecord
-from kvoffload.connector.reset_guard import ResetGuard
-from kvoffload.connector.scheduler_records import SchedulerRecords
-from kvoffload.connector.scheduler_stats import ConnectorStatsDict, SchedulerSideStats, connector_stats
-from kvoffload.connector.store_planner import StorePlanner
-from kvoffload.connector.swap_planner import SwapPlanner
+from kvoffload.connector.scheduler.hint_relay import HintRelay
+from kvoffload.connector.scheduler.kv_event_translator import ExternalHash, KVEventTranslator, RequestTags
+from kvoffload.connector.scheduler.load_planner import LoadPlanner
+from kvoffload.connector.scheduler.request_state import JobRecord
+from kvoffload.connector.scheduler.reset_guard import ResetGuard
+from kvoffload.connector.scheduler.scheduler_records import SchedulerRecords
+from kvoffload.connector.scheduler.scheduler_stats import ConnectorStatsDict, SchedulerSideStats, connector_stats
+from kvoffload.connector.scheduler.store_planner import StorePlanner
+from kvoffload.connector.scheduler.swap_planner import SwapPlanner
 from kvoffload.kv_events import KVEvent
 from kvoffload.offload.abstract import BlockHash
 from kvoffload.offload.chain import TierChain

@@ -10,8 +10,8 @@ import xxhash
 from kvoffload.connector.base import EngineRequest, GroupBlockIds
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, group_key
 from kvoffload.connector.jobs import JobKind, TransferJob
-from kvoffload.connector.request_state import RequestOffloadState, SwapRecord
-from kvoffload.connector.scheduler_records import Planner
+from kvoffload.connector.scheduler.request_state import RequestOffloadState, SwapRecord
+from kvoffload.connector.scheduler.scheduler_records import Planner
 from kvoffload.offload.abstract import BlockHash, PrepareStoreOutput
 from kvoffload.offload.mediums import GPULoadStoreSpec
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from kvoffload.connector.cost_fit import CLIP
+from kvoffload.connector.cost.cost_fit import CLIP
 
 #: A job's read counts as evidence once it is this much past CLIP x its estimate.
 SLACK_S = 0.005

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
-from kvoffload.connector.step_clock import StepClock
-from kvoffload.connector.transfer_stats import DirectionStatsDict, TransferStats
+from kvoffload.connector.worker.step_clock import StepClock
+from kvoffload.connector.worker.transfer_stats import DirectionStatsDict, TransferStats
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferRouter
 from kvoffload.transfer.layer_progress import LayerProgress

@@ -17,15 +17,15 @@ from dataclasses import replace
 from typing import cast
 
 from kvoffload.connector.base import EngineRequest
+from kvoffload.connector.cost.load_choice import LoadChoice, LoadDecision, Segment
+from kvoffload.connector.cost.load_cost import LoadCostModel
 from kvoffload.connector.group_keys import NULL_BLOCK_ID, GroupGeometry
-from kvoffload.connector.hint_relay import HintRelay
 from kvoffload.connector.jobs import JobKind
-from kvoffload.connector.load_choice import LoadChoice, LoadDecision, Segment
-from kvoffload.connector.load_cost import LoadCostModel
-from kvoffload.connector.request_state import RequestOffloadState
-from kvoffload.connector.reset_guard import ResetGuard
-from kvoffload.connector.scheduler_records import Planner, SchedulerRecords
-from kvoffload.connector.scheduler_stats import SchedulerSideStats
+from kvoffload.connector.scheduler.hint_relay import HintRelay
+from kvoffload.connector.scheduler.request_state import RequestOffloadState
+from kvoffload.connector.scheduler.reset_guard import ResetGuard
+from kvoffload.connector.scheduler.scheduler_records import Planner, SchedulerRecords
+from kvoffload.connector.scheduler.scheduler_stats import SchedulerSideStats
 from kvoffload.offload.abstract import BlockHash, LookupResult, Medium
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import GPULoadStoreSpec

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvoffload.connector.cost_fit import PrefillRate
+from kvoffload.connector.cost.cost_fit import PrefillRate
 
 
 @dataclass(slots=True)
