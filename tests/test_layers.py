@@ -104,6 +104,26 @@ def test_the_connector_halves_and_the_cost_model_stand_apart():
     assert found == []
 
 
+def test_nobody_reaches_into_the_cost_model():
+    """The load-cost model's ``choose()`` owns every rule of how a hit loads (the step-batch
+    rule included): outside ``connector/cost/`` its users call its methods, never read or
+    drive its parts (``cost.overheads``, ``cost.modes``, ``cost.prefill``)."""
+    import inspect
+
+    from kvoffload.connector.cost.load_cost import LoadCostModel
+
+    methods = {n for n, v in inspect.getmembers(LoadCostModel) if callable(v) and not n.startswith("_")}
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if (ROOT / "connector" / "cost") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "cost" and node.attr not in methods):
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} reads cost.{node.attr}")
+    assert found == []
+
+
 def test_the_engine_knows_only_the_connector_contract():
     for path in (ROOT / "engine").rglob("*.py"):
         for line, name in _imports(path):

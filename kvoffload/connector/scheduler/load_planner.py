@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import cast
 
 from kvoffload.connector.base import EngineRequest
@@ -118,12 +117,9 @@ class LoadPlanner(Planner):
             else:
                 segments.append(Segment(medium, 1))
         sync_possible = groups.num_groups == 1 and end * self.records.offloaded_block_size < request.num_tokens
-        choice = self.cost.choose(segments, sync_possible)
+        choice = self.cost.choose(segments, sync_possible, request.num_tokens - start * self.records.offloaded_block_size,
+                                  self.records.next_step.batch)
         cut = start + choice.blocks
-        new_tokens = request.num_tokens - cut * self.records.offloaded_block_size
-        if (choice.sync and choice.why == "measured" and all(self.cost.modes.get(s.medium, "auto") == "auto" for s in segments)
-                and not self.records.next_step.batch.joins(new_tokens, self.cost.prefill)):
-            choice = replace(choice, sync=False)  # the next step: the hits in this one would wait for its tokens
         if cut < end and groups.sliding_groups:
             sliding_end = self._sliding_hit_end(hashes, start, cut, found_media)
             if sliding_end is None:
@@ -229,4 +225,4 @@ class LoadPlanner(Planner):
         state.loading = loading
         records.blocks_being_loaded.update(loading)
         state.next_stored = max(state.next_stored, promote_from)
-        self.cost.overheads.observe_host("scheduler", 1, time.perf_counter() - t0)
+        self.cost.observe_plan(time.perf_counter() - t0)

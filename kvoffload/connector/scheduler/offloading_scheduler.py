@@ -174,8 +174,7 @@ class OffloadingConnectorScheduler:
             num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
         meta.cancel_loads = set(self.cost.overdue())
-        self.cost.overheads.observe_batch(len(scheduler_output.num_scheduled_tokens))
-        self.cost.end_step()
+        self.cost.end_step(len(scheduler_output.num_scheduled_tokens))
         return meta
 
     # ---- completions -------------------------------------------------------------------------
@@ -183,8 +182,8 @@ class OffloadingConnectorScheduler:
         """Digest the worker halves' results (every rank's, in any order)."""
         for result in results:
             if isinstance(result, StepTiming):
-                self.cost.observe_step(result.tokens, result.seconds, result.sync_blocks, result.sync_wait_s)
-                self.cost.overheads.observe_host("worker", result.load_requests, result.load_host_s)
+                self.cost.observe_step(result.tokens, result.seconds, result.sync_blocks, result.sync_wait_s,
+                                       result.load_requests, result.load_host_s)
                 continue
             if isinstance(result, LoadReading):
                 record = self.records.jobs.get(result.job_id)
