@@ -108,6 +108,12 @@ def test_every_yaml_block_passes_config_check(where, body, tmp_path, monkeypatch
     monkeypatch.setenv("KVOFFLOAD_SECRET", SECRET)
     monkeypatch.setenv("KVOFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
     data = _as_config(body)
+    if any(t.get("medium") == "zram" for t in data.get("tiers") or []):
+        # docs/write-a-tier.md's example, as if installed: its entry point's one line.
+        from kvoffload.registry import TIER_KINDS
+
+        monkeypatch.syspath_prepend(str(ROOT / "examples" / "zram_tier"))
+        monkeypatch.setitem(TIER_KINDS._targets, "zram", "zram_tier.kind:ZramKind")
     OffloadConfig.from_dict(data)  # the schema as documented, before anything is swapped
     if any(t.get("medium") == "mooncake" for t in data.get("tiers") or []):
         return  # `config check` asks the master; tests/tiers/mooncake checks these against a real one
