@@ -26,10 +26,10 @@ tier other than host memory first) still starts after the step.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
+from kvoffload.connector.worker.request_record import WorkerRequestState
 from kvoffload.connector.worker.step_clock import StepClock
 from kvoffload.connector.worker.transfer_stats import DirectionStatsDict, TransferStats
 from kvoffload.offload.spec import OffloadingSpec
@@ -39,33 +39,16 @@ from kvoffload.transfer.layout import CanonicalKVCache, KVCaches, canonicalize
 from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE, TransferResult
 
 
-@dataclass(slots=True)
-class WorkerRequestState:
-    """What the worker tracks of one request: its copies in flight and what it still owes the
-    engine (a finished-sending or finished-receiving report). Dropped once it owes nothing."""
-
-    outstanding: int = 0  # copies submitted and not finished (loads and stores)
-    loads_pending: int = 0  # of those, loads
-    awaiting_finish: bool = False  # the scheduler half kept its blocks: report finished-sending
-    load_failed: bool = False  # one of its loads failed: report failed once all loads are done
-
-    @property
-    def idle(self) -> bool:
-        return not (self.outstanding or self.loads_pending or self.awaiting_finish or self.load_failed)
-
-
 class OffloadingConnectorWorker:
     def __init__(self, spec: OffloadingSpec) -> None:
         self.spec = spec
         self.worker: TransferRouter | None = None
         self.kv: CanonicalKVCache | None = None
-        self._deferred: dict[str, list[TransferJob]] = {}
         self._jobs: dict[int, TransferJob] = {}
-        #: One record per request with copies in flight or a report owed. A request one of whose
-        #: loads failed is reported once all its loads are done (a failed request's blocks are
-        #: freed for recompute: no copy may still write into them).
+        #: One record per request with copies in flight or planned, or a report owed. A request
+        #: one of whose loads failed is reported once all its loads are done (a failed request's
+        #: blocks are freed for recompute: no copy may still write into them).
         self._requests: dict[str, WorkerRequestState] = {}
-        self._failed_recving: set[str] = set()
         #: Device blocks of each in-flight load, and those whose load failed (vLLM asks for them;
         #: tracked only when collect_failed_block_ids is set).
         self._load_dst: dict[int, list[int]] = {}
@@ -88,10 +71,11 @@ class OffloadingConnectorWorker:
         self._demoted_meta: OffloadingConnectorMetadata | None = None
         #: Stores start layer by layer in the step that plans them (not for load_mode async).
         self.layered_stores = next(iter(spec.config.tier_load_modes().values()), "async") != "async"
-        #: The step's plan (begin_step), its stores not yet submitted, and whether its
-        #: layer-wise stores are open (the first save_kv_layer opens them).
+        #: The step's plan (begin_step), how many of its stores are planned and not yet opened
+        #: (each in its request's record), and whether its layer-wise stores are open (the first
+        #: save_kv_layer opens them).
         self._step_meta: OffloadingConnectorMetadata | None = None
-        self._step_stores: dict[str, list[TransferJob]] = {}
+        self._planned_stores = 0
         self._layered_open = False
         self.stats = TransferStats()
 
@@ -158,11 +142,24 @@ class OffloadingConnectorWorker:
             if not st.loads_pending:
                 self._report_failed(rid)
 
+    def _take_deferred(self) -> list[TransferJob]:
+        """Every request's deferred stores, taken out of its record (and out of its planned
+        stores, where the step's start made them one list: none of them is opened again)."""
+        jobs: list[TransferJob] = []
+        for st in self._requests.values():
+            if st.deferred:
+                jobs += st.deferred
+                if st.planned is st.deferred:
+                    self._planned_stores -= len(st.planned)
+                    st.planned = []
+                st.deferred = []
+        return jobs
+
     def _submit_deferred(self) -> None:
-        deferred, self._deferred = self._deferred, {}
-        for jobs in deferred.values():
-            for job in jobs:
-                self._submit(job)
+        for job in self._take_deferred():
+            self._submit(job)
+        for rid in [rid for rid, st in self._requests.items() if st.idle]:
+            del self._requests[rid]
 
     def _submit_demotions(self, meta: OffloadingConnectorMetadata) -> None:
         """Demotions go first, whichever hook runs first: they fence the CPU slots they read,
@@ -195,7 +192,11 @@ class OffloadingConnectorWorker:
         self._clock.begin(meta.num_step_tokens)
         self._step_sync_blocks, self._step_wait_s = 0, 0.0
         self._step_meta = meta
-        self._step_stores = {rid: list(jobs) for rid, jobs in meta.reqs_to_store.items()}
+        for st in self._requests.values():
+            st.planned = []  # an earlier step's, never opened: its deferred list still holds them
+        for rid, jobs in meta.reqs_to_store.items():
+            self._state(rid).planned = list(jobs)
+        self._planned_stores = sum(len(jobs) for jobs in meta.reqs_to_store.values())
         self._layered_open = False
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
@@ -223,12 +224,17 @@ class OffloadingConnectorWorker:
             self._load_host_s += time.perf_counter() - t0
         self._submit_deferred()
         # Those not opened layer by layer (the first save_kv_layer may come later: it takes
-        # its stores out of this same dict).
-        self._deferred = self._step_stores if self._step_meta is meta else dict(meta.reqs_to_store)
+        # its stores out of this same list).
+        if self._step_meta is meta:
+            for st in self._requests.values():
+                st.deferred = st.planned
+        else:
+            for rid, jobs in meta.reqs_to_store.items():
+                self._state(rid).deferred = list(jobs)
 
     def save_kv_layer(self, layer_name: str) -> None:
         """The forward pass has written ``layer_name``'s KV: copy it out of the step's stores."""
-        if not (self._step_stores or self._layered_open) or not self.layered_stores or self._step_meta is None \
+        if not (self._planned_stores or self._layered_open) or not self.layered_stores or self._step_meta is None \
                 or self.kv is None:
             return  # most steps (decode) store nothing: nothing to open or copy
         assert self.worker is not None
@@ -245,18 +251,16 @@ class OffloadingConnectorWorker:
     def _open_layered_stores(self, meta: OffloadingConnectorMetadata) -> None:
         assert self.worker is not None
         self._submit_demotions(meta)  # they fence the host slots a store may take over
-        for rid in list(self._step_stores):
+        for st in self._requests.values():
             left = []
-            for job in self._step_stores[rid]:
+            for job in st.planned:
                 if self.worker.open_layered_store(job.job_id, (job.src, job.dst)):
                     self._jobs[job.job_id] = job
-                    self._state(rid).outstanding += 1
+                    st.outstanding += 1
+                    self._planned_stores -= 1
                 else:
                     left.append(job)
-            if left:
-                self._step_stores[rid] = left
-            else:
-                del self._step_stores[rid]
+            st.planned[:] = left  # in place: from start_load_kv on it is also the deferred list
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Block until this step's synchronous loads have landed ``layer_name``'s KV (all of
@@ -332,7 +336,7 @@ class OffloadingConnectorWorker:
         if self._sync_failed:
             self._drop_deferred_stores()
         sent = {rid for rid, st in self._requests.items()
-                if st.awaiting_finish and st.outstanding <= 0 and rid not in self._deferred}
+                if st.awaiting_finish and st.outstanding <= 0 and not st.deferred}
         for rid in sent:
             self._requests[rid].awaiting_finish = False
             self._prune(rid)
@@ -343,21 +347,20 @@ class OffloadingConnectorWorker:
         computed from its blocks (by the request itself, or one sharing them), so none is
         submitted; each is reported failed (the scheduler half frees its slots)."""
         self._sync_failed = False
-        dropped, self._deferred = self._deferred, {}
-        for jobs in dropped.values():
-            for job in jobs:
-                self._results.append(TransferResult(job.job_id, False, 0, 0.0, DEVICE_TO_HOST))
+        for job in self._take_deferred():
+            self._results.append(TransferResult(job.job_id, False, 0, 0.0, DEVICE_TO_HOST))
 
     def _report_failed(self, rid: str) -> None:
-        st = self._requests.get(rid)
-        if st is not None:
-            st.load_failed = False
-            self._prune(rid)
-        self._failed_recving.add(rid)
+        st = self._state(rid)
+        st.load_failed = False
+        st.report_failed = True
 
     def get_failed_recving(self) -> set[str]:
         """Requests whose load failed and whose loads are all done: they recompute."""
-        failed, self._failed_recving = self._failed_recving, set()
+        failed = {rid for rid, st in self._requests.items() if st.report_failed}
+        for rid in failed:
+            self._requests[rid].report_failed = False
+            self._prune(rid)
         return failed
 
     def take_failed_block_ids(self) -> set[int]:
