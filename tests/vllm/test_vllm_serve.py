@@ -165,7 +165,7 @@ def test_vllm_serve_passes_request_hints_to_the_policy_and_survives_hostile_ones
     assert m[("kvoffload_hinted_requests_total", ())] == 3
     assert m[("kvoffload_tool_call_finishes_total", ())] == 6  # every request, the plain and bad ones too
     # The 3 hinted requests at lookup and finish; the plain and bad ones at finish (a tool call).
-    assert m[("kvoffload_hints_total", ())] == 3 * 2 + 3
+    assert m[("kvoffload_hints_given_total", ())] == 3 * 2 + 3
     assert len(plain) == 4 and plain == bad[0]["choices"][0]["token_ids"] == bad[1]["choices"][0]["token_ids"]
     log = (tmp_path / "serve.log").read_text()
     for i in range(3):  # the policy itself saw each session: first due back in 5 s, then in 5 s again
