@@ -20,8 +20,9 @@ from kvoffload.engine.kv_namespace import engine_kv_info
 from kvoffload.engine.model_config import BUILTIN_MODELS, ModelConfig
 from kvoffload.engine.model_runner import ModelRunner
 from kvoffload.engine.outputs import RequestOutput
-from kvoffload.engine.request import Request, RequestStatus
+from kvoffload.engine.request import Request
 from kvoffload.engine.request_fits import check_fits
+from kvoffload.engine.request_output import request_output
 from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler import Scheduler
 from kvoffload.engine.stats import EngineStats
@@ -29,12 +30,6 @@ from kvoffload.engine.tokenizer import ByteTokenizer
 from kvoffload.metrics import MetricsServer
 
 Prompt = str | Sequence[int]
-
-_FINISH_REASON = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-}
 
 #: Steps in a row with nothing scheduled and no transfer pending before the engine gives up.
 _MAX_IDLE_STEPS = 100_000
@@ -227,7 +222,7 @@ class LLM:
         if request_id not in self._finished:
             raise KeyError(f"request {request_id!r} has not finished; call step() until it reports it done")
         self._record_finished(request_id)
-        out = self._to_output(self._finished[request_id])
+        out = request_output(self._finished[request_id], self.tokenizer, self.beams, self._children, self._finished)
         self._forget(request_id)
         return out
 
@@ -261,7 +256,8 @@ class LLM:
         requests = {rid: self.scheduler.requests[rid] for rid in rids}
         self._open_groups.update(rids)
         self._run_until_done(set(rids), use_tqdm)
-        outs = [self._to_output(requests[rid]) for rid in rids]
+        outs = [request_output(requests[rid], self.tokenizer, self.beams, self._children, self._finished)
+                for rid in rids]
         for rid in rids:  # forget finished requests of this call
             self._forget(rid)
         return outs
@@ -299,34 +295,6 @@ class LLM:
         root = members[0] if members else None
         if root is not None and root.first_token_time is not None:
             self._ttfts.append(root.first_token_time - root.arrival_time)
-
-    def _to_output(self, request: Request) -> RequestOutput:
-        ttft = None if request.first_token_time is None else request.first_token_time - request.arrival_time
-        rid = request.request_id
-        tokens = list(request.output_token_ids)
-        samples: list[list[int]] = []
-        scores: list[float] = []
-        reason = _FINISH_REASON.get(request.status, "unknown")
-        if rid in self.beams.groups:
-            best = self.beams.groups[rid].best()
-            samples = [t for _, t, _ in best]
-            scores = [s for s, _, _ in best]
-            tokens = samples[0] if samples else tokens
-            reason = "beam"
-        elif rid in self._children:
-            order = sorted(self._children[rid], key=lambda c: int(c.rsplit("#", 1)[1]))
-            samples = [tokens] + [list(self._finished[c].output_token_ids) for c in order]
-        return RequestOutput(
-            request_id=rid,
-            prompt_token_ids=list(request.prompt_token_ids),
-            token_ids=tokens,
-            text=self.tokenizer.decode(tokens),
-            finish_reason=reason,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            ttft_s=ttft,
-            samples=samples,
-            scores=scores,
-        )
 
     # ---- lifecycle and reports ---------------------------------------------------------
     def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
