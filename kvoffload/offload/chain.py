@@ -26,14 +26,15 @@ from kvoffload.offload.abstract import (
     as_list,
 )
 from kvoffload.offload.hints import BlockHint
-from kvoffload.offload.tier_index import TierIndex
+from kvoffload.offload.tier_index import EmptyIndex, TierIndex
 from kvoffload.offload.tier_report import ChainReport, TierReport
 
 
 class TierChain(OffloadingManager):
     #: The index of the tier stores land in first (the host tier): its policy is the one vLLM's
-    #: per-request recency (``refresh``, ``touch`` of what a request reused) informs.
-    host: TierIndex
+    #: per-request recency (``refresh``, ``touch`` of what a request reused) informs. A chain
+    #: without one (nothing to offload) reads as empty.
+    host: TierIndex = EmptyIndex()
 
     def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> PrefixLookup:
         """The tier of each leading hit and what stopped the run, in one pass over the chain."""

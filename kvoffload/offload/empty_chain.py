@@ -8,32 +8,11 @@ from collections.abc import Iterable
 from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, LoadStoreSpec, PrepareStoreOutput
 from kvoffload.offload.chain import TierChain
 from kvoffload.offload.mediums import CPULoadStoreSpec
-from kvoffload.offload.tier_index import TierIndex
-
-
-class EmptyIndex(TierIndex):
-    """The reads of a tier that holds nothing."""
-
-    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        return 0
-
-    def is_ready(self, block_hash: BlockHash) -> bool:
-        return False
-
-    def is_pending(self, block_hash: BlockHash) -> bool:
-        return False
-
-    def contains(self, block_hash: BlockHash) -> bool:
-        return False
-
-    def slot_of(self, block_hash: BlockHash) -> int | None:
-        return None
 
 
 class EmptyTierChain(TierChain):
     def __init__(self, block_size: int = 0) -> None:
         self.block_size = block_size
-        self.host = EmptyIndex()
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
         return 0

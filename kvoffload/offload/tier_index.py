@@ -56,3 +56,22 @@ class TierIndex(ABC):
         """Show the policy the offered hashes that are absent, before a store inserts them (ARC
         adapts to ghost hits here); returns those shown. Default: nothing."""
         return []
+
+
+class EmptyIndex(TierIndex):
+    """The reads of a tier that holds nothing."""
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        return 0
+
+    def is_ready(self, block_hash: BlockHash) -> bool:
+        return False
+
+    def is_pending(self, block_hash: BlockHash) -> bool:
+        return False
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        return False
+
+    def slot_of(self, block_hash: BlockHash) -> int | None:
+        return None

@@ -145,3 +145,25 @@ def test_prepare_load_refuses_blocks_in_two_tiers_and_pins_nothing(chain):
         mgr.prepare_load([3, 1])
     assert not np.any(cpu.index.debug_snapshot().ref_cnt[:2]) and not np.any(disk.index.debug_snapshot().ref_cnt[:2])
     assert mgr.prepare_load([3, 4]).block_ids.tolist() == [1, 0]  # one tier: one spec
+
+
+def test_a_chain_that_names_no_host_index_reads_as_empty():
+    """A user's own TierChain need not name a host tier: vLLM's recency calls then reach an
+    index that holds nothing (as the chain's recency defaults once did nothing)."""
+    from kvoffload.offload.chain import TierChain
+    from kvoffload.offload.empty_chain import EmptyTierChain
+
+    class Mine(TierChain):
+        def lookup(self, block_hashes):
+            return 0
+
+        def prepare_load(self, block_hashes):
+            raise AssertionError("nothing to load")
+
+        def prepare_store(self, block_hashes):
+            return None
+
+    for chain in (Mine(), EmptyTierChain()):
+        chain.host.refresh([1, 2])
+        chain.host.touch([1])
+        assert chain.host.lookup([1]) == 0 and not chain.host.is_ready(1) and chain.host.store_miss([1]) == []
