@@ -25,6 +25,7 @@ LAYERS = [
     ("kvoffload.connector",),
     ("kvoffload.engine",),
     ("kvoffload.traces", "kvoffload.workload", "kvoffload.report", "kvoffload.integrations"),
+    ("kvoffload.run_command",),
     ("kvoffload.testing",),
     ("kvoffload.plan",),
     ("kvoffload.bench",),

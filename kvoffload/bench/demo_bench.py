@@ -2,8 +2,8 @@
 does the default ever make the engine slower than running without offload?
 
 The bar is the one the demo promises: with offload, TTFT p50 and p95 at most 1.03x and tokens/s
-at least 0.97x those without it, on the medians of interleaved runs. The engine settings and
-workload are `kvoffload run`'s defaults (a test keeps them equal).
+at least 0.97x those without it, on the medians of interleaved runs. The engine settings,
+workload and config are `kvoffload run`'s defaults, read from where that command defines them.
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ from kvoffload.bench.measure import Sample, add_reps, bench_parser, preamble
 from kvoffload.engine import LLM, EngineConfig
 from kvoffload.examples import resolve_config
 from kvoffload.report import percentile
-from kvoffload.workload import ChatWorkload, run_chat_workload
+from kvoffload.run_command import ENGINE, OFFLOAD, WORKLOAD
+from kvoffload.workload import run_chat_workload
 
-#: `kvoffload run`'s defaults (tests/bench/test_demo_bench.py checks them against its parser).
-ENGINE = {"num_gpu_blocks": 64, "block_size": 16, "max_model_len": 4096, "max_num_batched_tokens": 512,
-          "max_num_seqs": 3}
-WORKLOAD = ChatWorkload(conversations=12, turns=3, system_tokens=256, user_tokens=48, max_tokens=16)
-#: `kvoffload run`'s default config (one CPU tier; load_mode auto, the default).
-OFFLOAD = "cpu"
 #: Offload over no offload: at most this for TTFT, at least TOKENS_BAR for tokens/s.
 TTFT_BAR, TOKENS_BAR = 1.03, 0.97
 METRICS = ("TTFT p50 (ms)", "TTFT p95 (ms)", "tokens/s")
