@@ -9,5 +9,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension("kvoffload_ext.ledger._ledger", ["kvoffload_ext/ledger/_ledger.c"], optional=True,
                              depends=["kvoffload_ext/ledger/ledger_containers.h", "kvoffload_ext/ledger/ledger_policy.h",
                                       "kvoffload_ext/ledger/ledger_prefix_value.h", "kvoffload_ext/ledger/ledger_keys.h",
-                                      "kvoffload_ext/ledger/ledger_stores.h", "kvoffload_ext/ledger/ledger_lifecycle.h"],
+                                      "kvoffload_ext/ledger/ledger_stores.h", "kvoffload_ext/ledger/ledger_lifecycle.h",
+                                      "kvoffload_ext/ledger/ledger_pv_policy.h"],
                              extra_compile_args=["-O2", "-std=c11"])])
