@@ -71,11 +71,9 @@ class OffloadingConnectorWorker:
         self._demoted_meta: OffloadingConnectorMetadata | None = None
         #: Stores start layer by layer in the step that plans them (not for load_mode async).
         self.layered_stores = next(iter(spec.config.tier_load_modes().values()), "async") != "async"
-        #: The step's plan (begin_step), how many of its stores are planned and not yet opened
-        #: (each in its request's record), and whether its layer-wise stores are open (the first
-        #: save_kv_layer opens them).
+        #: The step's plan (begin_step; its stores wait in their requests' records) and whether
+        #: its layer-wise stores are open (the first save_kv_layer opens them).
         self._step_meta: OffloadingConnectorMetadata | None = None
-        self._planned_stores = 0
         self._layered_open = False
         self.stats = TransferStats()
 
@@ -150,7 +148,6 @@ class OffloadingConnectorWorker:
             if st.deferred:
                 jobs += st.deferred
                 if st.planned is st.deferred:
-                    self._planned_stores -= len(st.planned)
                     st.planned = []
                 st.deferred = []
         return jobs
@@ -196,7 +193,6 @@ class OffloadingConnectorWorker:
             st.planned = []  # an earlier step's, never opened: its deferred list still holds them
         for rid, jobs in meta.reqs_to_store.items():
             self._state(rid).planned = list(jobs)
-        self._planned_stores = sum(len(jobs) for jobs in meta.reqs_to_store.values())
         self._layered_open = False
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
@@ -234,8 +230,8 @@ class OffloadingConnectorWorker:
 
     def save_kv_layer(self, layer_name: str) -> None:
         """The forward pass has written ``layer_name``'s KV: copy it out of the step's stores."""
-        if not (self._planned_stores or self._layered_open) or not self.layered_stores or self._step_meta is None \
-                or self.kv is None:
+        meta = self._step_meta
+        if meta is None or not (meta.reqs_to_store or self._layered_open) or not self.layered_stores or self.kv is None:
             return  # most steps (decode) store nothing: nothing to open or copy
         assert self.worker is not None
         if not self._layered_open:
@@ -243,7 +239,7 @@ class OffloadingConnectorWorker:
             # A synchronous load whose outcome only its report tells (no progress record): the
             # step's stores wait for that report, after the step, as in mode async.
             if all(p is not None for p in self._sync.values()):
-                self._open_layered_stores(self._step_meta)
+                self._open_layered_stores(meta)
         layer = self.kv.layer_tensors.get(layer_name)
         if layer is not None:
             self.worker.layer_written(layer)
@@ -257,7 +253,6 @@ class OffloadingConnectorWorker:
                 if self.worker.open_layered_store(job.job_id, (job.src, job.dst)):
                     self._jobs[job.job_id] = job
                     st.outstanding += 1
-                    self._planned_stores -= 1
                 else:
                     left.append(job)
             st.planned[:] = left  # in place: from start_load_kv on it is also the deferred list
