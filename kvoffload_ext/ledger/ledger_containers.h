@@ -13,8 +13,15 @@
 #define ERR (-2)
 enum { FREE_TAG = 0, T1 = 1, T2 = 2 };
 
+/* A bucket: the node id (NIL when empty) and the top 32 bits of its key's mixed hash, so a probe
+ * and a deletion's shifts read the bucket array alone, not the nodes' hash array. */
 typedef struct {
-    int32_t *b; /* bucket -> node id, NIL when empty */
+    int32_t node;
+    uint32_t mix;
+} Bucket;
+
+typedef struct {
+    Bucket *b;
     int bits;
     Py_ssize_t used;
     /* bumped by every put, delete and growth: a key's __eq__ that changes the table (it runs
@@ -39,34 +46,58 @@ typedef struct {
 
 /* ---- open-addressing table ---------------------------------------------------------------- */
 
-static inline uint64_t home(const Table *t, Py_hash_t h) {
-    return ((uint64_t)h * 0x9E3779B97F4A7C15ULL) >> (64 - t->bits);
+static inline uint32_t mix_of(Py_hash_t h) {
+    return (uint32_t)(((uint64_t)h * 0x9E3779B97F4A7C15ULL) >> 32);
 }
 
-static int tbl_init(Table *t, Py_ssize_t entries) {
+/* The home bucket: the mix's top bits (a table has at most 2^32 buckets). */
+static inline uint64_t home(const Table *t, uint32_t mix) {
+    return (uint64_t)mix >> (32 - t->bits);
+}
+
+static int tbl_bits(Py_ssize_t entries) {
     int bits = 3;
     while (((Py_ssize_t)1 << bits) < 2 * entries) bits++;
-    size_t n = (size_t)1 << bits;
-    t->b = PyMem_Malloc(n * sizeof(int32_t));
-    if (t->b == NULL) return -1;
-    memset(t->b, 0xff, n * sizeof(int32_t));
+    return bits;
+}
+
+static void tbl_clear(Table *t, Bucket *b, int bits) {
+    memset(b, 0xff, ((size_t)1 << bits) * sizeof(Bucket));
+    t->b = b;
     t->bits = bits;
     t->used = 0;
     t->version = 0;
+}
+
+static int tbl_init(Table *t, Py_ssize_t entries) {
+    int bits = tbl_bits(entries);
+    Bucket *b = PyMem_Malloc(((size_t)1 << bits) * sizeof(Bucket));
+    if (b == NULL) return -1;
+    tbl_clear(t, b, bits);
     return 0;
+}
+
+/* tbl_init in a caller's buffer of `room` buckets when they are enough (a short-lived table on
+ * the stack); 1 when it is used (nothing to free), 0 when the table was allocated, -1 on failure. */
+static int tbl_init_in(Table *t, Py_ssize_t entries, Bucket *buf, size_t room) {
+    int bits = tbl_bits(entries);
+    if (((size_t)1 << bits) > room) return tbl_init(t, entries);
+    tbl_clear(t, buf, bits);
+    return 1;
 }
 
 /* Node holding key k (hash h), NIL when absent, ERR when comparing raised or changed the table.
  * The stored key is held across its comparison (its __eq__ may remove it), and nothing read
  * before the comparison (the buckets, the key array) is used after it if the table changed. */
 static int32_t tbl_find(const Table *t, PyObject *const *keys, const Py_hash_t *hs, PyObject *k, Py_hash_t h) {
-    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, h);
+    uint32_t mix = mix_of(h);
+    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, mix);
     for (;;) {
-        int32_t n = t->b[i];
-        if (n == NIL) return NIL;
-        if (hs[n] == h) {
-            PyObject *o = keys[n];
-            if (o == k) return n;
+        Bucket e = t->b[i];
+        if (e.node == NIL) return NIL;
+        if (e.mix == mix && hs[e.node] == h) {
+            PyObject *o = keys[e.node];
+            if (o == k) return e.node;
             uint64_t version = t->version;
             Py_INCREF(o);
             int eq = PyObject_RichCompareBool(o, k, Py_EQ);
@@ -77,45 +108,54 @@ static int32_t tbl_find(const Table *t, PyObject *const *keys, const Py_hash_t *
                                 "called into the ledger); block keys must compare without side effects");
                 return ERR;
             }
-            if (eq) return n;
+            if (eq) return e.node;
         }
         i = (i + 1) & mask;
     }
 }
 
 static void tbl_put(Table *t, Py_hash_t h, int32_t node) {
-    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, h);
-    while (t->b[i] != NIL) i = (i + 1) & mask;
-    t->b[i] = node;
+    uint32_t mix = mix_of(h);
+    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, mix);
+    while (t->b[i].node != NIL) i = (i + 1) & mask;
+    t->b[i].node = node;
+    t->b[i].mix = mix;
     t->used++;
     t->version++;
 }
 
 static void tbl_del(Table *t, const Py_hash_t *hs, int32_t node) {
-    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, hs[node]);
-    while (t->b[i] != node) i = (i + 1) & mask;
+    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, mix_of(hs[node]));
+    while (t->b[i].node != node) i = (i + 1) & mask;
     uint64_t j = i;
     for (;;) { /* shift back every entry whose probe run crosses the hole */
         j = (j + 1) & mask;
-        int32_t n = t->b[j];
-        if (n == NIL) break;
-        uint64_t k = home(t, hs[n]);
+        Bucket e = t->b[j];
+        if (e.node == NIL) break;
+        uint64_t k = home(t, e.mix);
         int stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
         if (stays) continue;
-        t->b[i] = n;
+        t->b[i] = e;
         i = j;
     }
-    t->b[i] = NIL;
+    t->b[i].node = NIL;
     t->used--;
     t->version++;
 }
 
-static int tbl_grow(Table *t, const Py_hash_t *hs) {
+static int tbl_grow(Table *t) {
     Table bigger;
     if (tbl_init(&bigger, t->used * 2 + 8) < 0) return -1;
     size_t n = (size_t)1 << t->bits;
-    for (size_t i = 0; i < n; i++)
-        if (t->b[i] != NIL) tbl_put(&bigger, hs[t->b[i]], t->b[i]);
+    uint64_t mask = ((uint64_t)1 << bigger.bits) - 1;
+    for (size_t i = 0; i < n; i++) {
+        Bucket e = t->b[i];
+        if (e.node == NIL) continue;
+        uint64_t j = home(&bigger, e.mix);
+        while (bigger.b[j].node != NIL) j = (j + 1) & mask;
+        bigger.b[j] = e;
+        bigger.used++;
+    }
     PyMem_Free(t->b);
     bigger.version = t->version + 1;
     *t = bigger;
@@ -197,7 +237,7 @@ static inline int32_t pool_find(Pool *p, PyObject *k, Py_hash_t h) {
 /* A new node for key k tagged `tag`, or -1 on a memory error. */
 static int32_t pool_add(Pool *p, PyObject *k, Py_hash_t h, int tag) {
     if (pool_reserve(p) < 0) return -1;
-    if ((p->index.used + 1) * 2 > ((Py_ssize_t)1 << p->index.bits) && tbl_grow(&p->index, p->hash) < 0) return -1;
+    if ((p->index.used + 1) * 2 > ((Py_ssize_t)1 << p->index.bits) && tbl_grow(&p->index) < 0) return -1;
     int32_t g = p->nfree ? p->free[--p->nfree] : p->allocated++;
     Py_INCREF(k);
     p->key[g] = k;
