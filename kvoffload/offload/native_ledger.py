@@ -22,7 +22,7 @@ from kvoffload.offload.abstract import SLOT_ID_DTYPE, BlockHash, BlockNotReadyEr
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.native_views import NativeARCView, NativeLedgerView, NativeLRUView
 from kvoffload.offload.policy import CachePolicy
-from kvoffload.offload.slot_table import SlotTable, StoreSlots
+from kvoffload.offload.slot_table import Shown, SlotTable, StoreSlots
 from kvoffload.registry import PolicyRef
 
 try:
@@ -152,8 +152,9 @@ class NativeSlotTable(SlotTable):
     def hint(self, block_hashes: Sequence[BlockHash], hint: BlockHint) -> None:
         """The native policies order by sightings alone: hints are for Python policies."""
 
-    def allocate(self, block_hashes: Iterable[BlockHash]) -> StoreSlots | None:
-        out = self._core.prepare_store(block_hashes)
+    def allocate(self, block_hashes: Iterable[BlockHash], shown: Shown | None = None,
+                 victim_slots: bool = True) -> StoreSlots | None:
+        out = self._core.prepare_store(block_hashes, shown, victim_slots)
         if out is None:
             return None
         new, slots, evicted, evicted_slots = out

@@ -8,12 +8,12 @@ import logging
 import operator
 from collections.abc import Iterable, Sequence
 
-from kvoffload.offload.abstract import BlockHash, BlockNotReadyError
+from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, as_list
 from kvoffload.offload.block_status import BlockLedger
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.policy_registry import create_policy
-from kvoffload.offload.slot_table import LedgerSnapshot, SlotTable, StoreSlots
+from kvoffload.offload.slot_table import LedgerSnapshot, Shown, SlotTable, StoreSlots
 from kvoffload.registry import PolicyRef
 
 logger = logging.getLogger("kvoffload")
@@ -135,11 +135,17 @@ class PythonSlotTable(SlotTable):
             self.touch(missing)  # absent hashes: only ghost lists react
         return missing
 
-    def allocate(self, block_hashes: Iterable[BlockHash]) -> StoreSlots | None:
+    def allocate(self, block_hashes: Iterable[BlockHash], shown: Shown | None = None,
+                 victim_slots: bool = True) -> StoreSlots | None:
         """Slots for the absent hashes, inserted being written, evicting (never a pinned,
         written or offered block) when the free slots are too few; None and no change at all
-        when eviction cannot free enough."""
-        hashes = list(dict.fromkeys(block_hashes))
+        when eviction cannot free enough. ``shown``: see SlotTable.allocate."""
+        offered = as_list(block_hashes)
+        if isinstance(shown, set):
+            shown.update(self.store_miss([h for h in offered if h not in shown]))
+        elif shown is not None:
+            shown.extend(self.store_miss(offered))
+        hashes = list(dict.fromkeys(offered))
         ledger = self.ledger
         index = ledger.index
         new = [h for h in hashes if h not in index]

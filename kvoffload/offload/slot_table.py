@@ -21,6 +21,9 @@ from kvoffload.offload.abstract import BlockHash, SlotIds
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.tier_index import TierIndex
 
+#: What ``allocate`` shows the policy as store misses, and notes there (see ``allocate``).
+Shown = set[BlockHash] | list[BlockHash]
+
 
 @dataclass(slots=True)
 class StoreSlots:
@@ -31,6 +34,7 @@ class StoreSlots:
     new: list[BlockHash]
     slots: Sequence[int] | SlotIds
     evicted: list[BlockHash]
+    #: Empty when the caller said it will not demote the victims (``victim_slots=False``).
     evicted_slots: list[int]
 
 
@@ -101,10 +105,16 @@ class SlotTable(TierIndex):
         """Show the policy the absent hashes about to be stored (ghost hits); returns them."""
 
     @abstractmethod
-    def allocate(self, block_hashes: Iterable[BlockHash]) -> StoreSlots | None:
+    def allocate(self, block_hashes: Iterable[BlockHash], shown: Shown | None = None,
+                 victim_slots: bool = True) -> StoreSlots | None:
         """Slots for the absent hashes, inserted being written, evicting (never a pinned,
         written or offered block) when the free slots are too few; None and no change at all
-        when eviction cannot free enough."""
+        when eviction cannot free enough. ``shown``: first, the absent hashes are shown to the
+        policy (``store_miss``), in the same call (vLLM's route shows each once per request):
+        a set skips those in it and adds those shown; an empty list (the request's first
+        store: nothing to skip, and a list is cheaper to fill) gets those shown appended.
+        ``victim_slots=False``: the caller will not demote the victims, so their slots are not
+        listed (a Python int each)."""
 
     @abstractmethod
     def complete(self, block_hashes: Iterable[BlockHash], success: bool) -> list[BlockHash]:

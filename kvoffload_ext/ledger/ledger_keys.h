@@ -74,5 +74,4 @@ static PyObject *slot_list(const int32_t *s, Py_ssize_t n) {
     return l;
 }
 
-
 #endif

@@ -60,8 +60,9 @@ static inline int32_t find(Ledger *self, PyObject *k, Py_hash_t h) {
 
 #include "ledger_pv_policy.h" /* prefix_value's policy: its insert, touch, eviction and admission */
 
-/* A new block joins T1, or T2 for classic ARC when it was a ghost hit; it stops being a ghost. */
-static void pol_insert(Ledger *self, int32_t s) {
+/* A new block joins T1, or T2 for classic ARC when it was a ghost hit; it stops being a ghost.
+ * maybe_ghost=0: the caller knows the key is no ghost (it looked, and nothing made it one since). */
+static void pol_insert(Ledger *self, int32_t s, int maybe_ghost) {
     if (self->policy == POL_PV) {
         self->tag[s] = T1; /* "in the policy"; the order is the heap's */
         pv_insert(self, s);
@@ -78,7 +79,7 @@ static void pol_insert(Ledger *self, int32_t s) {
                 pool_del(&self->hits, hit);
             }
         }
-        int32_t g = pool_find(&self->ghosts, k, h);
+        int32_t g = maybe_ghost ? pool_find(&self->ghosts, k, h) : NIL;
         if (g >= 0) ghost_forget(self, g);
         /* Comparing keys the index already compared cannot fail; never leave an error set. */
         if (PyErr_Occurred()) PyErr_Clear();
@@ -97,22 +98,9 @@ static inline void pol_remove(Ledger *self, int32_t s) {
     self->tag[s] = FREE_TAG;
 }
 
-/* One touched key. A ready T1 block moves to T2 (ARC); a ghost moves ARC's target: B1 up, B2
- * down. The vLLM variant re-ranks the ghost; classic ARC records the hit until the block is
- * stored again (then it joins T2) and adapts once per hit. */
-static int pol_touch(Ledger *self, PyObject *k, Py_hash_t h) {
-    int32_t s = find(self, k, h);
-    if (s == ERR) return -1;
-    if (s != NIL) {
-        if (self->policy != POL_LRU && self->tag[s] == T1 && self->refs[s] >= 0) {
-            l_unlink(self->prev, self->next, &self->list[T1], s);
-            self->tag[s] = T2;
-            l_append(self->prev, self->next, &self->list[T2], s);
-        } else {
-            l_to_tail(self->prev, self->next, &self->list[self->tag[s]], s);
-        }
-        return 0;
-    }
+/* A touch of a key known to be absent: only the ghost lists react (see pol_touch). 1 when the
+ * key is a ghost, 0 when it is not, -1 on an error. */
+static int pol_touch_absent(Ledger *self, PyObject *k, Py_hash_t h) {
     if (self->policy == POL_LRU) return 0;
     int32_t g = pool_find(&self->ghosts, k, h);
     if (g == ERR) return -1;
@@ -121,7 +109,7 @@ static int pol_touch(Ledger *self, PyObject *k, Py_hash_t h) {
     if (self->policy == POL_CLASSIC) {
         int32_t hit = pool_find(&self->hits, k, h);
         if (hit == ERR) return -1;
-        if (hit != NIL) return 0;
+        if (hit != NIL) return 1;
         if (pool_add(&self->hits, k, h, which) < 0) {
             PyErr_NoMemory();
             return -1;
@@ -137,6 +125,23 @@ static int pol_touch(Ledger *self, PyObject *k, Py_hash_t h) {
         double delta = b1 / b2 > 1.0 ? b1 / b2 : 1.0;
         self->target = self->target - delta > 0.0 ? self->target - delta : 0.0;
     }
+    return 1;
+}
+
+/* One touched key. A ready T1 block moves to T2 (ARC); a ghost moves ARC's target: B1 up, B2
+ * down. The vLLM variant re-ranks the ghost; classic ARC records the hit until the block is
+ * stored again (then it joins T2) and adapts once per hit. */
+static int pol_touch(Ledger *self, PyObject *k, Py_hash_t h) {
+    int32_t s = find(self, k, h);
+    if (s == ERR) return -1;
+    if (s == NIL) return pol_touch_absent(self, k, h);
+    if (self->policy != POL_LRU && self->tag[s] == T1 && self->refs[s] >= 0) {
+        l_unlink(self->prev, self->next, &self->list[T1], s);
+        self->tag[s] = T2;
+        l_append(self->prev, self->next, &self->list[T2], s);
+    } else {
+        l_to_tail(self->prev, self->next, &self->list[self->tag[s]], s);
+    }
     return 0;
 }
 
@@ -150,6 +155,19 @@ static int touch_run(Ledger *self, PyObject *const *items, const Py_hash_t *hs, 
     } else {
         for (Py_ssize_t i = n - 1; i >= 0; i--)
             if (pol_touch(self, items[i], hs[i]) < 0) return -1;
+    }
+    return 0;
+}
+
+/* touch_run over keys known to be absent (store misses): the ghost lists alone, in the same order. */
+static int touch_absent_run(Ledger *self, PyObject *const *items, const Py_hash_t *hs, Py_ssize_t n) {
+    if (self->policy == POL_PV) return pv_touch(self, items, hs, n);
+    if (self->policy == POL_CLASSIC) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (pol_touch_absent(self, items[i], hs[i]) < 0) return -1;
+    } else {
+        for (Py_ssize_t i = n - 1; i >= 0; i--)
+            if (pol_touch_absent(self, items[i], hs[i]) < 0) return -1;
     }
     return 0;
 }

@@ -4,63 +4,149 @@
 #ifndef LEDGER_STORES_H
 #define LEDGER_STORES_H
 
+/* Show the policy the keys at positions pos[0..m) (absent, in order, repeats kept): ARC's ghost
+ * lists see them as touches. `shown`: NULL, a set (positions whose key is in it are skipped;
+ * those shown are added after the pass, so a key repeated in one run is shown at each repeat,
+ * as store_miss does) or a list (the caller's first: those shown are appended). `missing` (a
+ * list, or NULL) receives the keys shown. `ghostly` (per position, or NULL): set to 0 where the
+ * touch found no ghost (ARC), so inserting the key need not look again. */
+static int show_misses(Ledger *self, Keys *kk, const int32_t *pos, Py_ssize_t m, PyObject *shown, PyObject *missing,
+                       int32_t *ghostly) {
+    PyObject *small_k[64];
+    Py_hash_t small_h[64];
+    int32_t small_p[64];
+    int big = m > 64;
+    PyObject **mk = big ? PyMem_Malloc(m * sizeof(PyObject *)) : small_k; /* borrowed from kk's tuple */
+    Py_hash_t *mh = big ? PyMem_Malloc(m * sizeof(Py_hash_t)) : small_h;
+    int32_t *mp = big ? PyMem_Malloc(m * sizeof(int32_t)) : small_p;
+    Py_ssize_t got = 0;
+    int rc = -1, is_set = shown && PySet_Check(shown);
+    if (!mk || !mh || !mp) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *k = kk->items[pos[j]];
+        if (is_set) {
+            int seen = PySet_Contains(shown, k);
+            if (seen < 0) goto done;
+            if (seen) continue;
+        }
+        if (missing && PyList_Append(missing, k) < 0) goto done;
+        mk[got] = k;
+        mp[got] = pos[j];
+        mh[got++] = kk->hs[pos[j]];
+    }
+    for (Py_ssize_t j = 0; shown && j < got; j++)
+        if ((is_set ? PySet_Add(shown, mk[j]) : PyList_Append(shown, mk[j])) < 0) goto done;
+    if (self->policy == POL_ARC) { /* touch_absent_run's order, noting who is no ghost */
+        for (Py_ssize_t j = got - 1; j >= 0; j--) {
+            int ghost = pol_touch_absent(self, mk[j], mh[j]);
+            if (ghost < 0) goto done;
+            if (!ghost && ghostly) ghostly[mp[j]] = 0;
+        }
+        rc = 0;
+    } else {
+        rc = self->policy != POL_LRU ? touch_absent_run(self, mk, mh, got) : 0;
+    }
+done:
+    if (big) {
+        PyMem_Free(mk);
+        PyMem_Free(mh);
+        PyMem_Free(mp);
+    }
+    return rc;
+}
+
 /* The absent keys (in order, repeats kept); ARC's ghost lists see them as touches. */
 static PyObject *L_store_miss(Ledger *self, PyObject *arg) {
     ALIVE(self);
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
     PyObject *missing = PyList_New(0);
-    Py_hash_t *mh = PyMem_Malloc((kk.n + 1) * sizeof(Py_hash_t)); /* the missing keys' hashes */
-    if (!missing || !mh) { PyErr_NoMemory(); goto fail; }
+    int32_t *pos = PyMem_Malloc((kk.n + 1) * sizeof(int32_t));
+    Py_ssize_t m = 0;
+    if (!missing || !pos) { PyErr_NoMemory(); goto fail; }
     for (Py_ssize_t i = 0; i < kk.n; i++) {
         int32_t s = find(self, kk.items[i], kk.hs[i]);
         if (s == ERR) goto fail;
-        if (s != NIL) continue;
-        mh[PyList_GET_SIZE(missing)] = kk.hs[i];
-        if (PyList_Append(missing, kk.items[i]) < 0) goto fail;
+        if (s == NIL) pos[m++] = (int32_t)i;
     }
-    if (self->policy != POL_LRU && touch_run(self, PySequence_Fast_ITEMS(missing), mh, PyList_GET_SIZE(missing)) < 0)
-        goto fail;
-    PyMem_Free(mh);
+    if (show_misses(self, &kk, pos, m, NULL, missing, NULL) < 0) goto fail;
+    PyMem_Free(pos);
     keys_free(&kk);
     return missing;
 fail:
     Py_XDECREF(missing);
-    PyMem_Free(mh);
+    PyMem_Free(pos);
     keys_free(&kk);
     return NULL;
 }
 
-/* (new keys, their slots, evicted keys, evicted slots), or None when the tier cannot make room. */
-static PyObject *L_prepare_store(Ledger *self, PyObject *arg) {
+/* (new keys, their slots, evicted keys, evicted slots), or None when the tier cannot make room.
+ * prepare_store(keys, shown, victim_slots): first the absent keys are shown to the policy, as
+ * store_miss would (vLLM's route: each once per request; see show_misses for `shown`), in the
+ * same pass; victim_slots=False: the evicted slots are not listed (nobody demotes them). */
+static PyObject *L_prepare_store(Ledger *self, PyObject *const *args, Py_ssize_t nargs) {
     ALIVE(self);
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "prepare_store(keys, shown=None, victim_slots=True) takes 1 to 3 arguments, "
+                     "not %zd", nargs);
+        return NULL;
+    }
+    PyObject *shown = nargs >= 2 && args[1] != Py_None ? args[1] : NULL;
+    int victim_slots = nargs == 3 ? PyObject_IsTrue(args[2]) : 1;
+    if (victim_slots < 0) return NULL;
+    if (shown && !PySet_Check(shown) && !PyList_Check(shown)) {
+        PyErr_Format(PyExc_TypeError, "prepare_store(): shown must be a set, a list or None, not %.100s",
+                     Py_TYPE(shown)->tp_name);
+        return NULL;
+    }
     Keys kk;
-    if (keys_get(&kk, arg) < 0) return NULL;
+    if (keys_get(&kk, args[0]) < 0) return NULL;
     Py_ssize_t n = kk.n;
     PyObject *result = NULL, *new_keys = NULL, *evicted = NULL;
     Table seen = {NULL, 0, 0, 0};
-    int32_t *newpos = PyMem_Malloc((n + 1) * sizeof(int32_t));
-    int32_t *marked = PyMem_Malloc((n + 1) * sizeof(int32_t));
+    /* Six arrays of n and the repeats' table: on the stack for a usual run (vLLM stores a few
+     * chunks per call). */
+    int32_t small[6 * 64];
+    Bucket seen_room[128];
+    int32_t *scratch = n <= 64 ? small : PyMem_Malloc(6 * (n + 1) * sizeof(int32_t));
+    int32_t *newpos = scratch, *marked = NULL, *at = NULL, *firsts = NULL, *misses = NULL, *ghostly = NULL;
     int32_t *victims = NULL, *slots = NULL;
-    Py_ssize_t nnew = 0, nmarked = 0, need = 0;
+    Py_ssize_t nnew = 0, nmarked = 0, nfirst = 0, nmiss = 0, need = 0;
     int in_b2 = 0, ghost_hit = 0;
-    if (!newpos || !marked || tbl_init(&seen, n) < 0) { PyErr_NoMemory(); goto done; }
+    if (!scratch || tbl_init_in(&seen, n, seen_room, 128) < 0) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t stride = n <= 64 ? 64 : n + 1;
+    marked = newpos + stride;
+    at = marked + stride;          /* the slot found at each position */
+    firsts = at + stride;          /* positions of first occurrences */
+    misses = firsts + stride;      /* positions of absent keys */
+    ghostly = misses + stride;     /* 0: known to be no ghost (a shown miss) */
+    for (Py_ssize_t i = 0; i < n; i++) ghostly[i] = 1;
     for (Py_ssize_t i = 0; i < n; i++) { /* first occurrences; offered residents are protected */
         int32_t d = tbl_find(&seen, kk.items, kk.hs, kk.items[i], kk.hs[i]);
         if (d == ERR) goto done;
-        if (d != NIL) continue;
+        if (d != NIL) {
+            if ((at[i] = at[d]) == NIL) misses[nmiss++] = (int32_t)i;
+            continue;
+        }
         tbl_put(&seen, kk.hs[i], (int32_t)i);
-        int32_t s = find(self, kk.items[i], kk.hs[i]);
+        firsts[nfirst++] = (int32_t)i;
+        int32_t s = at[i] = find(self, kk.items[i], kk.hs[i]);
         if (s == ERR) goto done;
-        if (s == NIL) newpos[nnew++] = (int32_t)i;
-        else if (!self->mark[s]) { self->mark[s] = 1; marked[nmarked++] = s; }
-        if (self->policy == POL_CLASSIC) { /* an offered ghost hit: REPLACE's B2 case, no case IV */
-            int32_t hit = pool_find(&self->hits, kk.items[i], kk.hs[i]);
-            if (hit == ERR) goto done;
-            if (hit != NIL) {
-                ghost_hit = 1;
-                in_b2 |= self->hits.tag[hit] == T2;
-            }
+        if (s == NIL) {
+            newpos[nnew++] = misses[nmiss++] = (int32_t)i;
+        } else if (!self->mark[s]) {
+            self->mark[s] = 1;
+            marked[nmarked++] = s;
+        }
+    }
+    if (shown && nmiss && show_misses(self, &kk, misses, nmiss, shown, NULL, ghostly) < 0) goto done;
+    for (Py_ssize_t j = 0; self->policy == POL_CLASSIC && j < nfirst; j++) {
+        /* an offered ghost hit: REPLACE's B2 case, no case IV */
+        int32_t hit = pool_find(&self->hits, kk.items[firsts[j]], kk.hs[firsts[j]]);
+        if (hit == ERR) goto done;
+        if (hit != NIL) {
+            ghost_hit = 1;
+            in_b2 |= self->hits.tag[hit] == T2;
         }
     }
     if (self->policy == POL_PV && nnew) {
@@ -96,12 +182,12 @@ static PyObject *L_prepare_store(Ledger *self, PyObject *arg) {
         slots[i] = s;
         slot_set(self, s, k, kk.hs[newpos[i]]);
         self->refs[s] = -1;
-        pol_insert(self, s);
+        pol_insert(self, s, ghostly[newpos[i]]);
         Py_INCREF(k);
         PyList_SET_ITEM(new_keys, i, k);
     }
     {
-        PyObject *slot_l = slot_buffer(slots, nnew), *vict_l = slot_list(victims, need);
+        PyObject *slot_l = slot_buffer(slots, nnew), *vict_l = slot_list(victims, victim_slots ? need : 0);
         if (slot_l && vict_l) result = PyTuple_Pack(4, new_keys, slot_l, evicted, vict_l);
         Py_XDECREF(slot_l);
         Py_XDECREF(vict_l);
@@ -111,9 +197,8 @@ done:
     if (result == Py_None) Py_INCREF(Py_None);
     Py_XDECREF(new_keys);
     Py_XDECREF(evicted);
-    PyMem_Free(seen.b);
-    PyMem_Free(newpos);
-    PyMem_Free(marked);
+    if (seen.b != seen_room) PyMem_Free(seen.b);
+    if (scratch != small) PyMem_Free(scratch);
     PyMem_Free(victims);
     PyMem_Free(slots);
     keys_free(&kk);
@@ -235,7 +320,7 @@ static PyObject *L_restore(Ledger *self, PyObject *args) {
         self->mark[s] = 0;
         slot_set(self, s, kk.items[i], kk.hs[i]);
         self->refs[s] = 0;
-        pol_insert(self, s);
+        pol_insert(self, s, 1);
     }
     PyMem_Free(slot);
     PyMem_Free(seen.b);
