@@ -15,9 +15,10 @@ Tensor-free: this runs in vLLM's scheduler process.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
@@ -36,24 +37,63 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from kvoffload.config import HintsConfig
 from kvoffload.offload.abstract import Medium as KVMedium
 from kvoffload.offload.abstract import OffloadingManager as KVOffloadingManager
-from kvoffload.offload.abstract import PrepareStoreOutput as KVPrepareStoreOutput
+from kvoffload.offload.abstract import SlotIds
+from kvoffload.offload.chain_writes import ChainWrites
 from kvoffload.offload.hints import RequestHint, parse_hint, tenant_digest
 from kvoffload.offload.host_tier_chain import as_chain
+from kvoffload.offload.slot_table import Shown
 
 
 @dataclass(slots=True)
 class _RequestAccess:
-    """Keys one request used, in first-seen order, each mapped to "reused" (else: inserted)."""
+    """Keys one request used, in first-seen order, each "reused" or "inserted"."""
 
     generation: int
-    keys: dict[OffloadKey, bool] = field(default_factory=dict)
+    #: While no key can have been seen twice (one load, then one store of fresh keys: the usual
+    #: request), the keys as they came, in runs of one kind: (reused, keys). A list per call
+    #: instead of a dict entry per key.
+    runs: list[tuple[bool, list[OffloadKey]]] = field(default_factory=list)
+    #: Otherwise each key once, mapped to "reused" (first seen wins); the runs are folded in.
+    keys: dict[OffloadKey, bool] | None = None
     #: Keys already shown to the policy as store misses: once per request, however often a
-    #: full tier makes vLLM offer them again.
-    store_misses: set[OffloadKey] = field(default_factory=set)
+    #: full tier makes vLLM offer them again (a list until a second store needs to skip some).
+    store_misses: Shown = field(default_factory=list)
     #: The request's hint (``kv_transfer_params["kvoffload"]``), given with its keys at its finish,
     #: and its tenant (this route sees no cache salt: the operator's ``hints.tenant_keys`` only).
     hint: RequestHint | None = None
     tenant: bytes = b""
+
+    def seen(self) -> dict[OffloadKey, bool]:
+        """The keys as one map, the runs folded in (from here on, every call adds to it)."""
+        if self.keys is None:
+            self.keys = {}
+            for reused, run in self.runs:
+                for k in run:
+                    self.keys.setdefault(k, reused)
+            self.runs.clear()
+        return self.keys
+
+
+
+
+def runs_distinct(a: list[OffloadKey], b: list[OffloadKey]) -> bool:
+    """A request's two runs (a load, a store) hold each key once: a loaded key can have left the
+    tier and been stored again by the same request (then its first-seen map decides)."""
+    if len(a) > len(b):
+        a, b = b, a
+    return set(a).isdisjoint(b)  # a set of the shorter run, the longer one read through
+
+
+_new_spec = CPULoadStoreSpec.__new__
+
+
+def cpu_spec(slots: Sequence[int] | SlotIds) -> CPULoadStoreSpec:
+    """vLLM's spec of these host slots, as its constructor makes it (``block_ids``, an int32
+    vector) for a third of the cost: the constructor runs numpy's general conversion on every
+    call, twice per request here (a test holds the two equal, attribute for attribute)."""
+    spec = _new_spec(CPULoadStoreSpec)
+    spec.block_ids = slots.astype(np.int32) if type(slots) is np.ndarray else np.array(slots, np.int32)
+    return spec
 
 
 class KVOffloadManager(OffloadingManager):
@@ -68,9 +108,15 @@ class KVOffloadManager(OffloadingManager):
         #: prepare_store sizes since the last get_stats, and the filter's skip count then.
         self._allocation_sizes: list[int] = []
         self._skipped_reported = chain.report().filter_skipped_blocks
-        # vLLM looks keys up one at a time: bind the cheapest single-key checks once (a host
-        # tier alone: the C ledger's own methods).
+        # vLLM calls once per key and per small run: bind the cheapest callables once. A chain
+        # that is its host tier's table and nothing more (no events, no other tier, no filter)
+        # is written to directly, in C where the native ledger runs: a Python frame per call
+        # costs a tenth of the ledger's time.
         self._is_ready, self._is_pending = chain.key_probes()
+        table = chain.sole_table()
+        writes = table if table is not None else ChainWrites(chain)
+        self._allocate, self._complete = writes.allocate, writes.complete
+        self._pin, self._unpin, self._touch = writes.pin, writes.unpin, writes.touch
         #: Recency without reuse goes to the host tier's policy (the one stores land in).
         self._refresh = chain.host.refresh
 
@@ -98,96 +144,96 @@ class KVOffloadManager(OffloadingManager):
         return LookupResult.HIT_PENDING if self._is_pending(key) else LookupResult.MISS
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
-        spec = self.inner.prepare_load(list(keys))
-        seen = self._access(req_context).keys
-        for k in keys:
-            seen.setdefault(k, True)  # re-reading what this request inserted is not a reuse
-        return CPULoadStoreSpec(spec.block_ids)  # vLLM copies it into int32
+        hashes = keys if type(keys) is list else list(keys)  # vLLM passes lists: no copy, no frame
+        slots = self._pin(hashes)
+        state = req_context.get_state(_RequestAccess)  # _access, its usual case without a frame
+        if state is None or state.generation != self._generation:
+            state = self._access(req_context)
+        if state.keys is None and not state.runs:  # the request's first keys: nothing to repeat
+            state.runs.append((True, hashes))
+        else:
+            seen = state.seen()
+            for k in hashes:
+                seen.setdefault(k, True)  # re-reading what this request inserted is not a reuse
+        return cpu_spec(slots)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.inner.touch(list(keys))
+        self._touch(list(keys))
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.inner.complete_load(list(keys))
+        self._unpin(keys if type(keys) is list else list(keys))
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        offered = list(keys)
-        state = self._access(req_context)
-        misses = state.store_misses
-        fresh = [k for k in offered if k not in misses] if misses else offered
-        if fresh:
-            misses.update(self.inner.on_store_miss(fresh))
-        out = self.inner.prepare_store(offered)
-        seen = state.keys
-        if out is None or out.block_hashes_to_store:  # vLLM counts each allocation it attempts
-            self._allocation_sizes.append(len(out.block_hashes_to_store) if out is not None else sum(
-                1 for k in offered if not (self._is_ready(k) or self._is_pending(k))))
+        offered = keys if type(keys) is list else list(keys)
+        state = req_context.get_state(_RequestAccess)  # _access, its usual case without a frame
+        if state is None or state.generation != self._generation:
+            state = self._access(req_context)
+        shown = state.store_misses
+        if shown and type(shown) is list:  # a second store: skip what the first one showed
+            shown = state.store_misses = set(shown)
+        out = self._allocate(offered, shown, False)  # no tier behind to demote the victims into
         if out is None:  # nothing stored, but the resident chunks it offered are still reuses
+            self._allocation_sizes.append(sum(1 for k in offered if not (self._is_ready(k) or self._is_pending(k))))
+            seen = state.seen()
             for k in offered:
                 if k not in seen and self._is_ready(k):
                     seen[k] = True
             return None
-        if len(out.block_hashes_to_store) == len(offered) and seen.keys().isdisjoint(offered):
-            # Every offered key is stored fresh and new to this request (the usual store): the
-            # loop below in C.
-            seen.update(dict.fromkeys(offered, False))
-            return self._store_output(out)
-        new = set(out.block_hashes_to_store)
-        for k in offered:
-            if k in new:
-                seen.setdefault(k, False)
-            elif k not in seen and self._is_ready(k):
-                seen[k] = True
-        return self._store_output(out)
-
-    @staticmethod
-    def _store_output(out: KVPrepareStoreOutput) -> PrepareStoreOutput:
+        new = out.new
+        if new:
+            self._allocation_sizes.append(len(new))  # vLLM counts each allocation it attempts
+        runs = state.runs
+        if len(new) == len(offered) and state.keys is None and (not runs or (len(runs) == 1 and runs[0][0])):
+            # Every offered key stored fresh, after at most a load (the usual store): one run.
+            runs.append((False, offered))
+        else:
+            stored = set(new)
+            seen = state.seen()
+            for k in offered:
+                if k in stored:
+                    seen.setdefault(k, False)
+                elif k not in seen and self._is_ready(k):
+                    seen[k] = True
         # The lists are the ledger's fresh ones (the evicted one is also in a removal event,
         # which nobody changes): handed over as they are.
-        return PrepareStoreOutput(
-            keys_to_store=out.block_hashes_to_store,
-            store_spec=CPULoadStoreSpec(out.store_spec.block_ids),  # vLLM copies it into int32
-            evicted_keys=out.block_hashes_evicted,
-        )
+        return PrepareStoreOutput(keys_to_store=new, store_spec=cpu_spec(out.slots), evicted_keys=out.evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        self.inner.complete_store(list(keys), success)
+        self._complete(keys if type(keys) is list else list(keys), success)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         state = req_context.get_state(_RequestAccess)
-        if state is None or state.generation != self._generation or not state.keys:
+        if state is None or state.generation != self._generation:
             return
-        chain = list(state.keys) if state.hint is not None else []  # prefix order: a policy reads a chain
-        self._recency(state)
+        runs = state.runs
+        if state.keys is None and state.hint is None and (len(runs) < 2 or runs_distinct(runs[0][1], runs[1][1])):
+            # Runs of one kind, applied tail first, so the prefix head ends up the most recent.
+            for reused, run in reversed(runs):
+                (self._touch if reused else self._refresh)(run)
+            runs.clear()
+            return
+        keys = state.seen()
+        if not keys:
+            return
+        chain = list(keys) if state.hint is not None else []  # prefix order: a policy reads a chain
+        self._recency(keys)
         if state.hint is not None:
             self.inner.hint(chain, state.hint.at(time.monotonic(), state.tenant))
 
-    def _recency(self, state: _RequestAccess) -> None:
+    def _recency(self, keys: dict[OffloadKey, bool]) -> None:
         """Show the policy the request's keys, reused ones as reuses, the rest as recency."""
         # Already in prefix order: with one full-attention group (all KVOffloadWorker takes) vLLM
         # loads the hit prefix before storing, and stores chunks head to tail. Runs of the same
         # kind go tail first, so the prefix head ends up the most recent.
-        keys = state.keys
-        flags = list(keys.values())
-        reused_head = flags.count(True)
-        if flags[:reused_head].count(True) == reused_head:
-            # The usual request: the keys it reused (loaded) first, then those it only inserted.
-            ordered = list(keys)
-            keys.clear()
-            if reused_head < len(ordered):
-                self._refresh(ordered[reused_head:])
-            if reused_head:
-                self.inner.touch(ordered[:reused_head])
-            return
         runs: list[tuple[bool, list[OffloadKey]]] = []
         for k, reused in keys.items():
             if runs and runs[-1][0] == reused:
                 runs[-1][1].append(k)
             else:
                 runs.append((reused, [k]))
-        state.keys.clear()
+        keys.clear()
         for reused, run in reversed(runs):
-            (self.inner.touch if reused else self._refresh)(run)
+            (self._touch if reused else self._refresh)(run)
 
     def get_stats(self) -> OffloadingConnectorStats:
         """vLLM's own CPU-offload metrics (``vllm:kv_offload_*``) from our ledger: pinned and

@@ -26,6 +26,7 @@ from kvoffload.offload.abstract import (
     as_list,
 )
 from kvoffload.offload.hints import BlockHint
+from kvoffload.offload.slot_table import SlotTable
 from kvoffload.offload.tier_index import EmptyIndex, TierIndex
 from kvoffload.offload.tier_report import ChainReport, TierReport
 
@@ -56,6 +57,13 @@ class TierChain(OffloadingManager):
         """``(is_ready, is_pending)`` as the cheapest callables that answer them for one key
         (vLLM asks one key per call); ``is_pending`` is asked only of a key not ready."""
         return self.is_ready, self.is_pending
+
+    def sole_table(self) -> SlotTable | None:
+        """The host tier's slot table when the chain is that table and nothing more: one tier,
+        whose writes queue no events, keep no I/O health and add nothing to the table's (no
+        subclass, such as the reuse filter, changing a verb). A caller making many small calls
+        (vLLM's adapter) may then write to the table itself. None otherwise (the default)."""
+        return None
 
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """Show the policy the offered hashes that are absent (and would be admitted), before a

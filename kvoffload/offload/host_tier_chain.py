@@ -158,6 +158,14 @@ class HostTierChain(TierChain):
         own = type(self).is_ready is HostTierChain.is_ready and type(self).is_pending is HostTierChain.is_pending
         return self.host.key_probes() if own and not self.secondaries else (self.is_ready, self.is_pending)
 
+    def sole_table(self) -> SlotTable | None:
+        cls = type(self)  # a subclass changing a verb a caller of the table skips is more than it
+        plain = (cls.prepare_load is HostTierChain.prepare_load and cls.complete_load is HostTierChain.complete_load
+                 and cls.prepare_store is HostTierChain.prepare_store
+                 and cls.complete_store is HostTierChain.complete_store
+                 and cls.on_store_miss is HostTierChain.on_store_miss and cls.touch is HostTierChain.touch)
+        return self.primary.sole_table() if plain and not self.secondaries else None
+
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = as_list(block_hashes)
         for index in self._indexes:

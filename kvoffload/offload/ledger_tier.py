@@ -90,6 +90,14 @@ class LedgerTier(Tier):
         if success and self._events is not None:  # the test first: no call per store without events
             self._emit(done, removed=False)
 
+    def sole_table(self) -> SlotTable | None:
+        """The slot table, when this tier's writes are the table's and nothing more: no events
+        queued, no I/O health kept, no subclass write path (see TierChain.sole_table)."""
+        cls = type(self)
+        plain = (cls.prepare_load is LedgerTier.prepare_load and cls.complete_load is LedgerTier.complete_load
+                 and cls.prepare_store is LedgerTier.prepare_store and cls.complete_store is LedgerTier.complete_store)
+        return self.index if plain and self._events is None and self.health is None else None
+
     def take_events(self) -> list[OffloadingEvent]:
         return self._events.take() if self._events is not None else []
 
