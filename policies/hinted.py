@@ -39,7 +39,6 @@ as they fill with stale entries; an eviction or admission walks sessions only as
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 from collections import OrderedDict
@@ -50,6 +49,7 @@ from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy, LedgerCachePolicy
 from kvoffload.offload.policy_registry import create_policy
 
+from .hint_shares import HintShares
 from .session_order import Session, SessionOrder, SessionOrderHeaps, session_label
 from .tenant_claims import TenantClaims
 
@@ -72,8 +72,7 @@ class HintedCachePolicy(CachePolicy):
                              "(prefix_value, s3fifo, sieve, lfu, arc_classic)")
         self.inner = made
         self.unknown_return_s = unknown_return_s
-        self.lease_budget = int(lease_share * cache_capacity)
-        self.priority_budget = int(priority_share * cache_capacity)
+        self.shares = HintShares(int(lease_share * cache_capacity), int(priority_share * cache_capacity))
         self.now = 0.0
         self.sessions: dict[Hashable, Session] = {}
         self.owner: dict[Hashable, Session] = {}
@@ -82,11 +81,6 @@ class HintedCachePolicy(CachePolicy):
         #: Hinted hashes not in the tier yet (their store comes after the hint), bounded.
         self.pending: OrderedDict[Hashable, Session] = OrderedDict()
         self.pending_cap = 2 * cache_capacity
-        #: Blocks of sessions holding a live lease, and of sessions of raised priority (> 0).
-        self.leased_blocks = 0
-        self.raised_blocks = 0
-        #: (lease end, lease sequence number, session): when each lease's blocks stop counting.
-        self._lease_ends: list[tuple[float, int, Session]] = []
         #: Sessions by predicted next use, per priority.
         self.order = SessionOrder(self.sessions, overdue_factor)
         #: Sessions are swept when more than twice those holding blocks, plus this many.
@@ -103,7 +97,7 @@ class HintedCachePolicy(CachePolicy):
     # ---- hints ----------------------------------------------------------------------------
     def hint(self, block_hashes: Sequence[Hashable], hint: BlockHint) -> None:
         self.now = max(self.now, hint.now)
-        self._expire_leases()
+        self.shares.expire(self.now)
         name: Hashable = hint.session if hint.session is not None else \
             ("\0request", block_hashes[-1] if block_hashes else None)
         s = self.sessions.get(name)
@@ -111,18 +105,15 @@ class HintedCachePolicy(CachePolicy):
             if len(self.sessions) >= self._sweep_at:
                 self._sweep()
             s = self.sessions[name] = Session(name, tenant=hint.tenant)
-        self._count(s, -1)
+        self.shares.count(s, -s.blocks)
         s.last = hint.now
         s.expect = hint.return_at - hint.now if hint.return_at is not None else self.unknown_return_s
         s.priority = hint.priority
         s.lease_until = hint.lease_until
         s.lease_live = s.lease_until is not None and s.lease_until > self.now
-        if s.lease_until is not None and s.lease_live:
-            s.lease_seq = self.order.next_version()
-            heapq.heappush(self._lease_ends, (s.lease_until, s.lease_seq, s))
-            if len(self._lease_ends) > 2 * len(self.sessions) + self.sweep_slack:
-                self._compact_leases()
-        self._count(s, +1)
+        if s.lease_live:
+            self.shares.lease(s, self.order.next_version(), len(self.sessions), self.sweep_slack)
+        self.shares.count(s, s.blocks)
         chain = set(block_hashes)
         s.dead = [h for h in (*s.dead, *s.chain) if h not in chain and self.owner.get(h) is s]
         s.chain = []
@@ -138,7 +129,7 @@ class HintedCachePolicy(CachePolicy):
             elif owner is not None and owner is not s:  # shared with another session: the latest user
                 if not self.claims.may_take(h, s, owner, self._standing):
                     continue  # another tenant's block: a hint may raise its standing, never lower it
-                self._add_blocks(owner, -1)
+                self.shares.add_blocks(owner, -1)
                 owner = self._own(h, s)
             if owner is s:
                 s.chain.append(h)
@@ -148,7 +139,7 @@ class HintedCachePolicy(CachePolicy):
         while len(self.pending) > self.pending_cap:
             self.pending.popitem(last=False)
         for h, prev in self.claims.given_back(s, self.owner, self.sessions, self._standing) if s.adopted else ():
-            self._add_blocks(s, -1)
+            self.shares.add_blocks(s, -1)
             self._own(h, prev)
             if h not in prev.live:
                 prev.dead.append(h)
@@ -162,35 +153,12 @@ class HintedCachePolicy(CachePolicy):
     def _standing(self, s: Session) -> tuple[float, ...]:
         """The eviction order's own comparison, larger staying longer: a live lease's end, then
         the priority level, then the predicted return (sooner stays)."""
-        lease = s.lease_until if self._holds_lease(s) and s.lease_until is not None else -math.inf
-        return lease, self._level(s.priority, self._raised_honoured()), -self.predicted(s)
-
-    def _add_blocks(self, s: Session, delta: int) -> None:
-        s.blocks += delta
-        if s.lease_live:
-            self.leased_blocks += delta
-        if s.priority > 0:
-            self.raised_blocks += delta
-
-    def _count(self, s: Session, sign: int) -> None:
-        """Add (+1) or take back (-1) ``s``'s blocks in the lease and priority shares."""
-        if s.lease_live:
-            self.leased_blocks += sign * s.blocks
-        if s.priority > 0:
-            self.raised_blocks += sign * s.blocks
-
-    def _expire_leases(self) -> None:
-        """Leases that ended stop counting in the lease share (each once, in end order)."""
-        ends = self._lease_ends
-        while ends and ends[0][0] <= self.now:
-            _, seq, s = heapq.heappop(ends)
-            if s.lease_seq == seq and s.lease_live:
-                self.leased_blocks -= s.blocks
-                s.lease_live = False
+        lease = s.lease_until if self.shares.holds_lease(s, self.now) and s.lease_until is not None else -math.inf
+        return lease, self.shares.level(s.priority, self.shares.raised_honoured()), -self.predicted(s)
 
     def _own(self, h: Hashable, s: Session) -> Session:
         self.owner[h] = s
-        self._add_blocks(s, 1)
+        self.shares.add_blocks(s, 1)
         if not s.queued:  # its entry was dropped while it held nothing: a victim again
             self.order.push(s)
         return s
@@ -205,14 +173,8 @@ class HintedCachePolicy(CachePolicy):
                 del self.sessions[name]
                 s.lease_live = False
         self.order.compact()
-        self._compact_leases()
+        self.shares.compact()
         self._sweep_at = 2 * len(self.sessions) + self.sweep_slack
-
-    def _compact_leases(self) -> None:
-        """Drop the lease ends of leases replaced or forgotten (a session leased again and again
-        leaves one entry per hint until its end, which may be a day away)."""
-        self._lease_ends = [e for e in self._lease_ends if e[2].lease_live and e[2].lease_seq == e[1]]
-        heapq.heapify(self._lease_ends)
 
     @property
     def orders(self) -> dict[int, SessionOrderHeaps]:
@@ -249,7 +211,7 @@ class HintedCachePolicy(CachePolicy):
                 self._inner_n -= 1
             return
         del self.status[h]
-        self._add_blocks(s, -1)
+        self.shares.add_blocks(s, -1)
 
     def touch(self, block_hashes: Iterable[Hashable]) -> None:
         self.inner.touch(block_hashes)
@@ -280,21 +242,14 @@ class HintedCachePolicy(CachePolicy):
         return [h for h in block_hashes if h in keep]
 
     # ---- eviction order -------------------------------------------------------------------
-    def _raised_honoured(self) -> bool:
-        return self.raised_blocks <= self.priority_budget
-
-    def _level(self, priority: int, raised: bool) -> int:
-        """The eviction level a priority counts at: raised ones only while within their share."""
-        return priority if priority <= 0 or raised else 0
-
     def _worse_blocks(self, s: Session, need: int, incoming: int) -> int:
         """Blocks of sessions (and unhinted blocks) that would leave before ``s``'s, counted in
         eviction order until ``need`` are found (or the order reaches ``s``). ``s``'s raised
         priority counts only if its ``incoming`` blocks stay within the share."""
-        raised = self._raised_honoured()
-        honoured = self._leases_honoured()
-        mine_raised = s.priority > 0 and self.raised_blocks + incoming <= self.priority_budget
-        mine = (self._level(s.priority, mine_raised), self.predicted(s))
+        shares = self.shares
+        raised = shares.raised_honoured()
+        honoured = shares.leases_honoured(self.now)
+        mine = (shares.level(s.priority, s.priority > 0 and shares.raised_honoured(incoming)), self.predicted(s))
         inner = (0, self.now + self.unknown_return_s)
         n = 0
         walk = self._victim_sessions()
@@ -309,9 +264,9 @@ class HintedCachePolicy(CachePolicy):
                     break
                 if other is s:
                     break
-                if honoured and self._holds_lease(other):
+                if honoured and shares.holds_lease(other, self.now):
                     continue
-                level = self._level(other.priority, raised)
+                level = shares.level(other.priority, raised)
                 if level < mine[0] or (level == mine[0] and self.predicted(other) > mine[1]):
                     n += other.blocks
                 else:
@@ -320,20 +275,12 @@ class HintedCachePolicy(CachePolicy):
             walk.close()  # the sessions it took off its heaps go back
         return n
 
-    def _holds_lease(self, s: Session) -> bool:
-        return s.lease_live and s.lease_until is not None and s.lease_until > self.now
-
-    def _leases_honoured(self) -> bool:
-        """Leases keep their blocks only while all leased blocks fit ``lease_share``."""
-        self._expire_leases()
-        return self.leased_blocks <= self.lease_budget
-
     def _victim_sessions(self) -> Generator[Session | None, None, None]:
         """Sessions from the first to leave on; None where the unhinted blocks' turn comes.
         Levels go up from the lowest priority; raised priorities share the normal level while
         they are past their share."""
-        raised = self._raised_honoured()
-        return self.order.victims(self.now, lambda priority: self._level(priority, raised),
+        raised = self.shares.raised_honoured()
+        return self.order.victims(self.now, lambda priority: HintShares.level(priority, raised),
                                   self.now + self.unknown_return_s)
 
     def evict(self, n: int, protected: Collection[Hashable]) -> list[tuple[Hashable, BlockStatus]] | None:
@@ -342,7 +289,7 @@ class HintedCachePolicy(CachePolicy):
         out: list[tuple[Hashable, BlockStatus]] = []
         chosen: set[Hashable] = set()
         inner_out: list[tuple[Hashable, BlockStatus]] | None = None
-        honoured = self._leases_honoured()
+        honoured = self.shares.leases_honoured(self.now)
         sessions = self._victim_sessions()
         for s in sessions:
             if len(out) >= n:
@@ -351,7 +298,7 @@ class HintedCachePolicy(CachePolicy):
                 inner_out = self._evict_inner(n - len(out), protected)
                 out += inner_out
                 continue
-            if honoured and self._holds_lease(s):
+            if honoured and self.shares.holds_lease(s, self.now):
                 continue
             for h in self._candidates(s):
                 if len(out) >= n:
@@ -371,7 +318,7 @@ class HintedCachePolicy(CachePolicy):
             if h in chosen:
                 owner = self.owner.pop(h)
                 del self.status[h]
-                self._add_blocks(owner, -1)
+                self.shares.add_blocks(owner, -1)
                 self.claims.forget(h, owner)
         return out
 

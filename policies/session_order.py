@@ -29,7 +29,7 @@ class Session:
     expect: float = 0.0
     priority: int = 0
     lease_until: float | None = None
-    #: Its lease is live and its blocks count in the policy's ``leased_blocks``.
+    #: Its lease is live and its blocks count in the lease share (``HintShares.leased_blocks``).
     lease_live: bool = False
     lease_seq: int = 0
     version: int = 0

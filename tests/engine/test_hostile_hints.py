@@ -93,7 +93,7 @@ def test_no_hint_value_fails_or_wedges_a_step(hint):
         after = [_serve(llm, f"after-{i}", p) for i, p in enumerate(A_PROMPTS)]
         policy = _policy(llm)
     assert [got, *after[1:]] == want and after[0] == want[0]
-    assert len(policy.sessions) <= 2 and policy.leased_blocks == 0 and policy.raised_blocks == 0
+    assert len(policy.sessions) <= 2 and policy.shares.leased_blocks == 0 and policy.shares.raised_blocks == 0
 
 
 def test_a_warning_per_kind_of_fault_not_per_value(caplog):
@@ -264,4 +264,4 @@ def test_hostile_hints_through_the_bundled_engine(flood):
     assert _tier_hits(llm) - before >= 0.9 * 3 * 32
     policy = _policy(llm)
     assert len(policy.sessions) <= policy.max_sessions() and len(policy.pending) <= policy.pending_cap
-    assert 0 <= policy.leased_blocks <= policy.cache_capacity and policy.raised_blocks >= 0
+    assert 0 <= policy.shares.leased_blocks <= policy.cache_capacity and policy.shares.raised_blocks >= 0

@@ -145,7 +145,7 @@ def test_sessions_holding_nothing_are_forgotten_without_changing_a_decision():
             policy._sweep()
             awaited = {id(x) for x in policy.pending.values()}
             # What is left holds a block, awaits a store or holds a live lease; so do the heaps.
-            assert all(x.blocks > 0 or id(x) in awaited or policy._holds_lease(x) for x in policy.sessions.values())
+            assert all(x.blocks > 0 or id(x) in awaited or policy.shares.holds_lease(x, policy.now) for x in policy.sessions.values())
             heaps = [e for o in policy.orders.values() for h in (o.sched, o.trans, o.overdue) for e in h]
             assert all(policy.sessions[name].version == v for _, v, name in heaps)
     assert results[0] == results[1] and results[0][0] > 0

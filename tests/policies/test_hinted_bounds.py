@@ -60,11 +60,11 @@ def test_leased_sessions_holding_nothing_are_forgotten_and_evictions_stay_cheap(
     assert peak < 200  # those holding blocks (<= 40), swept at twice that plus slack
     assert peak <= policy.max_sessions()
     # Leased blocks are counted as they come and go, never summed over sessions.
-    live = sum(s.blocks for s in policy.sessions.values() if policy._holds_lease(s))
-    assert policy.leased_blocks == live <= 40
+    live = sum(s.blocks for s in policy.sessions.values() if policy.shares.holds_lease(s, policy.now))
+    assert policy.shares.leased_blocks == live <= 40
     # An eviction walks sessions in eviction order as far as it needs: the leased ones it skips
     # (at most the lease share's worth), then the victims; never all the sessions it tracks.
-    assert max(policy.walked) <= policy.lease_budget + 3 + 2
+    assert max(policy.walked) <= policy.shares.lease_budget + 3 + 2
     heaps = sum(len(h) for o in policy.orders.values() for h in (o.sched, o.trans, o.overdue))
     assert heaps <= 4 * len(policy.sessions) + policy.sweep_slack + 2
 
