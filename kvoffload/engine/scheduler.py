@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kvoffload.connector.base import KVConnectorBase, KVConnectorOutput
+from kvoffload.engine.admission import Admission
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.output_builder import OutputBuilder, request_seed
 from kvoffload.engine.outputs import ModelRunnerOutput
 from kvoffload.engine.preemption import release_preempted
-from kvoffload.engine.remote_loads import LoadOutcome, PendingLoad, RemoteLoads
+from kvoffload.engine.remote_loads import RemoteLoads
 from kvoffload.engine.request import Request, RequestStatus
 from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler_output import SchedulerOutput
@@ -48,14 +49,10 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.long_prefill_token_threshold = long_prefill_token_threshold
-        self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = SchedulingPolicy(policy)
         self.connector = connector
-        #: Blocks a waiting request may not take while running requests still need room.
-        self.watermark_blocks = watermark_blocks
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode={preemption_mode!r}: use 'recompute' or 'swap'")
         if preemption_mode == "swap" and connector is None:
@@ -73,6 +70,30 @@ class Scheduler:
         #: Request id -> the group it advances with (beam search sets this); default: itself.
         self.group_of: Callable[[str], str] = lambda rid: rid
         self.stats = SchedulerStats()
+        self._admission = Admission(kv_cache_manager, connector, self.remote_loads, self.stats, self.running,
+                                    max_num_seqs, enable_chunked_prefill, watermark_blocks, self._clamp_new_tokens)
+
+    # Admission's settings, set there (one place reads them).
+    @property
+    def max_num_seqs(self) -> int:
+        return self._admission.max_num_seqs
+
+    @max_num_seqs.setter
+    def max_num_seqs(self, seqs: int) -> None:
+        self._admission.max_num_seqs = seqs
+
+    @property
+    def enable_chunked_prefill(self) -> bool:
+        return self._admission.enable_chunked_prefill
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks a waiting request may not take while running requests still need room."""
+        return self._admission.watermark_blocks
+
+    @watermark_blocks.setter
+    def watermark_blocks(self, blocks: int) -> None:
+        self._admission.watermark_blocks = blocks
 
     # ---- request lifecycle --------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -154,7 +175,7 @@ class Scheduler:
         those blocks (else a blocked head waits forever for blocks held behind it)."""
         adm = QueuePass(num_loading=len(self.remote_loads))
         while self.waiting and step.budget > 0:
-            verdict = self._try_admit(self.waiting[0], step, adm)
+            verdict = self._admission.try_admit(self.waiting[0], step, adm)
             if verdict is Verdict.ADMITTED:
                 self.waiting.popleft()
             elif verdict is Verdict.SKIP or verdict is Verdict.LOADING:
@@ -169,79 +190,6 @@ class Scheduler:
                     break
                 adm.skipped.append(self.waiting.popleft())
         self.waiting.extendleft(reversed(adm.skipped))
-
-    def _try_admit(self, request: Request, step: StepDraft, adm: QueuePass) -> Verdict:
-        """Admit the head of the waiting queue (the caller pops it) or say why not."""
-        if adm.landed_left >= 0 and not self.remote_loads.landed(request):
-            return Verdict.SKIP
-        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-            if not self._update_waiting_for_remote_kv(request):
-                return Verdict.SKIP
-            adm.num_loading -= 1
-            if adm.landed_left >= 0:
-                adm.landed_left -= 1
-                if request.num_computed_tokens == 0:  # its load failed: it queues anew
-                    return Verdict.SKIP if adm.landed_left else Verdict.SKIP_AND_STOP
-        elif len(self.running) + adm.num_loading >= self.max_num_seqs:
-            return Verdict.BLOCKED
-        load_async = False
-        num_external = 0
-        if request.num_computed_tokens == 0:
-            computed_blocks, num_local = self.kv_cache_manager.get_computed_blocks(request)
-            if self.connector is not None:
-                matched, load_async = self.connector.get_num_new_matched_tokens(request, num_local)
-                if matched is None:
-                    return Verdict.SKIP
-                num_external = matched
-            num_computed = num_local + num_external
-        else:
-            computed_blocks, num_local = self.kv_cache_manager.empty_blocks(), 0
-            num_computed = request.num_computed_tokens
-        num_new = 0
-        if not load_async:
-            num_new = request.num_tokens - num_computed
-            if not self.enable_chunked_prefill and num_new > step.budget:
-                return Verdict.BLOCKED
-            num_new = self._clamp_new_tokens(request, num_new, step.budget)
-            assert num_new > 0, f"request {request.request_id} has nothing left to compute"
-        # An async load also reserves its prompt's remaining blocks, so a request whose load
-        # landed never waits for room while holding blocks (no hold-and-wait).
-        new_blocks = self.kv_cache_manager.allocate_slots(
-            request,
-            num_new,
-            num_local,
-            computed_blocks,
-            num_lookahead_tokens=request.num_tokens - num_computed if load_async else 0,
-            num_external_computed_tokens=num_external,
-            delay_cache_blocks=load_async,
-            reserve_blocks=self.watermark_blocks if self.running else 0,
-        )
-        if new_blocks is None:
-            if not self.running and not len(self.remote_loads) and self.kv_cache_manager.block_pool.is_empty():
-                raise RuntimeError(
-                    f"request {request.request_id}: {num_new} tokens of a step need more device blocks than the "
-                    f"whole cache has ({self.kv_cache_manager.block_pool.num_blocks - 1}, "
-                    f"{self.kv_cache_manager.num_groups} KV-cache group(s)); raise num_gpu_blocks or lower "
-                    f"max_num_batched_tokens")
-            return Verdict.BLOCKED
-        if self.connector is not None:
-            self.connector.update_state_after_alloc(request, computed_blocks + new_blocks, num_external)
-        if load_async:  # hits count once the load lands (a failed one serves nothing)
-            self.remote_loads.start(request.request_id, PendingLoad(num_computed, num_local, num_external))
-            adm.num_loading += 1
-            request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-            return Verdict.LOADING
-        self.stats.device_hit_tokens += num_local
-        self.stats.external_hit_tokens += num_external
-        self.running.append(request)
-        (step.resumed if request.status == RequestStatus.PREEMPTED else step.new).append(request)
-        request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_computed
-        if request.num_cached_tokens < 0:  # first admission: what its prompt found cached
-            request.num_cached_tokens = num_computed
-            self.stats.prompt_hit_tokens += num_computed
-        step.schedule(request, new_blocks, num_new)
-        return Verdict.ADMITTED
 
     def _clamp_new_tokens(self, request: Request, num_new: int, budget: int) -> int:
         threshold = self.long_prefill_token_threshold
@@ -273,27 +221,6 @@ class Scheduler:
             self.waiting.append(request)
         else:
             self.waiting.appendleft(request)
-
-    def _update_waiting_for_remote_kv(self, request: Request) -> bool:
-        """A request whose external load was reported becomes schedulable again."""
-        outcome, load = self.remote_loads.take(request.request_id)
-        if outcome is LoadOutcome.IN_FLIGHT:
-            return False
-        if outcome is LoadOutcome.FAILED:
-            # Recompute everything the load should have delivered: keep only local hits.
-            self.stats.failed_loads += 1
-            self.stats.failed_external_hit_tokens += load.external_hit_tokens
-            self.kv_cache_manager.free(request)
-            request.num_computed_tokens = 0
-            request.status = RequestStatus.WAITING
-            return True
-        self.stats.device_hit_tokens += load.local_hit_tokens
-        self.stats.external_hit_tokens += load.external_hit_tokens
-        num_computed = min(load.computed_tokens, request.num_tokens - 1)
-        self.kv_cache_manager.cache_blocks(request, num_computed)
-        request.num_computed_tokens = num_computed
-        request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
-        return True
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
         self.stats.steps += 1
