@@ -196,7 +196,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
                                                       vllm_block_hash, give_up_loads=policy == "recompute")
         else:
             self.worker = OffloadingConnectorWorker(spec)
-            self.worker.collect_failed_block_ids = True
+            self.worker.load_blocks.collect = True
 
     # ---- worker side -------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

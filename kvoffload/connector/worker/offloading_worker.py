@@ -10,11 +10,10 @@ finished it meanwhile: the engine frees a finished request on that report, and t
 half never asks for a finished-sending report of a request that was loading. Each request is
 reported once.
 
-Synchronous (layer-wise) loads belong to requests the engine scheduled in the same step: they
-are submitted before the forward pass, ``wait_for_layer_load`` waits for one layer of them at
-a time, and they are over by ``wait_for_save``. They are never reported as received; a failed
-one reports its device blocks (``take_failed_block_ids``) in the same step, and the stores that
-step planned are dropped (reported failed): they may hold KV computed from the bad blocks.
+Synchronous (layer-wise) loads belong to requests the engine scheduled in the same step
+(``StepSyncLoads``). They are never reported as received; a failed one reports its device
+blocks (``take_failed_block_ids``) in the same step, and the stores that step planned are
+dropped (reported failed): they may hold KV computed from the bad blocks.
 
 Layer-wise stores (every ``load_mode`` but ``async`` on the first tier): the stores a step
 plans start in that step, each layer copied out once ``save_kv_layer`` says the forward pass
@@ -29,12 +28,14 @@ import time
 
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
-from kvoffload.connector.worker.request_record import WorkerRequestState
+from kvoffload.connector.worker.load_blocks import LoadBlocks
+from kvoffload.connector.worker.request_record import WorkerRequestState, take_deferred
+from kvoffload.connector.worker.spec_router import spec_router
 from kvoffload.connector.worker.step_clock import StepClock
+from kvoffload.connector.worker.sync_loads import StepSyncLoads
 from kvoffload.connector.worker.transfer_stats import DirectionStatsDict, TransferStats
 from kvoffload.offload.spec import OffloadingSpec
 from kvoffload.transfer.handler import OffloadingHandler, TransferRouter
-from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layout import CanonicalKVCache, KVCaches, canonicalize
 from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE, TransferResult
 
@@ -49,24 +50,15 @@ class OffloadingConnectorWorker:
         #: one of whose loads failed is reported once all its loads are done (a failed request's
         #: blocks are freed for recompute: no copy may still write into them).
         self._requests: dict[str, WorkerRequestState] = {}
-        #: Device blocks of each in-flight load, and those whose load failed (vLLM asks for them;
-        #: tracked only when collect_failed_block_ids is set).
-        self._load_dst: dict[int, list[int]] = {}
-        self._failed_block_ids: set[int] = set()
-        #: Engines that recompute per block (vLLM) set this and drain take_failed_block_ids().
-        self.collect_failed_block_ids = False
-        #: This step's synchronous loads: job -> its layer progress (None: wait for the whole job).
-        self._sync: dict[int, LayerProgress | None] = {}
-        #: A synchronous load of this step failed: its stores are not submitted.
-        self._sync_failed = False
+        #: Device blocks of loads, and those whose load failed (take_failed_block_ids).
+        self.load_blocks = LoadBlocks()
+        #: This step's synchronous loads (read inside its forward pass).
+        self._sync = StepSyncLoads()
         self._results: list[TransferResult | StepTiming] = []
         #: Times each forward pass (begin_step to wait_for_save; on CUDA as the device ran it).
         self._clock = StepClock()
         #: This step's requests with loads issued and the host time issuing them (cost model).
         self._load_requests, self._load_host_s = 0, 0.0
-        #: Blocks this step loads inside its forward pass, and how long the pass waited for them.
-        self._step_sync_blocks = 0
-        self._step_wait_s = 0.0
         #: The plan whose demotions were submitted (held, so its identity stays unique).
         self._demoted_meta: OffloadingConnectorMetadata | None = None
         #: Stores start layer by layer in the step that plans them (not for load_mode async).
@@ -81,12 +73,7 @@ class OffloadingConnectorWorker:
         canonical = canonicalize(kv_caches, self.spec.kv_info.num_device_blocks)
         self.kv = canonical
         self._clock.bind(canonical.device)
-        self.worker = TransferRouter()
-        for src, dst, handler in self.spec.get_handlers(canonical):
-            if not isinstance(handler, OffloadingHandler):
-                raise TypeError(f"{type(self.spec).__name__}.get_handlers gave {type(handler).__name__} for "
-                                f"{src.__name__} -> {dst.__name__}; a handler must subclass OffloadingHandler")
-            self.worker.register_handler(src, dst, handler)
+        self.worker = spec_router(self.spec, canonical)
 
     @property
     def handlers(self) -> list[OffloadingHandler]:
@@ -112,9 +99,8 @@ class OffloadingConnectorWorker:
         if self.worker.transfer_async(job.job_id, (job.src, job.dst)):
             self._jobs[job.job_id] = job
             if sync:
-                self._sync[job.job_id] = self.worker.layer_progress(job.job_id)
-                self._load_dst[job.job_id] = job.dst.block_ids.tolist()
-                self._step_sync_blocks += len(job.dst.block_ids)
+                self._sync.add(job.job_id, self.worker.layer_progress(job.job_id), len(job.dst.block_ids))
+                self.load_blocks.track(job.job_id, job.dst.block_ids.tolist(), sync=True)
                 if rid is not None:
                     self._state(rid).outstanding += 1
                 return
@@ -123,37 +109,23 @@ class OffloadingConnectorWorker:
                 st.outstanding += 1
                 if is_load:
                     st.loads_pending += 1
-                    if self.collect_failed_block_ids:
-                        self._load_dst[job.job_id] = job.dst.block_ids.tolist()
+                    self.load_blocks.track(job.job_id, job.dst.block_ids.tolist(), sync=False)
             return
         direction = HOST_TO_DEVICE if is_load else DEVICE_TO_HOST
         self._results.append(TransferResult(job.job_id, False, 0, 0.0, direction))
         if sync:
-            self._failed_block_ids.update(job.dst.block_ids.tolist())
-            self._sync_failed = True
+            self.load_blocks.refused(job.dst.block_ids.tolist(), sync=True)
+            self._sync.failed = True
             return
         if rid is not None and is_load:
-            if self.collect_failed_block_ids:
-                self._failed_block_ids.update(job.dst.block_ids.tolist())
+            self.load_blocks.refused(job.dst.block_ids.tolist(), sync=False)
             st = self._state(rid)
             st.load_failed = True
             if not st.loads_pending:
                 self._report_failed(rid)
 
-    def _take_deferred(self) -> list[TransferJob]:
-        """Every request's deferred stores, taken out of its record (and out of its planned
-        stores, where the step's start made them one list: none of them is opened again)."""
-        jobs: list[TransferJob] = []
-        for st in self._requests.values():
-            if st.deferred:
-                jobs += st.deferred
-                if st.planned is st.deferred:
-                    st.planned = []
-                st.deferred = []
-        return jobs
-
     def _submit_deferred(self) -> None:
-        for job in self._take_deferred():
+        for job in take_deferred(self._requests.values()):
             self._submit(job)
         for rid in [rid for rid, st in self._requests.items() if st.idle]:
             del self._requests[rid]
@@ -187,7 +159,7 @@ class OffloadingConnectorWorker:
         """The step's plan is bound, its forward pass about to run: time it (until wait_for_save;
         start_load_kv may come after the forward, as vLLM calls it in steps without sync loads)."""
         self._clock.begin(meta.num_step_tokens)
-        self._step_sync_blocks, self._step_wait_s = 0, 0.0
+        self._sync.begin()
         self._step_meta = meta
         for st in self._requests.values():
             st.planned = []  # an earlier step's, never opened: its deferred list still holds them
@@ -238,7 +210,7 @@ class OffloadingConnectorWorker:
             self._layered_open = True
             # A synchronous load whose outcome only its report tells (no progress record): the
             # step's stores wait for that report, after the step, as in mode async.
-            if all(p is not None for p in self._sync.values()):
+            if self._sync.layers_known():
                 self._open_layered_stores(meta)
         layer = self.kv.layer_tensors.get(layer_name)
         if layer is not None:
@@ -263,14 +235,7 @@ class OffloadingConnectorWorker:
         if not self._sync:
             return
         assert self.worker is not None and self.kv is not None
-        layer = self.kv.layer_tensors.get(layer_name)
-        t0 = time.perf_counter()
-        for job_id, progress in self._sync.items():
-            if progress is None or layer is None:
-                self.worker.wait([job_id])
-            else:
-                progress.wait(layer)
-        self._step_wait_s += time.perf_counter() - t0
+        self._sync.wait_layer(self.worker, self.kv.layer_tensors.get(layer_name))
 
     def wait_for_save(self) -> None:
         """The forward pass is done: this step's synchronous loads are over (an engine that
@@ -278,13 +243,10 @@ class OffloadingConnectorWorker:
         to the scheduler half's cost model."""
         if self._sync:
             assert self.worker is not None
-            t0 = time.perf_counter()
-            self.worker.wait(list(self._sync))
-            self._step_wait_s += time.perf_counter() - t0
+            self._sync.wait_all(self.worker)
         # A synchronous load that failed (or could not even be submitted) aborts the step's stores.
-        sync_ok = not self._sync_failed and all(p is not None and not p.failed for p in self._sync.values())
-        self._end_layered_stores(commit=sync_ok)
-        if self._clock.end(self._step_sync_blocks, self._step_wait_s, self._load_requests, self._load_host_s):
+        self._end_layered_stores(commit=self._sync.succeeded())
+        if self._clock.end(self._sync.blocks, self._sync.wait_s, self._load_requests, self._load_host_s):
             self._load_requests, self._load_host_s = 0, 0.0  # else carried to the next step that computes
 
     def _end_layered_stores(self, commit: bool) -> None:
@@ -296,7 +258,7 @@ class OffloadingConnectorWorker:
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         recved: set[str] = set()
-        if not (self._jobs or self._requests or self._sync_failed):
+        if not (self._jobs or self._requests or self._sync.failed):
             return set(), recved  # nothing in flight, nothing owed: most decode steps
         assert self.worker is not None
         for r in self.worker.get_finished():
@@ -309,15 +271,10 @@ class OffloadingConnectorWorker:
             st = self._state(rid)
             st.outstanding -= 1
             if job.kind is JobKind.LOAD:
-                sync = r.job_id in self._sync
-                self._sync.pop(r.job_id, None)
-                dst = self._load_dst.pop(r.job_id, [])
-                if not r.success:
-                    self._failed_block_ids.update(dst)
-                    if sync:
-                        self._sync_failed = True
-                    else:
-                        st.load_failed = True
+                sync = self._sync.landed(r.job_id, r.success)
+                self.load_blocks.landed(r.job_id, r.success)
+                if not r.success and not sync:
+                    st.load_failed = True
                 if sync:  # never reported as received
                     self._prune(rid)
                     continue
@@ -328,7 +285,7 @@ class OffloadingConnectorWorker:
                     else:
                         recved.add(rid)
             self._prune(rid)
-        if self._sync_failed:
+        if self._sync.failed:
             self._drop_deferred_stores()
         sent = {rid for rid, st in self._requests.items()
                 if st.awaiting_finish and st.outstanding <= 0 and not st.deferred}
@@ -341,8 +298,8 @@ class OffloadingConnectorWorker:
         """A synchronous load of this step failed: the stores this step planned may hold KV
         computed from its blocks (by the request itself, or one sharing them), so none is
         submitted; each is reported failed (the scheduler half frees its slots)."""
-        self._sync_failed = False
-        for job in self._take_deferred():
+        self._sync.failed = False
+        for job in take_deferred(self._requests.values()):
             self._results.append(TransferResult(job.job_id, False, 0, 0.0, DEVICE_TO_HOST))
 
     def _report_failed(self, rid: str) -> None:
@@ -360,8 +317,7 @@ class OffloadingConnectorWorker:
 
     def take_failed_block_ids(self) -> set[int]:
         """Device blocks whose load failed since the last call (their KV must be recomputed)."""
-        failed, self._failed_block_ids = self._failed_block_ids, set()
-        return failed
+        return self.load_blocks.take()
 
     def build_connector_worker_meta(self) -> list[TransferResult | StepTiming | LoadReading]:
         """The step's finished copies and timing, and the loads still reading (how long each

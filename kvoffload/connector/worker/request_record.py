@@ -8,6 +8,7 @@ anywhere in the worker half holds a request id (``tests/connector/test_worker_re
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvoffload.connector.jobs import TransferJob
@@ -30,3 +31,16 @@ class WorkerRequestState:
     def idle(self) -> bool:
         return not (self.outstanding or self.loads_pending or self.awaiting_finish or self.load_failed
                     or self.report_failed or self.planned or self.deferred)
+
+
+def take_deferred(records: Iterable[WorkerRequestState]) -> list[TransferJob]:
+    """Every request's deferred stores, taken out of its record (and out of its planned
+    stores, where the step's start made them one list: none of them is opened again)."""
+    jobs: list[TransferJob] = []
+    for st in records:
+        if st.deferred:
+            jobs += st.deferred
+            if st.planned is st.deferred:
+                st.planned = []
+            st.deferred = []
+    return jobs
