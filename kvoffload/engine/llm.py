@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import operator
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,16 +19,14 @@ from kvoffload.engine.kv_namespace import engine_kv_info
 from kvoffload.engine.model_config import BUILTIN_MODELS, ModelConfig
 from kvoffload.engine.model_runner import ModelRunner
 from kvoffload.engine.outputs import RequestOutput
+from kvoffload.engine.prompts import Prompt, checked_request
 from kvoffload.engine.request import Request
-from kvoffload.engine.request_fits import check_fits
 from kvoffload.engine.request_output import request_output
 from kvoffload.engine.sampling_params import SamplingParams
 from kvoffload.engine.scheduler import Scheduler
 from kvoffload.engine.stats import EngineStats
 from kvoffload.engine.tokenizer import ByteTokenizer
 from kvoffload.metrics import MetricsServer
-
-Prompt = str | Sequence[int]
 
 #: Steps in a row with nothing scheduled and no transfer pending before the engine gives up.
 _MAX_IDLE_STEPS = 100_000
@@ -124,29 +121,8 @@ class LLM:
         self.worker_connector = KVConnectorFactory.create_connector(name, config, KVConnectorRole.WORKER, kv_info=kv_info)
 
     # ---- requests ----------------------------------------------------------------------
-    def _to_token_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        try:
-            token_ids = [operator.index(t) for t in prompt]
-        except TypeError:
-            raise TypeError(f"prompt {str(prompt)[:60]!r}: give a string or a list of integer token ids") from None
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        return token_ids
-
     def _check_request(self, prompt: Prompt, params: SamplingParams, rid: str) -> list[int]:
-        """Everything that can be refused, before anything is enqueued; returns the token ids."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"request {rid!r}: sampling params {params!r} must be a SamplingParams")
-        cfg = self.config
-        token_ids = self._to_token_ids(prompt)
-        if not token_ids:
-            raise ValueError(f"request {rid!r}: empty prompt; give at least one token")
-        check_fits(rid, len(token_ids), params, cfg)
-        return token_ids
+        return checked_request(prompt, params, rid, self.tokenizer, self.model_config.vocab_size, self.config)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, priority: int = 0,
                     cache_salt: str | None = None, hint: RequestHint | Mapping[str, object] | None = None) -> str:
