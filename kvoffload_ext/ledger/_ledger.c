@@ -1,4 +1,4 @@
-/* The CPU tier's block ledger in C: the hot half of kvoffload.offload.cpu_manager for the
+/* The CPU tier's block ledger in C: the slot table of kvoffload.offload.native_ledger for the
  * policies named "lru", "arc" and "arc_classic", as the Python type kvoffload_ext.ledger._ledger.Ledger.
  *
  * Why C: the scheduler calls the ledger on every step with a few dozen hashes, and in Python the
@@ -12,7 +12,7 @@
  * on, a list tag, a scratch mark, and the ref count (in a caller-owned array('i'), so Python sees
  * it live). Keys are found through an open-addressing table of slot ids: no Python object per
  * block. All memory comes from PyMem (tracemalloc sees it). Files: ledger_containers.h (table,
- * lists, key pools), ledger_policy.h (state and eviction), ledger_keys.h (arguments),
+ * lists, key pools), ledger_state.h (the state), ledger_policy.h (eviction), ledger_keys.h (arguments),
  * ledger_stores.h (the store path), ledger_lifecycle.h (inspection, the object's life), this one
  * (lookups, pins, recency, one-key queries and the type).
  */

@@ -1,38 +1,10 @@
-/* The ledger's state and its eviction policies (included by _ledger.c, one translation unit):
- * LRU, ARC as vLLM ships it, and ARC as Megiddo & Modha specify it (classic). The semantics are
+/* The ledger's eviction policies (included by _ledger.c, one translation unit; their shared
+ * state is ledger_state.h): LRU, ARC as vLLM ships it, and ARC as Megiddo & Modha specify it (classic). The semantics are
  * those of kvoffload/offload/{lru,arc}.py and policies/arc_classic.py driven by the Python
  * CPUOffloadingManager, the reference the tests compare against op for op. */
 #ifndef KVOFFLOAD_LEDGER_POLICY_H
 #define KVOFFLOAD_LEDGER_POLICY_H
-#include "ledger_containers.h"
-#include "ledger_prefix_value.h"
-
-enum { POL_LRU = 1, POL_ARC = 2, POL_CLASSIC = 3, POL_PV = 4 };
-
-typedef struct {
-    PyObject_HEAD
-    int policy;
-    int32_t cap;
-    PyObject **key;
-    Py_hash_t *khash;
-    int32_t *prev, *next;
-    int8_t *tag;
-    uint8_t *mark;
-    int32_t *free_stack;
-    int32_t nfree, allocated;
-    Py_buffer refs_buf;
-    int32_t *refs;
-    Table index;
-    List list[3];
-    /* ARC: target size of T1 (classic: p); ghosts B1/B2; classic ARC's pending ghost hits */
-    double target;
-    Pool ghosts, hits;
-    List ghost[3];
-    /* eviction scratch */
-    int32_t *vbuf1, *vbuf2;
-    PV *pv; /* prefix_value's state (POL_PV only) */
-    int dead; /* cleared by the garbage collector: every method refuses */
-} Ledger;
+#include "ledger_state.h"
 
 static void ghost_forget(Ledger *self, int32_t g) {
     Pool *p = &self->ghosts;
@@ -53,10 +25,6 @@ static int ghost_add(Ledger *self, int which, int32_t s) {
 }
 
 /* ---- slots and policy --------------------------------------------------------------------- */
-
-static inline int32_t find(Ledger *self, PyObject *k, Py_hash_t h) {
-    return tbl_find(&self->index, self->key, self->khash, k, h);
-}
 
 #include "ledger_pv_policy.h" /* prefix_value's policy: its insert, touch, eviction and admission */
 

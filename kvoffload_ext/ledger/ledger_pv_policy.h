@@ -1,8 +1,9 @@
 /* The native ledger's prefix_value policy: how a slot enters its heap, how a run of keys is
  * touched, which slots it evicts and which offered blocks it admits (its state and heap are in
- * ledger_prefix_value.h). Included by ledger_policy.h, after the Ledger type and find(). */
+ * ledger_prefix_value.h). Included by ledger_policy.h. */
 #ifndef KVOFFLOAD_LEDGER_PV_POLICY_H
 #define KVOFFLOAD_LEDGER_PV_POLICY_H
+#include "ledger_state.h"
 
 /* ---- prefix_value (state and heap in ledger_prefix_value.h) -------------------------------- */
 
