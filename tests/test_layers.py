@@ -171,14 +171,15 @@ def test_nothing_outside_testing_names_a_test_only_medium():
 SIZED_PACKAGES = ("connector", "offload", "tiers", "transfer")
 
 
-def test_no_file_over_400_lines():
+def test_no_file_over_350_lines():
     """Files past ~400 lines mix concepts (the scheduler half was 686 before its split; the
     config 540, the serving benchmark 538, the native ledger's C 751): anywhere in kvoffload,
-    the native code (Python and C), the policies, the tests and the scripts alike."""
+    the native code (Python and C), the policies, the tests and the scripts alike. A file is
+    split where its concepts part once it passes 350, not trimmed to stay under 400."""
     roots = (ROOT, ROOT.parent / "kvoffload_ext", ROOT.parent / "policies", ROOT.parent / "tests",
              ROOT.parent / "scripts")
     long = {str(p.relative_to(ROOT.parent)): n for root in roots for p in root.rglob("*")
-            if p.suffix in (".py", ".c", ".h", ".sh") and (n := len(p.read_text().splitlines())) > 400}
+            if p.suffix in (".py", ".c", ".h", ".sh") and (n := len(p.read_text().splitlines())) > 350}
     assert long == {}
 
 
