@@ -114,28 +114,15 @@ static int pol_touch(Ledger *self, PyObject *k, Py_hash_t h) {
 }
 
 /* A run of touched keys: the head ends most recent (LRU, ARC), or the tail (classic ARC, which
- * replays references in order). */
-static int touch_run(Ledger *self, PyObject *const *items, const Py_hash_t *hs, Py_ssize_t n) {
+ * replays references in order). `absent`: keys known to be absent (store misses), so only the
+ * ghost lists react and the index is not searched again. */
+static int touch_run(Ledger *self, PyObject *const *items, const Py_hash_t *hs, Py_ssize_t n, int absent) {
     if (self->policy == POL_PV) return pv_touch(self, items, hs, n);
-    if (self->policy == POL_CLASSIC) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (pol_touch(self, items[i], hs[i]) < 0) return -1;
-    } else {
-        for (Py_ssize_t i = n - 1; i >= 0; i--)
-            if (pol_touch(self, items[i], hs[i]) < 0) return -1;
-    }
-    return 0;
-}
-
-/* touch_run over keys known to be absent (store misses): the ghost lists alone, in the same order. */
-static int touch_absent_run(Ledger *self, PyObject *const *items, const Py_hash_t *hs, Py_ssize_t n) {
-    if (self->policy == POL_PV) return pv_touch(self, items, hs, n);
-    if (self->policy == POL_CLASSIC) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (pol_touch_absent(self, items[i], hs[i]) < 0) return -1;
-    } else {
-        for (Py_ssize_t i = n - 1; i >= 0; i--)
-            if (pol_touch_absent(self, items[i], hs[i]) < 0) return -1;
+    int (*one)(Ledger *, PyObject *, Py_hash_t) = absent ? pol_touch_absent : pol_touch;
+    int forward = self->policy == POL_CLASSIC;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t i = forward ? j : n - 1 - j;
+        if (one(self, items[i], hs[i]) < 0) return -1;
     }
     return 0;
 }

@@ -36,7 +36,7 @@ static int show_misses(Ledger *self, Keys *kk, const int32_t *pos, Py_ssize_t m,
     }
     for (Py_ssize_t j = 0; shown && j < got; j++)
         if ((is_set ? PySet_Add(shown, mk[j]) : PyList_Append(shown, mk[j])) < 0) goto done;
-    if (self->policy == POL_ARC) { /* touch_absent_run's order, noting who is no ghost */
+    if (self->policy == POL_ARC) { /* touch_run's order, noting who is no ghost */
         for (Py_ssize_t j = got - 1; j >= 0; j--) {
             int ghost = pol_touch_absent(self, mk[j], mh[j]);
             if (ghost < 0) goto done;
@@ -44,7 +44,7 @@ static int show_misses(Ledger *self, Keys *kk, const int32_t *pos, Py_ssize_t m,
         }
         rc = 0;
     } else {
-        rc = self->policy != POL_LRU ? touch_absent_run(self, mk, mh, got) : 0;
+        rc = self->policy != POL_LRU ? touch_run(self, mk, mh, got, 1) : 0;
     }
 done:
     if (big) {
