@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _beside_compute(device: torch.device, total: int, layers: int, per_layer: list[int], cross: list[int],
                     reps: int) -> None:
-    """Both directions at once, the copy plan the runs above settled, and compute beside copies."""
-    from kvoffload_ext.copies.cuda_copy import copy_plan
+    """Both directions at once, the copy methods the runs above settled, and compute beside copies."""
+    from kvoffload_ext.copies.cuda_copy import methods_for
 
     print("\nboth directions at once (a store and a load on two streams; GB/s of both; (c) two contiguous copies)")
     print(f"{'layout':<12}{'block':>8}{'row':>8}{'(a) ext':>16}{'(c) flat':>16}{'a/c':>14}")
@@ -157,9 +157,9 @@ def _beside_compute(device: torch.device, total: int, layers: int, per_layer: li
             row = (kib << 10) // (2 * layers) if layout == "per-layer" else kib << 10
             print(f"{layout:<12}{kib:>6}Ki{row >> 10:>6}Ki{m['ext'].fmt():>16}{m['flat'].fmt():>16}"
                   f"{m['ext'].ratio(m['flat']).fmt():>14}")
-    plan = copy_plan(device)
-    print(f"\ncopy plan for {plan.name} (methods: {', '.join(plan.methods)}; GB/s on a 16 MiB probe)")
-    for r in plan.rows():
+    chosen = methods_for(device)
+    print(f"\ncopy methods for {chosen.name} (methods: {', '.join(chosen.methods)}; GB/s on a 16 MiB probe)")
+    for r in chosen.rows():
         print("  " + r.describe())
     print("\n" + kernel_sms(device))
     print("a bf16 8192^3 matmul loop on the compute stream while a store and a load copy beside it; slowdown:")

@@ -97,7 +97,7 @@ class CachedRequestsView(Protocol):
     def new_block_ids(self) -> Sequence[GroupBlockIds | None]: ...
 
 
-class StepPlan(Protocol):
+class ScheduledStep(Protocol):
     """One engine step's schedule, as the scheduler half plans its stores from it."""
 
     @property
@@ -211,7 +211,7 @@ class KVConnectorBase(ABC):
         """Learn the device blocks allocated for a request (external tokens land in them)."""
 
     @abstractmethod
-    def build_connector_meta(self, scheduler_output: StepPlan) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: ScheduledStep) -> KVConnectorMetadata:
         """Pack this step's plan for the worker; resets per-step scheduler-side state."""
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

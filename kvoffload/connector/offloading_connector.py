@@ -21,7 +21,7 @@ from kvoffload.connector.base import (
     KVConnectorMetadata,
     KVConnectorOutput,
     KVConnectorRole,
-    StepPlan,
+    ScheduledStep,
 )
 from kvoffload.connector.offloading_metadata import LoadReading, OffloadingConnectorMetadata, StepTiming
 from kvoffload.connector.scheduler.offloading_scheduler import OffloadingConnectorScheduler
@@ -112,7 +112,7 @@ class OffloadingConnector(KVConnectorBase):
     def update_state_after_alloc(self, request: EngineRequest, blocks: AllocatedBlocks, num_external_tokens: int) -> None:
         self._scheduler().update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: StepPlan) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: ScheduledStep) -> KVConnectorMetadata:
         return self._scheduler().build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

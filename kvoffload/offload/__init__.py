@@ -5,7 +5,7 @@ Tensor-free by design: nothing here imports torch or the engine.
 
 from kvoffload.offload.abstract import LoadStoreSpec, OffloadingEvent, OffloadingManager, PrepareStoreOutput
 from kvoffload.offload.arc import ARCCachePolicy
-from kvoffload.offload.block_status import BlockLedger, BlockStatus
+from kvoffload.offload.block_status import BlockStatus, SlotArrays
 from kvoffload.offload.cpu_tier import BlockNotReadyError, CPUOffloadingManager, CPUTier
 from kvoffload.offload.lru import LRUCachePolicy
 from kvoffload.offload.mediums import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
@@ -16,7 +16,6 @@ from kvoffload.offload.spec import EngineKVInfo, OffloadingSpec, OffloadingSpecF
 
 __all__ = [
     "ARCCachePolicy",
-    "BlockLedger",
     "BlockNotReadyError",
     "BlockStatus",
     "CPULoadStoreSpec",
@@ -35,6 +34,7 @@ __all__ = [
     "OffloadingSpec",
     "OffloadingSpecFactory",
     "PrepareStoreOutput",
+    "SlotArrays",
     "UnknownPolicyError",
     "create_policy",
     "get_policy_class",

@@ -1,6 +1,6 @@
 """Per-block state kept slot-indexed, so tracking a block costs bytes, not a Python object.
 
-``BlockLedger`` holds one entry per slot of a tier: the ref count, the hash stored there, a
+``SlotArrays`` holds one entry per slot of a tier: the ref count, the hash stored there, a
 recency stamp and a list tag for the policy. Each array is an ``array.array`` (fast scalar
 access for per-request batches) with a zero-copy numpy view (vectorised scans). ``BlockStatus`` is the
 vLLM-shaped record (``ref_cnt``, ``block_id``) exposed to policies and tests: a live view of
@@ -62,7 +62,7 @@ class BlockStatus:
 _RESTAMP_VECTOR_MIN = 48  # restamps longer than this assign stamps with numpy
 
 
-class BlockLedger:
+class SlotArrays:
     """Slot-indexed arrays plus the one hash → slot dict; shared by a tier and its policy.
 
     ``refs``/``stamps``/``tags`` are the arrays; ``ref_cnt``/``stamp``/``tag`` their numpy views.

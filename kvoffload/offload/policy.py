@@ -8,7 +8,7 @@ Contract (the tier relies on it):
     (being written or being read) nor one in ``protected``.
 
 A tier drives every policy through its slot-level calls (``insert_slots``, ``evict_slots``, ...),
-after updating its slot-indexed ``BlockLedger`` itself. A policy may keep plain
+after updating its slot-indexed ``SlotArrays`` itself. A policy may keep plain
 ``hash -> BlockStatus`` maps (the textbook way, as research policies in ``policies/`` do): the
 slot calls' defaults turn into its hash-level calls. The built-in ones derive from
 ``LedgerCachePolicy`` instead, the fast path: their state lives in the tier's ledger and they
@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from kvoffload.errors import require_positive
 from kvoffload.offload.abstract import BlockHash
-from kvoffload.offload.block_status import BlockLedger, BlockStatus
+from kvoffload.offload.block_status import BlockStatus, SlotArrays
 from kvoffload.offload.hints import BlockHint
 
 
@@ -33,17 +33,17 @@ class CachePolicy(ABC):
     needs_future: ClassVar[bool] = False
     #: The tier's ledger once it binds the policy (a class default: a plugin's __init__ may
     #: not call this one's).
-    _tier_ledger: BlockLedger | None = None
+    _tier_ledger: SlotArrays | None = None
 
     def __init__(self, cache_capacity: int) -> None:
         require_positive("cache_capacity", cache_capacity)
         self.cache_capacity = cache_capacity
 
-    def bind_ledger(self, ledger: BlockLedger) -> None:
+    def bind_ledger(self, ledger: SlotArrays) -> None:
         """The tier's ledger, which the slot calls below read (the tier owns and updates it)."""
         self._tier_ledger = ledger
 
-    def _bound(self) -> BlockLedger:
+    def _bound(self) -> SlotArrays:
         if self._tier_ledger is None:
             raise RuntimeError(f"{type(self).__name__}: a slot call before a tier bound its ledger (bind_ledger)")
         return self._tier_ledger
@@ -128,7 +128,7 @@ class OfflinePolicy(CachePolicy):
 
 
 class LedgerCachePolicy(CachePolicy):
-    """A policy whose per-block state lives in the tier's BlockLedger: the fast path.
+    """A policy whose per-block state lives in the tier's SlotArrays: the fast path.
 
     Its ``*_slots`` methods work on the ledger directly (no per-block hash call); the
     hash-level methods keep the index too, for standalone use.
@@ -136,10 +136,10 @@ class LedgerCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        self.ledger = BlockLedger(cache_capacity)
+        self.ledger = SlotArrays(cache_capacity)
         self._on_bind()
 
-    def bind_ledger(self, ledger: BlockLedger) -> None:
+    def bind_ledger(self, ledger: SlotArrays) -> None:
         """Adopt the tier's ledger; only allowed while this policy is empty."""
         if self.ledger.index:
             raise ValueError("cannot rebind a policy that already holds blocks")

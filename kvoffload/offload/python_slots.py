@@ -9,7 +9,7 @@ import operator
 from collections.abc import Iterable, Sequence
 
 from kvoffload.offload.abstract import BlockHash, BlockNotReadyError, as_list
-from kvoffload.offload.block_status import BlockLedger
+from kvoffload.offload.block_status import SlotArrays
 from kvoffload.offload.hints import BlockHint
 from kvoffload.offload.policy import CachePolicy
 from kvoffload.offload.policy_registry import create_policy
@@ -22,7 +22,7 @@ logger = logging.getLogger("kvoffload")
 class PythonSlotTable(SlotTable):
     def __init__(self, capacity: int, cache_policy: str | PolicyRef | CachePolicy, medium: str) -> None:
         super().__init__(capacity, medium)
-        self.ledger = BlockLedger(capacity)
+        self.ledger = SlotArrays(capacity)
         self._policy = create_policy(cache_policy, capacity)
         self._policy.bind_ledger(self.ledger)
         self._hints_failed = False

@@ -15,13 +15,13 @@ from collections.abc import Container, Iterable
 import numpy as np
 
 from kvoffload.offload.abstract import BlockHash, SlotIds
-from kvoffload.offload.block_status import FREE_TAG, BlockLedger
+from kvoffload.offload.block_status import FREE_TAG, SlotArrays
 
 _VECTOR_MIN = 512  # evictions this large scan the queue in numpy chunks
 
 
 class StampOrder:
-    def __init__(self, ledger: BlockLedger, tag: int) -> None:
+    def __init__(self, ledger: SlotArrays, tag: int) -> None:
         self.ledger = ledger
         self.tag = tag
         self.size = 0

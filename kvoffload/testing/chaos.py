@@ -3,7 +3,7 @@
 Each case draws tiers (CPU, CPU + disk write-back, CPU + disk write-through, either with a
 third tier behind the disk: the in-memory test tier or an fs directory), an eviction
 policy, the reuse filter, the offloaded-block factor, recompute or swap preemption, greedy /
-parallel sampling / beam search, a device cache from tiny to roomy, and a fault plan: failed
+parallel sampling / beam search, a device cache from tiny to roomy, and a fault script: failed
 reads (EIO), writes (ENOSPC) and stores, slow copies, a throttled disk, flipped or relocated disk records
 between rounds, a restart on the same disk path (clean, or after kill -9 of a child process
 that was writing). It runs two rounds of shared-prefix prompts and checks that the tokens
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
-from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
+from kvoffload.testing.faults import FaultScript, FaultyOffloadingSpec
 from kvoffload.testing.throttle import ThrottledOffloadingSpec, parse_throttles
 
 POLICIES = ("lru", "arc", "s3fifo", "sieve", "lfu", "arc_classic", "prefix_value")
@@ -49,7 +49,7 @@ class ChaosCase:
     device_blocks: int
     cpu_blocks: int
     disk_blocks: int
-    faults: FaultPlan
+    faults: FaultScript
     mutate: str  # none | flip | relocate
     restart: str  # none | clean | kill
     #: Blocks of a third tier behind the disk (the in-memory test tier), 0 for none.
@@ -79,7 +79,7 @@ def draw_case(seed: int) -> ChaosCase:
     tiers = rng.choice(("cpu", "writeback", "writeback", "writethrough"))
     disk = tiers != "cpu"
     clean = rng.random() < 0.4
-    faults = FaultPlan(
+    faults = FaultScript(
         read_error=0.0 if clean or not disk else rng.choice((0.0, 0.1, 0.5, 1.0)),
         write_error=0.0 if clean or not disk else rng.choice((0.0, 0.2, 1.0)),
         store_error=0.0 if clean else rng.choice((0.0, 0.1)),
@@ -241,7 +241,7 @@ def run_case(case: ChaosCase, reference: dict[tuple[Any, ...], Any] | None = Non
     prompts, params = _prompts(case.seed), _params(case)
     ref_key = (case.seed, case.device_blocks, case.sampling, case.model)
     path = tempfile.mkdtemp(prefix="kvoffload-chaos-")
-    FaultyOffloadingSpec.plan = case.faults
+    FaultyOffloadingSpec.script = case.faults
     FaultyOffloadingSpec.handlers = []
     SlowFaultyOffloadingSpec.throttles = parse_throttles(case.slow)
     saved_idle = llm_module._MAX_IDLE_STEPS

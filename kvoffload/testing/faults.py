@@ -1,6 +1,6 @@
 """Fault injection as a wrapper around real transfer handlers.
 
-``FaultyHandler`` forwards every copy to the handler it wraps, except the ones its plan picks
+``FaultyHandler`` forwards every copy to the handler it wraps, except the ones its script picks
 to fail (an I/O error on a disk read names the slot, as the disk handler does; a failed write
 is a failed job) and the completions it holds back for a few polls (a slow copy, seen from
 the scheduler). ``FaultyOffloadingSpec`` is the CPU/disk spec with every handler wrapped; name
@@ -32,7 +32,7 @@ from kvoffload.transfer.secondary_handler import copy_direction
 
 
 @dataclass(frozen=True, slots=True)
-class FaultPlan:
+class FaultScript:
     """Per-job probabilities. ``read_error``: a disk read fails with EIO; ``write_error``: a
     disk write fails (ENOSPC/EIO); ``store_error``: a device → host store fails; ``delay``:
     the completion is reported up to ``max_delay_polls`` polls late; ``corrupt_loads``: every
@@ -48,17 +48,17 @@ class FaultPlan:
     seed: int = 0
 
     @classmethod
-    def from_env(cls, default: FaultPlan) -> FaultPlan:
+    def from_env(cls, default: FaultScript) -> FaultScript:
         """``KVOFFLOAD_FAULT_PLAN`` (JSON of these fields) reaches engines in child processes."""
         raw = os.environ.get("KVOFFLOAD_FAULT_PLAN")
         return cls(**json.loads(raw)) if raw else default
 
 
 class FaultyHandler(OffloadingHandler):
-    def __init__(self, inner: OffloadingHandler, plan: FaultPlan, rng: random.Random,
+    def __init__(self, inner: OffloadingHandler, script: FaultScript, rng: random.Random,
                  kv: CanonicalKVCache | None = None) -> None:
         self.inner = inner
-        self.plan = plan
+        self.script = script
         self.rng = rng
         self.kv = kv
         self._loads: dict[int, np.ndarray] = {}  # job -> device blocks, to corrupt once landed
@@ -82,9 +82,9 @@ class FaultyHandler(OffloadingHandler):
         self.inner.end_layered_stores(commit)
 
     def _inject(self, job_id: int, spec: TransferSpec) -> bool:
-        """Whether this job fails by the plan (its failure is reported; nothing runs)."""
+        """Whether this job fails by the script (its failure is reported; nothing runs)."""
         src, dst = spec
-        p = self.plan
+        p = self.script
         direction, io = "", True
         slots: tuple[int, ...] = ()
         if isinstance(src, KeyedLoadStoreSpec) and self.rng.random() < p.read_error:
@@ -114,8 +114,8 @@ class FaultyHandler(OffloadingHandler):
             if r.job_id in self._waited:
                 self._waited.discard(r.job_id)
                 ready.append(r)
-            elif self.rng.random() < self.plan.delay:
-                held.append((self.rng.randint(1, self.plan.max_delay_polls), r))
+            elif self.rng.random() < self.script.delay:
+                held.append((self.rng.randint(1, self.script.max_delay_polls), r))
             else:
                 ready.append(r)
         with self._lock:
@@ -168,15 +168,15 @@ def flip_every_disk_record(directory: Path) -> int:
 class FaultyOffloadingSpec(TieredOffloadingSpec):
     """The CPU(/disk) spec with each worker handler wrapped in a FaultyHandler."""
 
-    plan: ClassVar[FaultPlan] = FaultPlan()
+    script: ClassVar[FaultScript] = FaultScript()
     handlers: ClassVar[list[FaultyHandler]] = []
 
     def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
-        plan = FaultPlan.from_env(self.plan)
-        rng = random.Random(plan.seed)
+        script = FaultScript.from_env(self.script)
+        rng = random.Random(script.seed)
         wrapped: dict[int, FaultyHandler] = {}
         for src, dst, handler in super().get_handlers(kv_caches):
             if id(handler) not in wrapped:
-                wrapped[id(handler)] = FaultyHandler(handler, plan, rng, kv_caches)
+                wrapped[id(handler)] = FaultyHandler(handler, script, rng, kv_caches)
                 FaultyOffloadingSpec.handlers.append(wrapped[id(handler)])
             yield src, dst, wrapped[id(handler)]

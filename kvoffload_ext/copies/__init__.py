@@ -56,9 +56,9 @@ def prepare_copies(device: torch.device, widths: Iterable[int]) -> None:
     """Settle how rows of these widths are copied on ``device`` now, so that no job pays for it:
     the host copy loop is built (on a fresh machine it is compiled, 0.8 s, which stalled the
     first store and let a tiny tier fill with blocks still in flight, dropping the stores after
-    it), and a CUDA device's copy plan is measured once per width class and logged."""
+    it), and a CUDA device's choice of copy method is measured once per width class and logged."""
     native_lib()
     if device.type == "cuda":
-        from kvoffload_ext.copies.cuda_copy import copy_plan
+        from kvoffload_ext.copies.cuda_copy import methods_for
 
-        copy_plan(device).prepare(widths)
+        methods_for(device).prepare(widths)

@@ -4,7 +4,7 @@ The driver splits the batch over its copy engines itself, so the host issues one
 job's rows instead of one ``cudaMemcpyAsync`` each, and no SM is taken. Resolved once per
 process through ``cuda.bindings`` (``cuGetProcAddress`` with the 12.8 ABI, the one that still
 takes a ``failIdx``); None when the bindings, the driver or the symbol are missing, which the
-copy plan reports as "unavailable". Only imported where CUDA is in use.
+choice of copy methods (``copy_methods``) reports as "unavailable". Only imported where CUDA is in use.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ as much as a full grid, and the SMs they hold are all a compute kernel queued me
 for. For rows of 256 KiB and more (cross-layer blocks) the DMA engines reached the same
 bandwidth there without taking any SM. Which of the kernel, one
 ``cuMemcpyBatchAsync`` call (``batch_memcpy``) or a ``copy_`` per row moves a width fastest is
-measured per device (``copy_plan``); without CuPy or the batch call every row is a ``copy_``
+measured per device (``copy_methods``, ``methods_for``); without CuPy or the batch call every row is a ``copy_``
 (the per-block loop vLLM's original ``swap_blocks`` used), logged once. Only imported when
 CUDA is in use.
 """
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from kvoffload_ext.copies.batch_memcpy import copy_ranges_batch, unavailable_reason
-from kvoffload_ext.copies.copy_plan import BATCH, COPY, D2H, H2D, KERNEL, CopyPlan
+from kvoffload_ext.copies.copy_methods import BATCH, COPY, D2H, H2D, KERNEL, CopyMethods
 from kvoffload_ext.copies.group_table import GroupTable, group_table
 from kvoffload_ext.copies.ranges import CopyGroup, byte_ranges
 
@@ -87,9 +87,9 @@ SLICE_BYTES = 64 << 10
 THREADS = 512
 #: Thread blocks of one launch: enough loads in flight to fill PCIe, few SMs held.
 GRID_BLOCKS = 32
-#: Bytes a probe job of the copy plan moves per method and repetition (rows of the probed width).
+#: Bytes a probe job moves per method and repetition (rows of the probed width).
 PROBE_BYTES = 16 << 20
-#: Where the plan could measure nothing, rows this wide and wider go to the copy engines.
+#: Where no method could be measured, rows this wide and wider go to the copy engines.
 UNMEASURED_DMA_BYTES = 256 << 10
 _kernel = None
 
@@ -212,12 +212,12 @@ def copy_groups_cuda(groups: Sequence[CopyGroup], device: torch.device) -> None:
     for src, dst, _, _ in groups:
         check_device_addressable(src)
         check_device_addressable(dst)
-    plan = copy_plan(device)
+    chosen = methods_for(device)
     kernel = cupy_available()
     by_method: dict[str, list[CopyGroup]] = {KERNEL: [], BATCH: [], COPY: []}
     for group in groups:
         direction = _direction(group[0], group[1])
-        method = (KERNEL if kernel else COPY) if direction is None else plan.method(group[0].shape[1], direction)
+        method = (KERNEL if kernel else COPY) if direction is None else chosen.method(group[0].shape[1], direction)
         by_method[method].append(group)
     if by_method[KERNEL]:
         copy_table_cuda(group_table(by_method[KERNEL], SLICE_BYTES), device)
@@ -237,16 +237,17 @@ def copy_blocks_loop(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, 
         dst[d].copy_(src[s], non_blocking=True)
 
 
-_plans: dict[int, CopyPlan] = {}
-_plans_lock = threading.Lock()
+_methods: dict[int, CopyMethods] = {}
+_methods_lock = threading.Lock()
 
 
-def copy_plan(device: torch.device) -> CopyPlan:
-    """The device's copy plan (one per device and process), its methods those available here."""
+def methods_for(device: torch.device) -> CopyMethods:
+    """The device's choice of copy method per row width (one per device and process), among the
+    methods available here."""
     index = _device_index(device)
-    with _plans_lock:
-        plan = _plans.get(index)
-        if plan is None:
+    with _methods_lock:
+        chosen = _methods.get(index)
+        if chosen is None:
             methods = [m for m, ok in ((KERNEL, cupy_available()), (BATCH, unavailable_reason() is None),
                                        (COPY, True)) if ok]
             if methods == [COPY]:
@@ -254,8 +255,8 @@ def copy_plan(device: torch.device) -> CopyPlan:
                             "copy per row (slow for per-layer KV); pip install 'kvoffload[cuda]'", unavailable_reason())
             name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
             dev = torch.device("cuda", index)
-            plan = _plans[index] = CopyPlan(name, lambda m, w, d: _probe(dev, m, w, d), methods, _unmeasured)
-        return plan
+            chosen = _methods[index] = CopyMethods(name, lambda m, w, d: _probe(dev, m, w, d), methods, _unmeasured)
+        return chosen
 
 
 def _unmeasured(row_bytes: int) -> str:
@@ -272,7 +273,7 @@ def _probe(device: torch.device, method: str, row_bytes: int, direction: str) ->
         dev = torch.empty((2 * rows, row_bytes), dtype=torch.uint8, device=device)
         host = torch.empty((rows, row_bytes), dtype=torch.uint8, pin_memory=True)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # a device the engine filled already
-        log.info("copy plan: no room for a %d MiB probe (%s); %s not measured", 3 * rows * row_bytes >> 20, exc,
+        log.info("copy methods: no room for a %d MiB probe (%s); %s not measured", 3 * rows * row_bytes >> 20, exc,
                  method)
         return None
     dev_ids = torch.randperm(2 * rows, generator=gen)[:rows].numpy()
@@ -294,7 +295,7 @@ def _probe(device: torch.device, method: str, row_bytes: int, direction: str) ->
             run()  # compiles the kernel, touches every page
             stream.synchronize()
         except Exception as exc:  # noqa: BLE001 - a method this driver or build cannot run: not a choice
-            log.info("copy plan: %s on %s rows failed (%s); not used", method, row_bytes, exc)
+            log.info("copy methods: %s on %s rows failed (%s); not used", method, row_bytes, exc)
             return None
         for _ in range(3):
             start = time.perf_counter()

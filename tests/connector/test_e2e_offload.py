@@ -104,9 +104,9 @@ def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
 
 
 def test_negative_control_corrupted_loads_change_outputs(baseline, monkeypatch):
-    from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
+    from kvoffload.testing.faults import FaultScript, FaultyOffloadingSpec
 
-    monkeypatch.setattr(FaultyOffloadingSpec, "plan", FaultPlan(corrupt_loads=True))
+    monkeypatch.setattr(FaultyOffloadingSpec, "script", FaultScript(corrupt_loads=True))
     tokens, stats = run(cpu_tier(spec_name="FaultyOffloadingSpec", spec_module_path="kvoffload.testing.faults"))
     assert stats["prefix_hit_tokens"]["cpu"] > 0
     assert tokens != baseline[0]

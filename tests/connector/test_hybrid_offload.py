@@ -105,7 +105,7 @@ def test_sliding_window_geometry():
 
 
 def _step(new=(), cached=(), scheduled=None):
-    """A StepPlan: new requests (id, block ids per group), cached ones (id, new block ids)."""
+    """A ScheduledStep: new requests (id, block ids per group), cached ones (id, new block ids)."""
     return SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=rid, block_ids=ids) for rid, ids in new],
         scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached], resumed_from_preemption=[False] * len(cached),

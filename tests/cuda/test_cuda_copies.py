@@ -47,9 +47,9 @@ def batch_impl(src, dst, s_ids, d_ids):
     torch.cuda.current_stream(device).wait_stream(side)
 
 
-@pytest.fixture(params=["plan", "kernel", "batch", "loop"])
+@pytest.fixture(params=["methods", "kernel", "batch", "loop"])
 def impl(request):
-    """Each copy method alone, and ``copy_blocks`` as the device's copy plan routes it."""
+    """Each copy method alone, and ``copy_blocks`` as the device's chosen methods route it."""
     if request.param == "kernel":
         pytest.importorskip("cupy")
         return kernel_impl
@@ -59,7 +59,7 @@ def impl(request):
         if unavailable_reason() is not None:
             pytest.skip(f"cuMemcpyBatchAsync: {unavailable_reason()}")
         return batch_impl
-    return copy_blocks if request.param == "plan" else loop_impl
+    return copy_blocks if request.param == "methods" else loop_impl
 
 
 @pytest.mark.parametrize("offsets", OFFSETS, ids=["aligned", "same-misalignment", "mixed-misalignment"])
@@ -243,26 +243,26 @@ def test_issuing_copies_never_waits_for_an_earlier_held_up_copy():
     assert torch.equal(dst, src.cpu())
 
 
-def test_the_copy_plan_measures_each_width_once_and_logs_the_layout(caplog):
-    from kvoffload_ext.copies.copy_plan import D2H, H2D, CopyPlan
-    from kvoffload_ext.copies.cuda_copy import _probe, copy_plan
+def test_the_copy_methods_are_measured_each_width_once_and_logs_the_layout(caplog):
+    from kvoffload_ext.copies.copy_methods import D2H, H2D, CopyMethods
+    from kvoffload_ext.copies.cuda_copy import _probe, methods_for
 
     device = torch.device("cuda", torch.cuda.current_device())
-    methods = copy_plan(device).methods
+    methods = methods_for(device).methods
     calls = []
 
     def probe(method, row, direction):
         calls.append((method, row, direction))
         return _probe(device, method, row, direction)
 
-    plan = CopyPlan("test", probe, methods)
+    chosen = CopyMethods("test", probe, methods)
     with caplog.at_level("INFO", logger="kvoffload"):
-        rows = plan.prepare([8192, 65536, 1 << 20])
-        plan.prepare([1 << 20, 8192])
+        rows = chosen.prepare([8192, 65536, 1 << 20])
+        chosen.prepare([1 << 20, 8192])
     assert len(calls) == 3 * 2 * len(methods)
     assert [(r.row_bytes, r.direction) for r in rows] == [(w, d) for w in (8192, 65536, 1 << 20) for d in (D2H, H2D)]
     assert all(r.method in r.gbps and r.gbps[r.method] == max(r.gbps.values()) for r in rows)
-    assert len([r for r in caplog.records if "copy plan for test" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "copy methods for test" in r.getMessage()]) == 1
     for r in rows:
         print(r.describe())
 

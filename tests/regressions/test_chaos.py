@@ -1,4 +1,4 @@
-"""The chaos suite: a fixed budget of random cases (configuration x fault plan) per CI run.
+"""The chaos suite: a fixed budget of random cases (configuration x fault script) per CI run.
 
 Each case must give tokens identical to the no-offload reference in both rounds, with no
 exception, no stall and no leaked fd or thread. ``kvoffload bench chaos --cases N`` runs more.

@@ -9,7 +9,7 @@ import torch
 from kvoffload.engine import LLM, EngineConfig, SamplingParams
 from kvoffload.offload.cpu_tier import CPUOffloadingManager
 from kvoffload.offload.host_tier_chain import HostTierChain
-from kvoffload.testing.faults import FaultPlan, FaultyOffloadingSpec
+from kvoffload.testing.faults import FaultScript, FaultyOffloadingSpec
 from kvoffload.tiers.disk.format import HEADER_BYTES, RECORD_HEADER, DiskLayout
 from kvoffload.tiers.disk.tier import DiskTier
 
@@ -52,15 +52,15 @@ def test_swap_preemption_with_a_disk_tier_serves_identical_tokens(tmp_path, seed
     assert stats["swapped_out_tokens"] > 0 or cpu_blocks == 4  # 4 slots: swap-outs fall back, after storing
 
 
-def _faulty(tmp_path, plan, cpu_blocks=8):
-    FaultyOffloadingSpec.plan = plan
+def _faulty(tmp_path, script, cpu_blocks=8):
+    FaultyOffloadingSpec.script = script
     return _tiers(tmp_path, cpu_blocks, spec_name="FaultyOffloadingSpec", spec_module_path="kvoffload.testing.faults")
 
 
 def test_persistent_read_errors_drop_blocks_and_take_the_tier_out_of_service(tmp_path, caplog):
     prompts = _prompts(3)
     expected, _ = _two_rounds(None, prompts)
-    got, stats = _two_rounds(_faulty(tmp_path, FaultPlan(read_error=1.0)), prompts)
+    got, stats = _two_rounds(_faulty(tmp_path, FaultScript(read_error=1.0)), prompts)
     assert got == expected
     c = stats["connector"]
     # Every failed read dropped its block, and three failures in a row closed the tier: a

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, StepPlan
+from kvoffload.connector.base import AllocatedBlocks, EngineRequest, GroupBlockIds, RequestSalt, ScheduledStep
 from kvoffload.connector.cost.load_cost import LoadCostModel
 from kvoffload.connector.group_keys import GroupGeometry
 from kvoffload.connector.jobs import JobKind, TransferJob
@@ -153,7 +153,7 @@ class OffloadingConnectorScheduler:
         return [self.records.new_job(JobKind.DEMOTE, None, d.block_hashes, d.src, d.dst)
                 for d in self.manager.take_demotions()]
 
-    def build_connector_meta(self, scheduler_output: StepPlan) -> OffloadingConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: ScheduledStep) -> OffloadingConnectorMetadata:
         records = self.records
         allocated = self.stores.follow_blocks(scheduler_output)
         # Stores still reading a block the engine handed out again must land before it is written.

@@ -9,7 +9,7 @@ before the step that writes the block.
 
 from __future__ import annotations
 
-from kvoffload.connector.base import StepPlan
+from kvoffload.connector.base import ScheduledStep
 from kvoffload.connector.group_keys import NULL_BLOCK_ID
 from kvoffload.connector.jobs import JobKind, TransferJob
 from kvoffload.connector.scheduler.scheduler_records import Planner
@@ -22,7 +22,7 @@ def _storable(device_ids: list[int], factor: int) -> bool:
 
 
 class StorePlanner(Planner):
-    def follow_blocks(self, so: StepPlan) -> set[int]:
+    def follow_blocks(self, so: ScheduledStep) -> set[int]:
         """Follow each request's device blocks; returns the block ids the engine handed out
         this step (new blocks, and copy-on-write targets)."""
         records = self.records
@@ -82,7 +82,7 @@ class StorePlanner(Planner):
                     if ids[j] in allocated:
                         ids[j] = NULL_BLOCK_ID
 
-    def plan(self, so: StepPlan) -> dict[str, list[TransferJob]]:
+    def plan(self, so: ScheduledStep) -> dict[str, list[TransferJob]]:
         """This step's store jobs, by request: the offloaded blocks filled up to the step's end."""
         records, groups = self.records, self.groups
         f = records.factor

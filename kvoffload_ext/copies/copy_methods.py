@@ -11,7 +11,7 @@ fastest for the life of the process. A layout's widths can be settled up front
 (``prepare``, at handler start-up), so no job pays the probe; the choice is logged once per
 device and layout, and ``rows`` lists it (``bench transfer`` prints it).
 
-The probe itself is injected (``CopyPlan(probe=...)``): the CUDA one lives in ``cuda_copy``;
+The probe itself is injected (``CopyMethods(probe=...)``): the CUDA one lives in ``cuda_copy``;
 tests give a fake.
 """
 
@@ -29,7 +29,7 @@ D2H, H2D = "device->host", "host->device"
 
 
 @dataclass(frozen=True, slots=True)
-class PlanRow:
+class MethodChoice:
     """One width class and direction: what each method measured, and the choice."""
 
     row_bytes: int  # the class's width (a power of two; rows up to it use this choice)
@@ -54,7 +54,7 @@ def width_class(row_bytes: int) -> int:
     return 1 << max(0, int(row_bytes) - 1).bit_length()
 
 
-class CopyPlan:
+class CopyMethods:
     """One device's choices, filled on demand and kept for the process."""
 
     def __init__(self, name: str, probe: Probe, methods: Sequence[str],
@@ -65,7 +65,7 @@ class CopyPlan:
         self._probe = probe
         self.methods = list(methods)
         self._unmeasured = unmeasured
-        self._rows: dict[tuple[int, str], PlanRow] = {}
+        self._rows: dict[tuple[int, str], MethodChoice] = {}
         self._lock = threading.Lock()
         self._logged: set[tuple[int, ...]] = set()
 
@@ -77,19 +77,19 @@ class CopyPlan:
             row = self._measure(*key)
         return row.method
 
-    def prepare(self, widths: Iterable[int], directions: Sequence[str] = (D2H, H2D)) -> list[PlanRow]:
-        """Settle every width of a layout in both directions; logs the plan once per layout."""
+    def prepare(self, widths: Iterable[int], directions: Sequence[str] = (D2H, H2D)) -> list[MethodChoice]:
+        """Settle every width of a layout in both directions; logs the choices once per layout."""
         classes = tuple(sorted({width_class(w) for w in widths if w > 0}))
         rows = [self._rows.get((w, d)) or self._measure(w, d) for w in classes for d in directions]
         if classes not in self._logged:
             self._logged.add(classes)
-            log.info("copy plan for %s: %s", self.name, "; ".join(r.describe() for r in rows))
+            log.info("copy methods for %s: %s", self.name, "; ".join(r.describe() for r in rows))
         return rows
 
-    def rows(self) -> list[PlanRow]:
+    def rows(self) -> list[MethodChoice]:
         return sorted(self._rows.values(), key=lambda r: (r.direction, r.row_bytes))
 
-    def _measure(self, row_bytes: int, direction: str) -> PlanRow:
+    def _measure(self, row_bytes: int, direction: str) -> MethodChoice:
         with self._lock:
             row = self._rows.get((row_bytes, direction))
             if row is not None:
@@ -100,7 +100,7 @@ class CopyPlan:
                 if rate is not None and rate > 0:
                     gbps[m] = rate
             method = _choose(gbps) if gbps else self._unmeasured(row_bytes)
-            row = self._rows[(row_bytes, direction)] = PlanRow(row_bytes, direction, gbps, method)
+            row = self._rows[(row_bytes, direction)] = MethodChoice(row_bytes, direction, gbps, method)
             return row
 
 
