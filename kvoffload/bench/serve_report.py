@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.bench.measure import Sample
+from kvoffload.bench.replica_timeline import timeline
 from kvoffload.bench.serve_runs import RunResult, tokens_by_turn
 
 FIGURES = [("ttft_p50_ms", "TTFT p50 (ms)", True), ("ttft_p95_ms", "TTFT p95 (ms)", True),
@@ -67,6 +68,11 @@ def report(runs: dict[str, list[RunResult]], engine: str = "vLLM",
             for i, rep in enumerate(per_replica):
                 lines.append(f"{f'  run {i + 1}, per replica':31} " + " | ".join(
                     f"r{j + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r.items())) for j, r in enumerate(rep)))
+        timelines = [tl for tl in (timeline(run.turns) for run in rs) if tl is not None]
+        if timelines:  # routed runs: where each run's turns went, and how loaded each replica was
+            out["configs"][n]["timeline_per_run"] = [tl.as_dict() for tl in timelines]
+            for i, tl in enumerate(timelines):
+                lines += [f"{f'  run {i + 1}, timeline' if j == 0 else '':31} {line}" for j, line in enumerate(tl.lines())]
     if plain is not None:
         for n, rs in runs.items():
             if n == "plain":

@@ -28,6 +28,8 @@ class Completion:
     status: int = 0
     error: str = ""
     aborted: bool = False
+    #: The replica a routing gateway sent it to (its ``x-kvoffload-worker`` header), if any.
+    worker: int | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -40,6 +42,13 @@ class Completion:
     @property
     def ok(self) -> bool:
         return not self.aborted and not self.error and self.status == 200 and "error" not in self.finish.values()
+
+
+def worker_id(header: str | None) -> int | None:
+    """The replica id a gateway named, or None (absent, or not a small integer: never trusted further)."""
+    if header is None or not (header.isascii() and header.isdigit()) or len(header) > 9:
+        return None
+    return int(header)
 
 
 async def stream_completion(session: Any, url: str, model: str, prompt: list[int], max_tokens: int,
@@ -79,6 +88,7 @@ async def stream_completion(session: Any, url: str, model: str, prompt: list[int
 async def _read(session: Any, url: str, body: dict[str, Any], out: Completion) -> None:
     async with session.post(url, json=body) as resp:
         out.status = resp.status
+        out.worker = worker_id(resp.headers.get("x-kvoffload-worker"))
         if resp.status != 200:
             out.error = (await resp.text())[:300]
             return
