@@ -74,8 +74,6 @@ class _RequestAccess:
         return self.keys
 
 
-
-
 def runs_distinct(a: list[OffloadKey], b: list[OffloadKey]) -> bool:
     """A request's two runs (a load, a store) hold each key once: a loaded key can have left the
     tier and been stored again by the same request (then its first-seen map decides)."""
