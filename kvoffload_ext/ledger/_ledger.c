@@ -111,7 +111,7 @@ static PyObject *L_touch(Ledger *self, PyObject *arg) {
     ALIVE(self);
     Keys kk;
     if (keys_get(&kk, arg) < 0) return NULL;
-    int rc = touch_run(self, kk.items, kk.hs, kk.n, 0);
+    int rc = touch_run(self, kk.items, kk.hs, kk.n, 0, NULL);
     keys_free(&kk);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;

@@ -114,13 +114,16 @@ static int32_t tbl_find(const Table *t, PyObject *const *keys, const Py_hash_t *
     }
 }
 
-static void tbl_put(Table *t, Py_hash_t h, int32_t node) {
-    uint32_t mix = mix_of(h);
-    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, mix);
+/* Bucket e into the first free bucket of its probe run. */
+static void tbl_place(Table *t, Bucket e) {
+    uint64_t mask = ((uint64_t)1 << t->bits) - 1, i = home(t, e.mix);
     while (t->b[i].node != NIL) i = (i + 1) & mask;
-    t->b[i].node = node;
-    t->b[i].mix = mix;
+    t->b[i] = e;
     t->used++;
+}
+
+static void tbl_put(Table *t, Py_hash_t h, int32_t node) {
+    tbl_place(t, (Bucket){node, mix_of(h)});
     t->version++;
 }
 
@@ -147,15 +150,8 @@ static int tbl_grow(Table *t) {
     Table bigger;
     if (tbl_init(&bigger, t->used * 2 + 8) < 0) return -1;
     size_t n = (size_t)1 << t->bits;
-    uint64_t mask = ((uint64_t)1 << bigger.bits) - 1;
-    for (size_t i = 0; i < n; i++) {
-        Bucket e = t->b[i];
-        if (e.node == NIL) continue;
-        uint64_t j = home(&bigger, e.mix);
-        while (bigger.b[j].node != NIL) j = (j + 1) & mask;
-        bigger.b[j] = e;
-        bigger.used++;
-    }
+    for (size_t i = 0; i < n; i++)
+        if (t->b[i].node != NIL) tbl_place(&bigger, t->b[i]);
     PyMem_Free(t->b);
     bigger.version = t->version + 1;
     *t = bigger;

@@ -1,7 +1,8 @@
 /* The ledger's eviction policies (included by _ledger.c, one translation unit; their shared
- * state is ledger_state.h): LRU, ARC as vLLM ships it, and ARC as Megiddo & Modha specify it (classic). The semantics are
- * those of kvoffload/offload/{lru,arc}.py and policies/arc_classic.py driven by the Python
- * CPUOffloadingManager, the reference the tests compare against op for op. */
+ * state is ledger_state.h): LRU, ARC as vLLM ships it, and ARC as Megiddo & Modha specify it
+ * (classic). The semantics are those of kvoffload/offload/{lru,arc}.py and
+ * policies/arc_classic.py driven by the Python CPUOffloadingManager, the reference the tests
+ * compare against op for op. */
 #ifndef KVOFFLOAD_LEDGER_POLICY_H
 #define KVOFFLOAD_LEDGER_POLICY_H
 #include "ledger_state.h"
@@ -115,14 +116,18 @@ static int pol_touch(Ledger *self, PyObject *k, Py_hash_t h) {
 
 /* A run of touched keys: the head ends most recent (LRU, ARC), or the tail (classic ARC, which
  * replays references in order). `absent`: keys known to be absent (store misses), so only the
- * ghost lists react and the index is not searched again. */
-static int touch_run(Ledger *self, PyObject *const *items, const Py_hash_t *hs, Py_ssize_t n, int absent) {
+ * ghost lists react and the index is not searched again; then `no_ghost` (or NULL) gets 1 at
+ * each i whose key turned out to be no ghost. */
+static int touch_run(Ledger *self, PyObject *const *items, const Py_hash_t *hs, Py_ssize_t n, int absent,
+                     uint8_t *no_ghost) {
     if (self->policy == POL_PV) return pv_touch(self, items, hs, n);
     int (*one)(Ledger *, PyObject *, Py_hash_t) = absent ? pol_touch_absent : pol_touch;
     int forward = self->policy == POL_CLASSIC;
     for (Py_ssize_t j = 0; j < n; j++) {
         Py_ssize_t i = forward ? j : n - 1 - j;
-        if (one(self, items[i], hs[i]) < 0) return -1;
+        int r = one(self, items[i], hs[i]);
+        if (r < 0) return -1;
+        if (no_ghost && absent && r == 0) no_ghost[i] = 1;
     }
     return 0;
 }

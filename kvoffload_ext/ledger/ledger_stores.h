@@ -9,19 +9,21 @@
  * those shown are added after the pass, so a key repeated in one run is shown at each repeat,
  * as store_miss does) or a list (the caller's first: those shown are appended). `missing` (a
  * list, or NULL) receives the keys shown. `ghostly` (per position, or NULL): set to 0 where the
- * touch found no ghost (ARC), so inserting the key need not look again. */
+ * touch found no ghost, so inserting the key need not look again. */
 static int show_misses(Ledger *self, Keys *kk, const int32_t *pos, Py_ssize_t m, PyObject *shown, PyObject *missing,
                        int32_t *ghostly) {
     PyObject *small_k[64];
     Py_hash_t small_h[64];
     int32_t small_p[64];
+    uint8_t small_g[64];
     int big = m > 64;
     PyObject **mk = big ? PyMem_Malloc(m * sizeof(PyObject *)) : small_k; /* borrowed from kk's tuple */
     Py_hash_t *mh = big ? PyMem_Malloc(m * sizeof(Py_hash_t)) : small_h;
     int32_t *mp = big ? PyMem_Malloc(m * sizeof(int32_t)) : small_p;
+    uint8_t *no_ghost = big ? PyMem_Calloc(m, 1) : memset(small_g, 0, sizeof(small_g));
     Py_ssize_t got = 0;
     int rc = -1, is_set = shown && PySet_Check(shown);
-    if (!mk || !mh || !mp) { PyErr_NoMemory(); goto done; }
+    if (!mk || !mh || !mp || !no_ghost) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t j = 0; j < m; j++) {
         PyObject *k = kk->items[pos[j]];
         if (is_set) {
@@ -36,21 +38,16 @@ static int show_misses(Ledger *self, Keys *kk, const int32_t *pos, Py_ssize_t m,
     }
     for (Py_ssize_t j = 0; shown && j < got; j++)
         if ((is_set ? PySet_Add(shown, mk[j]) : PyList_Append(shown, mk[j])) < 0) goto done;
-    if (self->policy == POL_ARC) { /* touch_run's order, noting who is no ghost */
-        for (Py_ssize_t j = got - 1; j >= 0; j--) {
-            int ghost = pol_touch_absent(self, mk[j], mh[j]);
-            if (ghost < 0) goto done;
-            if (!ghost && ghostly) ghostly[mp[j]] = 0;
-        }
-        rc = 0;
-    } else {
-        rc = self->policy != POL_LRU ? touch_run(self, mk, mh, got, 1) : 0;
-    }
+    if (self->policy != POL_LRU && touch_run(self, mk, mh, got, 1, no_ghost) < 0) goto done;
+    for (Py_ssize_t j = 0; ghostly && j < got; j++)
+        if (no_ghost[j]) ghostly[mp[j]] = 0;
+    rc = 0;
 done:
     if (big) {
         PyMem_Free(mk);
         PyMem_Free(mh);
         PyMem_Free(mp);
+        PyMem_Free(no_ghost);
     }
     return rc;
 }

@@ -35,9 +35,6 @@ class StepSyncLoads:
     def __bool__(self) -> bool:
         return bool(self.progress)
 
-    def __contains__(self, job_id: int) -> bool:
-        return job_id in self.progress
-
     def layers_known(self) -> bool:
         """Every load says which layers landed (else stores wait for its report, after the step)."""
         return all(p is not None for p in self.progress.values())
