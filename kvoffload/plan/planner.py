@@ -139,14 +139,14 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
     # replays by when the run without offload starts each prefill (from a first pass in
     # arrival order).
     order = None
-    kv = prompt // bt + 1  # the device blocks a running request holds (its prompt's)
     for _ in range(2):
         dev = device_hits(reqs, device_blocks, bt, output_tokens, order)
         dev_tok = np.minimum(dev * bt, np.maximum(prompt - 1, 0))
         base_new = prompt - dev_tok
-        base, started, _ = simulate_ttft(arrival, np.zeros(len(reqs)), base_new, dev_tok, outputs, eng, kv,
-                                         device_blocks, after=after, think_s=think)
-        order = np.argsort(started, kind="stable").tolist()
+        replay = simulate_ttft(arrival, np.zeros(len(reqs)), base_new, dev_tok, outputs, eng, block_tokens=bt,
+                               capacity=device_blocks, after=after, think_s=think)
+        base = replay.ttft
+        order = np.argsort(replay.started, kind="stable").tolist()
     span = max(log.duration_s, PEAK_WINDOW_S)
     alone = eng.prefill_s(base_new, dev_tok)  # each by itself
     base_prefill = float(alone.sum())
@@ -171,8 +171,8 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
                                        float(nbytes.sum()) / span, stored / span, _peak(arrival, nbytes)))
         hit = np.minimum(hit, np.maximum(prompt - 1, 0))
         new = prompt - hit
-        ttft, _, _ = simulate_ttft(arrival, load_s, new, hit, outputs, eng, kv, device_blocks, after=after,
-                                   think_s=think)
+        ttft = simulate_ttft(arrival, load_s, new, hit, outputs, eng, block_tokens=bt, capacity=device_blocks,
+                             after=after, think_s=think).ttft
         prefill = float(eng.prefill_s(new, hit).sum())
         ret = returning if returning.any() else np.ones(len(reqs), dtype=bool)
         plan.results.append(PlanResult(

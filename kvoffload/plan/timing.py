@@ -1,16 +1,26 @@
-"""Time to first token as a plan predicts it: the log's requests arrive at their times and an
-engine runs steps of at most ``max_batched_tokens`` tokens, each priced by the profile (its own
-cost, its prefill tokens and their attention, its decoding requests and their contexts). A
-request's load is sent at the first step's start after it arrives and runs beside the steps;
-its prefill runs in the first step after the load has landed, first come first served among
-those ready; its first token comes at the end of the step that finishes it, and it then
-decodes its reply a token a step.
+"""Time to first token as a plan predicts it: the log's requests arrive at their times and the
+engine's scheduler is replayed step by step with its own rules (vLLM V1's, which the bundled
+engine follows), each step priced by the profile (its own cost, its prefill tokens and their
+attention, its decoding requests and their contexts).
 
-A request holds its prompt's device blocks from its first step to its last token; a new one
-whose prompt does not fit waits, and so does every new one behind it (the engine's scheduler
-stops there too; it admits by chunks and preempts when running requests outgrow the device,
-which this does not model). Runs of identical steps (one long prefill filling every step, or
-decoding alone) are priced in one go, so a log of long prompts costs its events, not its steps.
+A step has a budget of ``max_batched_tokens``. Running requests go first, oldest first, each
+taking what it has left to compute up to the budget (a decoding request one token). Each takes
+device blocks a chunk at a time; when the cache cannot hold a running request's next chunk the
+newest running request is preempted: it frees its blocks (last block first, to the tail of the
+free queue) and goes back to the front of the queue, to recompute what of its KV has been
+reused by then. Only in a step that preempted nobody are waiting requests admitted, in order,
+while budget, seats (``max_num_seqs``) and blocks last (minus the watermark while anything
+runs); one that does not fit stops the queue, except for requests whose load has landed. A
+request with a load from a tier reserves its whole prompt's blocks when admitted, waits
+``load_s`` for the load beside the steps, then runs. A request's first token comes at the end
+of the step that computes its prompt's last token; it then decodes its reply a token a step.
+
+Two simplifications, both said: device blocks are never shared between running requests (two
+requests on one system prompt hold two copies), and a request's prefix hits count as blocks
+taken from the head of the free queue. A request that alone outgrows the cache runs over it
+(the engine would refuse such a cache at start). Runs of identical steps (one long prefill
+filling every step, or decoding alone) are priced in one go, so a log of long prompts costs
+its events, not its steps.
 """
 
 from __future__ import annotations
@@ -18,164 +28,307 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from kvoffload.plan.free_queue import FreeQueue
 from kvoffload.plan.profile import EngineSpeed
+
+NEW, LOADING, PREEMPTED, RUNNING, DONE = range(5)
+
+
+@dataclass(slots=True)
+class TtftReplay:
+    """Per request, in arrival order: seconds from arrival to first token, when and in which
+    step it was first admitted, the step that gave its first token, how often it was
+    preempted; and the seconds the engine was busy."""
+
+    ttft: np.ndarray
+    started: np.ndarray
+    first_step: np.ndarray
+    token_step: np.ndarray
+    preemptions: np.ndarray
+    busy_s: float
 
 
 def simulate_ttft(arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarray, cached_tokens: np.ndarray,
-                  output_tokens: np.ndarray, engine: EngineSpeed, kv_blocks: np.ndarray | None = None,
-                  capacity: int = 0, max_num_seqs: int = 256, after: np.ndarray | None = None,
-                  think_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
-    """Seconds from each request's arrival to its first token, the time its prefill was first
-    scheduled (arrays in arrival order), and the seconds the engine was busy. With
-    ``capacity`` (device blocks), a request holds ``kv_blocks`` of them from its first step to
-    its last token, and one that does not fit waits, with every new one behind it. With
+                  output_tokens: np.ndarray, engine: EngineSpeed, *, block_tokens: int = 16, capacity: int = 0,
+                  max_num_seqs: int = 256, watermark: int = 0, after: np.ndarray | None = None,
+                  think_s: np.ndarray | None = None) -> TtftReplay:
+    """``capacity``: device blocks of ``block_tokens`` tokens (0: room for everything). With
     ``after`` (the request each one follows, -1: none) and ``think_s``, a request that follows
     another arrives ``think_s`` after that one's last token (a client waiting for its answer),
     not at its logged time."""
-    n = len(arrival)
-    arr = [float(a) for a in arrival]
-    followers: dict[int, list[int]] = {}
-    arrivals: list[tuple[float, int]] = []
-    for i in range(n):
-        j = int(after[i]) if after is not None else -1
-        if j >= 0:
-            followers.setdefault(j, []).append(i)
-        else:
-            arrivals.append((arr[i], i))
-    heapq.heapify(arrivals)
-    thinks = [float(x) for x in think_s] if think_s is not None else [0.0] * n
-    loads = [float(x) for x in load_s]
-    left = [max(int(x), 1) for x in new_tokens]  # the last prompt token is always computed
-    computed = [int(c) for c in cached_tokens]  # tokens each request has in KV
-    outputs = [int(o) for o in output_tokens]
-    ttft = [0.0] * n
-    started = [math.nan] * n
-    ready = [0.0] * n
-    budget = engine.max_batched_tokens
-    waiting: deque[int] = deque()
-    landing: list[tuple[float, int]] = []  # (when, request) of loads still on their way
-    decoding: list[tuple[int, int]] = []  # (step it finishes at, request)
-    # The decoding requests' contexts grow a token a step: their sum is
-    # ctx_base + decodes * step.
-    ctx_base = 0
-    ctx_of: dict[int, int] = {}
-    need = [int(b) for b in kv_blocks] if kv_blocks is not None and capacity > 0 else [0] * n
-    cap = capacity if capacity > 0 else 1 << 62
-    used = prefilling = 0
-    busy = 0.0
-    t = 0.0
-    step = 0
+    replay = _Replay(arrival, load_s, new_tokens, cached_tokens, output_tokens, engine, block_tokens, capacity,
+                     max_num_seqs, watermark, after, think_s)
+    replay.run()
+    return TtftReplay(np.array(replay.ttft), np.array(replay.started), np.array(replay.first_step),
+                      np.array(replay.token_step), np.array(replay.preempts), replay.busy)
 
-    def done(i: int) -> None:  # its last token: whoever waited for it sends next
-        for j in followers.get(i, ()):
-            arr[j] = t + thinks[j]
-            heapq.heappush(arrivals, (arr[j], j))
 
-    while arrivals or waiting or decoding:
-        while decoding and decoding[0][0] <= step:
-            _, i = heapq.heappop(decoding)
-            ctx_base -= ctx_of.pop(i)
-            used -= need[i]
-            done(i)
-        while arrivals and arrivals[0][0] <= t:
-            _, i = heapq.heappop(arrivals)
-            ready[i] = t + loads[i]
-            if ready[i] > t:
-                heapq.heappush(landing, (ready[i], i))
-            waiting.append(i)
-        while landing and landing[0][0] <= t:
-            heapq.heappop(landing)
-        decodes = len(decoding)
-        room = budget - decodes
-        slots = max_num_seqs - decodes - prefilling
-        takes: list[tuple[int, int]] = []
-        full = False
-        unseen = prefilling  # started prefills not visited yet: past the last, only new ones wait
-        for i in waiting:
-            if room <= 0 or (full and unseen == 0):
-                break
-            if ready[i] > t:
-                continue
-            if started[i] != started[i]:  # not started: NaN
-                if full or slots <= 0 or (used + need[i] > cap and used > 0):
-                    full = True  # no room: it waits, and so do the new ones after it
-                    continue
-                used += need[i]
-                slots -= 1
-                prefilling += 1
-                started[i] = t
+class _Replay:
+    def __init__(self, arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarray, cached_tokens: np.ndarray,
+                 output_tokens: np.ndarray, engine: EngineSpeed, block_tokens: int, capacity: int,
+                 max_num_seqs: int, watermark: int, after: np.ndarray | None, think_s: np.ndarray | None) -> None:
+        n = len(arrival)
+        self.eng = engine
+        self.arr = [float(a) for a in arrival]
+        self.followers: dict[int, list[int]] = {}
+        self.arrivals: list[tuple[float, int]] = []
+        for i in range(n):
+            j = int(after[i]) if after is not None else -1
+            if j >= 0:
+                self.followers.setdefault(j, []).append(i)
             else:
-                unseen -= 1
-            take = min(left[i], room)
+                self.arrivals.append((self.arr[i], i))
+        heapq.heapify(self.arrivals)
+        self.thinks = [float(x) for x in think_s] if think_s is not None else [0.0] * n
+        self.loads = [float(x) for x in load_s]
+        self.cached = [int(c) for c in cached_tokens]
+        self.total = [c + max(int(x), 1) for c, x in zip(self.cached, new_tokens)]  # the last prompt token is computed
+        self.outputs = [max(int(o), 1) for o in output_tokens]
+        self.comp = [0] * n
+        self.gen = [0] * n
+        self.held = [0] * n
+        self.state = [NEW] * n
+        self.ready = [0.0] * n
+        self.gave: list[tuple[int, int, int]] = [(0, 0, 0)] * n  # a preempted one's (position, blocks, cached)
+        self.ttft = [0.0] * n
+        self.started = [math.nan] * n
+        self.first_step = [-1] * n
+        self.token_step = [-1] * n
+        self.preempts = [0] * n
+        self.bs = block_tokens if capacity > 0 else 0
+        self.cap = capacity if capacity > 0 else 1 << 62
+        self.queue = FreeQueue(self.cap if capacity > 0 else 0)
+        self.max_num_seqs = max_num_seqs
+        self.watermark = watermark
+        self.used = 0
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []
+        self.loading: set[int] = set()
+        self.busy = 0.0
+        self.t = 0.0
+        self.step = 0
+
+    def blocks(self, tokens: int) -> int:
+        return -(-tokens // self.bs) if self.bs else 0
+
+    def grow(self, i: int, tokens: int) -> int:
+        """Blocks ``i`` must add to hold ``tokens`` (a landed load holds its prompt's already)."""
+        return max(self.blocks(tokens) - self.held[i], 0)
+
+    def run(self) -> None:
+        while self.arrivals or self.waiting or self.running:
+            while self.arrivals and self.arrivals[0][0] <= self.t:
+                self.waiting.append(heapq.heappop(self.arrivals)[1])
+            takes, changed = self._schedule()
+            if not takes:
+                if changed:  # everything running was preempted: an empty step
+                    self.step += 1
+                    continue
+                upcoming = self._next_event()
+                assert upcoming < math.inf, "requests wait with nothing running and nothing to come"
+                self.t = max(self.t, upcoming)
+                continue
+            k = 1 if changed else self._run_length(takes)
+            spent = _steps_time(k, takes, self.comp, self.total, self.gen, self.eng)
+            self.t += spent
+            self.busy += spent
+            self.step += k
+            self._advance(takes, k)
+
+    def _next_event(self) -> float:
+        """When the next request arrives or the next load lands."""
+        times = [self.arrivals[0][0]] if self.arrivals else []
+        times += [self.ready[i] for i in self.loading if self.ready[i] > self.t]
+        return min(times, default=math.inf)
+
+    def _take_blocks(self, i: int, n: int) -> None:
+        self.held[i] += n
+        self.used += n
+        self.queue.take(n)
+
+    def _schedule(self) -> tuple[list[tuple[int, int]], bool]:
+        """One step's (request, tokens), and whether it preempted or admitted anyone (the next
+        step then differs)."""
+        budget = self.eng.max_batched_tokens
+        takes: list[tuple[int, int]] = []
+        running = self.running
+        idx = 0
+        preempted = False
+        while idx < len(running) and budget > 0:
+            i = running[idx]
+            take = min(self.total[i] - self.comp[i], budget)
+            need = self.grow(i, self.comp[i] + take)
+            while need > self.cap - self.used and not (len(running) == 1 and self.used == self.held[i]):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim == i:
+                    return takes, True
+            self._take_blocks(i, need)
             takes.append((i, take))
-            room -= take
-        if not takes and decodes == 0:
-            # Nothing to run: jump to the next arrival or landed load.
-            upcoming = [arrivals[0][0]] if arrivals else []
-            if landing:
-                upcoming.append(landing[0][0])
-            if not upcoming:  # the last decodes just ended
-                assert not waiting, "requests wait with nothing running and nothing to come"
+            budget -= take
+            idx += 1
+        if preempted or budget <= 0:
+            return takes, preempted
+        return takes, self._admit(budget, takes)
+
+    def _preempt(self, i: int) -> None:
+        self.used -= self.held[i]
+        self.gave[i] = (self.queue.give(self.held[i]), self.held[i], self.comp[i] // self.bs if self.bs else 0)
+        self.held[i] = self.comp[i] = 0
+        self.state[i] = PREEMPTED
+        self.preempts[i] += 1
+        self.waiting.appendleft(i)
+
+    def _admit(self, budget: int, takes: list[tuple[int, int]]) -> bool:
+        """The waiting queue's pass; whether anyone was admitted or began a load."""
+        waiting = self.waiting
+        skipped: list[int] = []
+        landed_left = -1
+        num_loading = len(self.loading)
+        changed = False
+        while waiting and budget > 0:
+            i = waiting[0]
+            landed = self.state[i] == LOADING and self.ready[i] <= self.t
+            if (landed_left >= 0 and not landed) or (self.state[i] == LOADING and not landed):
+                skipped.append(waiting.popleft())
+                continue
+            if landed:
+                num_loading -= 1
+                if landed_left >= 0:
+                    landed_left -= 1
+            elif len(self.running) + num_loading >= self.max_num_seqs:
                 break
-            t = max(t, min(upcoming))
-            continue
-        # How many steps exactly like this one can run before anything changes: none finishes
-        # its prefill, no decode ends, nothing arrives or lands.
-        k = 1
-        lone = len(takes) == 1 and left[takes[0][0]] > takes[0][1] and room == 0
-        if (lone or not takes) and decodes:
-            k = decoding[0][0] - step
-        elif lone:
-            k = 1 << 62
-        if lone:
-            k = min(k, (left[takes[0][0]] - 1) // takes[0][1])
-        if k > 1:
-            bound = [arrivals[0][0]] if arrivals else []
-            if landing:
-                bound.append(landing[0][0])
-            if bound:  # the largest k whose last step starts before the first of them
-                gap = min(bound) - t
-                lo, hi = 1, k
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if _steps_time(mid - 1, takes, computed, decodes, ctx_base, step, engine) < gap:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                k = lo
-        spent = _steps_time(k, takes, computed, decodes, ctx_base, step, engine)
-        t += spent
-        busy += spent
-        step += k
+            kept = first = gave = 0
+            if self.state[i] == NEW:
+                self.comp[i] = self.cached[i]
+            elif self.state[i] == PREEMPTED:
+                first, gave, cached = self.gave[i]
+                kept = self.queue.survivors(first, gave, min(cached, (self.total[i] - 1) // self.bs))
+                self.comp[i] = kept * self.bs
+            load = self.state[i] == NEW and self.loads[i] > 0
+            take = 0 if load else min(self.total[i] - self.comp[i], budget)
+            need = self.grow(i, self.total[i] if load else self.comp[i] + take)
+            reserve = self.watermark if self.running else 0
+            if self.used > 0 and need + reserve > 0 and need + reserve > self.cap - self.used:
+                if landed_left < 0:
+                    landed_left = sum(1 for j in self.loading if self.ready[j] <= self.t)
+                if not landed_left:
+                    break
+                skipped.append(waiting.popleft())
+                continue
+            waiting.popleft()
+            changed = True
+            if self.state[i] == PREEMPTED:
+                self.queue.reclaim(first, gave, kept)
+                self.held[i] += kept
+                self.used += kept
+                need -= kept
+            self._take_blocks(i, need)
+            if self.first_step[i] < 0:
+                self.started[i] = self.t
+                self.first_step[i] = self.step
+            if load:
+                self.state[i] = LOADING
+                self.ready[i] = self.t + self.loads[i]
+                self.loading.add(i)
+                num_loading += 1
+                skipped.append(i)
+                continue
+            self.loading.discard(i)
+            self.state[i] = RUNNING
+            self.running.append(i)
+            takes.append((i, take))
+            budget -= take
+        waiting.extendleft(reversed(skipped))
+        return changed
+
+    def _run_length(self, takes: list[tuple[int, int]]) -> int:
+        """How many steps exactly like this one run before anything changes: no prompt
+        finishes, no reply ends, no block runs short, nothing arrives or lands."""
+        k = 1 << 62
         for i, take in takes:
-            left[i] -= k * take
-            computed[i] += k * take
-            if left[i] == 0:
-                waiting.remove(i)
-                prefilling -= 1
-                ttft[i] = t - arr[i]
-                if outputs[i] > 1:
-                    heapq.heappush(decoding, (step + outputs[i] - 1, i))
-                    ctx_of[i] = computed[i] + 1 - step
-                    ctx_base += ctx_of[i]
-                else:
-                    used -= need[i]
-                    done(i)
-    return np.array(ttft), np.array(started), busy
+            left = self.total[i] - self.comp[i]
+            if left == 1 and self.gen[i]:  # decoding: until its reply ends
+                k = min(k, self.outputs[i] - self.gen[i])
+            elif take == left:
+                return 1
+            else:
+                k = min(k, left // take)
+        if k > 1 and self.bs and self.used > self.cap:  # only one that alone outgrows the cache
+            if self.used != self.held[self.running[0]] or len(self.running) > 1:
+                return 1
+        elif k > 1 and self.bs:
+            others = self.used - sum(self.held[i] for i, _ in takes)
+            k = _largest(k, lambda m: others + sum(self.held[i] + self.grow(i, self.comp[i] + m * take)
+                                                   for i, take in takes) <= self.cap)
+        if k > 1:
+            gap = self._next_event() - self.t
+            if gap < math.inf:  # the largest k whose last step starts before it
+                k = _largest(k, lambda m: _steps_time(m - 1, takes, self.comp, self.total, self.gen, self.eng) < gap)
+        return k
+
+    def _advance(self, takes: list[tuple[int, int]], k: int) -> None:
+        """``k`` steps of ``takes`` ran: their blocks, tokens and ends."""
+        for i, take in takes:
+            if k > 1:
+                self._take_blocks(i, self.grow(i, self.comp[i] + k * take))
+            decoding = self.total[i] - self.comp[i] == 1 and self.gen[i] > 0
+            self.comp[i] += k * take
+            if decoding:
+                self.gen[i] += k
+                self.total[i] += k
+            elif self.comp[i] == self.total[i]:  # the prompt's last token: one sampled
+                self.gen[i] += 1
+                self.total[i] += 1
+                if self.gen[i] == 1:
+                    self.ttft[i] = self.t - self.arr[i]
+                    self.token_step[i] = self.step - 1  # the run's last step
+            if self.gen[i] >= self.outputs[i]:
+                self._finish(i)
+
+    def _finish(self, i: int) -> None:
+        self.running.remove(i)
+        self.used -= self.held[i]
+        self.queue.give(self.held[i])
+        self.held[i] = 0
+        self.state[i] = DONE
+        for j in self.followers.get(i, ()):  # whoever waited for its answer sends next
+            self.arr[j] = self.t + self.thinks[j]
+            heapq.heappush(self.arrivals, (self.arr[j], j))
 
 
-def _steps_time(k: int, takes: list[tuple[int, int]], computed: list[int], decodes: int, ctx_base: int, step: int,
+def _largest(k: int, fits: Callable[[int], bool]) -> int:
+    """The largest m in [1, k] with ``fits(m)`` (true at 1, monotone)."""
+    lo, hi = 1, k
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _steps_time(k: int, takes: list[tuple[int, int]], comp: list[int], total: list[int], gen: list[int],
                 engine: EngineSpeed) -> float:
-    """Seconds of ``k`` steps of this composition (the prefill's context and the decodes'
-    contexts growing each step)."""
-    tokens = sum(take for _, take in takes)
-    attention = 0.0
-    for i, take in takes:  # sum over j < k of take * (c + j * take + take / 2)
-        c = computed[i]
-        attention += take * k * (c + take / 2) + take * take * k * (k - 1) / 2
-    context = k * ctx_base + decodes * (k * step + k * (k - 1) / 2)
+    """Seconds of ``k`` steps of this composition (prefill contexts and decoding contexts
+    growing each step). A request decodes when one token is left and it has answered before."""
+    tokens = decodes = 0
+    attention = context = 0.0
+    for i, take in takes:
+        c = comp[i]
+        if total[i] - c == 1 and gen[i]:
+            decodes += 1
+            context += k * (c + 1)
+        else:  # sum over j < k of take * (c + j * take + take / 2)
+            tokens += take
+            attention += take * k * (c + take / 2) + take * take * k * (k - 1) / 2
+    context += decodes * k * (k - 1) / 2
     return (k * (engine.step_s + tokens * engine.token_s + decodes * engine.decode_s)
             + attention * engine.attention_s + context * engine.decode_context_s)

@@ -3,14 +3,15 @@ step-by-step simulation of the same rules (Hypothesis)."""
 
 from __future__ import annotations
 
-import heapq
 import math
+from collections import deque
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvoffload.plan.free_queue import FreeQueue
 from kvoffload.plan.profile import EngineSpeed
 from kvoffload.plan.timing import simulate_ttft
 
@@ -19,9 +20,9 @@ ENGINE = EngineSpeed("t", step_s=1e-3, token_s=1e-5, attention_s=1e-8, max_batch
 
 
 def one(n: int, cached: int = 0, load: float = 0.0, out: int = 1) -> float:
-    ttft, _, _ = simulate_ttft(np.array([0.0]), np.array([load]), np.array([n]), np.array([cached]), np.array([out]),
-                            ENGINE)
-    return float(ttft[0])
+    replay = simulate_ttft(np.array([0.0]), np.array([load]), np.array([n]), np.array([cached]), np.array([out]),
+                           ENGINE)
+    return float(replay.ttft[0])
 
 
 def test_a_lone_prompt_is_its_steps():
@@ -36,126 +37,224 @@ def test_a_load_runs_beside_the_steps_and_its_prefill_after():
 
 
 def test_two_prompts_share_steps_first_come_first_served():
-    ttft, started, busy = simulate_ttft(np.array([0.0, 0.0]), np.zeros(2), np.array([200, 200]), np.zeros(2, dtype=int),
-                                  np.array([1, 1]), ENGINE)
+    r = simulate_ttft(np.array([0.0, 0.0]), np.zeros(2), np.array([200, 200]), np.zeros(2, dtype=int),
+                      np.array([1, 1]), ENGINE)
     first = 1e-3 + 256 * 1e-5 + 1e-8 * (200 * 100 + 56 * 28)  # 200 of the first, 56 of the second
-    assert ttft[0] == pytest.approx(first) and started.tolist() == [0.0, 0.0]
-    assert ttft[1] == pytest.approx(first + 1e-3 + 144 * 1e-5 + 1e-8 * 144 * (56 + 72)) == pytest.approx(busy)
+    assert r.ttft[0] == pytest.approx(first) and r.started.tolist() == [0.0, 0.0]
+    assert r.ttft[1] == pytest.approx(first + 1e-3 + 144 * 1e-5 + 1e-8 * 144 * (56 + 72)) == pytest.approx(r.busy_s)
+    assert r.first_step.tolist() == [0, 0] and r.token_step.tolist() == [0, 1]
 
 
-def test_a_prompt_that_does_not_fit_waits_for_the_device():
+def test_a_prompt_waits_for_blocks_a_chunk_at_a_time():
+    # Blocks of 16 tokens. The first prompt (100 tokens, 7 blocks) then 4 decode steps; the
+    # second needs 7 more: with 10 blocks it waits for the first's last token, with 16 not.
     arrival, zeros, new = np.zeros(2), np.zeros(2, dtype=int), np.array([100, 100])
-    need = np.array([8, 8])
-    alone, _, _ = simulate_ttft(arrival, np.zeros(2), new, zeros, np.array([5, 1]), ENGINE, need, capacity=10)
-    shared, _, _ = simulate_ttft(arrival, np.zeros(2), new, zeros, np.array([5, 1]), ENGINE, need, capacity=16)
-    # With room for one, the second starts after the first's last token (4 decode steps on).
-    assert shared[1] == pytest.approx(shared[0]) and alone[1] > alone[0] + 4 * 1e-3
+    alone = simulate_ttft(arrival, np.zeros(2), new, zeros, np.array([5, 1]), ENGINE, capacity=10)
+    shared = simulate_ttft(arrival, np.zeros(2), new, zeros, np.array([5, 1]), ENGINE, capacity=16)
+    assert shared.ttft[1] == pytest.approx(shared.ttft[0]) and alone.ttft[1] > alone.ttft[0] + 4 * 1e-3
+    assert alone.first_step.tolist() == [0, 5] and alone.preemptions.tolist() == [0, 0]
 
 
-def reference(arrival, load, new, cached, out, eng, max_num_seqs=256, need=None, cap=1 << 62, after=None,
-              think=None):
-    """Step by step, the rules as the module docstring states them."""
+def test_the_newest_running_request_is_preempted_when_blocks_run_out():
+    # Two 32-token prompts (2 blocks each) in 5 blocks: both start; the first decode step needs
+    # a third block for each (token 33): the second is preempted, recomputes after the first ends.
+    r = simulate_ttft(np.zeros(2), np.zeros(2), np.array([32, 32]), np.zeros(2, dtype=int), np.array([3, 3]),
+                      ENGINE, capacity=5)
+    assert r.first_step.tolist() == [0, 0] and r.preemptions.tolist() == [0, 1]
+    assert r.token_step.tolist() == [0, 0]  # its first token came before it was preempted
+    # Chunked admission: a 600-token prompt (38 blocks) starts beside a 100-token one (7) in 20
+    # blocks, with the 156 tokens of budget left (10 blocks), not all of its prompt's.
+    r = simulate_ttft(np.zeros(2), np.zeros(2), np.array([100, 600]), np.zeros(2, dtype=int), np.array([1, 1]),
+                      ENGINE, capacity=20)
+    assert r.first_step.tolist() == [0, 0] and r.preemptions.tolist() == [0, 0]
+
+
+def test_a_preempted_request_finds_what_is_left_of_its_blocks():
+    q = FreeQueue(4)  # positions 0-3 free
+    q.take(3)  # three fresh blocks go
+    first = q.give(5)  # a preempted request's five blocks, its last first: positions 4-8
+    q.take(2)  # position 3, then its last block (position 4)
+    assert q.survivors(first, 5, 10) == 4 and q.survivors(first, 5, 2) == 2
+    q.reclaim(first, 5, 4)  # it takes its four back from the middle
+    q.give(1)  # position 9
+    q.take(1)
+    assert q.head == 10  # the reclaimed positions 5-8 were skipped
+
+
+def reference(arrival, load, new, cached, out, eng, seqs=256, bs=16, cap=0, watermark=0, after=None, think=None):
+    """One step at a time, the rules as the module docstring states them, with the free queue
+    as real blocks: a preempted request's are tagged (request, preemption, index)."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     after = [-1] * n if after is None else list(after)
     pending = sorted((arrival[i], i) for i in range(n) if after[i] < 0)
-    left = [max(int(x), 1) for x in new]
-    comp = [int(c) for c in cached]
+    total = [int(c) + max(int(x), 1) for c, x in zip(cached, new)]
+    comp, gen, held, preempts = [0] * n, [0] * n, [0] * n, [0] * n
+    state = ["new"] * n
     ttft, ready, started = [0.0] * n, [0.0] * n, [math.nan] * n
-    waiting, decoding, ctx = [], [], {}
-    t, step, prefilling, used = 0.0, 0, 0, 0
-    need = [0] * n if need is None else list(need)
+    first_step, token_step, full_at_preemption = [-1] * n, [-1] * n, [0] * n
+    limit = cap if cap else 1 << 62
+    free = deque([None] * cap)
+    waiting, running = deque(), []
+    t, step, used = 0.0, 0, 0
+
+    def blocks(tokens):
+        return -(-tokens // bs) if cap else 0
+
+    def take_fresh(i, k):
+        nonlocal used
+        held[i] += k
+        used += k
+        for _ in range(k):
+            if free:
+                free.popleft()
+
+    def give(i, tag):
+        nonlocal used
+        used -= held[i]
+        free.extend([(i, preempts[i], j) for j in reversed(range(held[i]))] if tag else [None] * held[i])
+        held[i] = 0
 
     def finish(i):
+        running.remove(i)
+        give(i, False)
+        state[i] = "done"
         for j in range(n):
             if after[j] == i:
                 arrival[j] = t + think[j]
                 pending.append((arrival[j], j))
                 pending.sort()
 
-    while pending or waiting or decoding:
-        while decoding and decoding[0][0] <= step:
-            i = heapq.heappop(decoding)[1]
-            ctx.pop(i)
-            used -= need[i]
-            finish(i)
+    while pending or waiting or running:
         while pending and pending[0][0] <= t:
-            i = pending.pop(0)[1]
-            ready[i] = t + load[i]
-            waiting.append(i)
-        room = eng.max_batched_tokens - len(decoding)
-        slots = max_num_seqs - len(decoding) - prefilling
-        takes = []
-        blocked = False
-        for i in waiting:
-            if room <= 0:
+            waiting.append(pending.pop(0)[1])
+        budget, takes, preempted, changed = eng.max_batched_tokens, [], False, False
+        idx = 0
+        while idx < len(running) and budget > 0:
+            i = running[idx]
+            k = min(total[i] - comp[i], budget)
+            need = max(blocks(comp[i] + k) - held[i], 0)
+            while need > limit - used and not (len(running) == 1 and used == held[i]):
+                v = running.pop()
+                preempts[v] += 1
+                full_at_preemption[v] = comp[v] // bs
+                give(v, True)
+                comp[v] = 0
+                state[v] = "preempted"
+                waiting.appendleft(v)
+                preempted = changed = True
+                if v == i:
+                    break
+            if preempted and i not in running:
                 break
-            if ready[i] > t:
-                continue
-            if math.isnan(started[i]):
-                if blocked or slots <= 0 or (used + need[i] > cap and used > 0):
-                    blocked = True
+            take_fresh(i, need)
+            takes.append((i, k))
+            budget -= k
+            idx += 1
+        if not preempted and budget > 0:
+            loading = sum(1 for i in range(n) if state[i] == "loading")
+            landed_left, skipped = -1, []
+            while waiting and budget > 0:
+                i = waiting[0]
+                landed = state[i] == "loading" and ready[i] <= t
+                if (landed_left >= 0 and not landed) or (state[i] == "loading" and not landed):
+                    skipped.append(waiting.popleft())
                     continue
-                used += need[i]
-                slots -= 1
-                prefilling += 1
-                started[i] = t
-            take = min(left[i], room)
-            takes.append((i, take))
-            room -= take
-        if not takes and not decoding:
-            upcoming = [a for a, _ in pending[:1]] + [ready[i] for i in waiting if ready[i] > t]
-            if not upcoming:
-                break
+                if landed:
+                    loading -= 1
+                    landed_left -= landed_left >= 0
+                elif len(running) + loading >= seqs:
+                    break
+                kept = []
+                if state[i] == "new":
+                    comp[i] = int(cached[i])
+                elif state[i] == "preempted":
+                    most = min(full_at_preemption[i], (total[i] - 1) // bs)
+                    while len(kept) < most and (i, preempts[i], len(kept)) in free:
+                        kept.append((i, preempts[i], len(kept)))
+                    comp[i] = len(kept) * bs
+                is_load = state[i] == "new" and load[i] > 0
+                k = 0 if is_load else min(total[i] - comp[i], budget)
+                need = max(blocks(total[i] if is_load else comp[i] + k) - held[i], 0)
+                reserve = watermark if running else 0
+                if used > 0 and need + reserve > 0 and need + reserve > limit - used:
+                    if landed_left < 0:
+                        landed_left = sum(1 for j in waiting if state[j] == "loading" and ready[j] <= t)
+                    if not landed_left:
+                        break
+                    skipped.append(waiting.popleft())
+                    continue
+                waiting.popleft()
+                changed = True
+                for tag in kept:
+                    free.remove(tag)
+                held[i] += len(kept)
+                used += len(kept)
+                take_fresh(i, need - len(kept))
+                if first_step[i] < 0:
+                    started[i], first_step[i] = t, step
+                if is_load:
+                    state[i], ready[i] = "loading", t + load[i]
+                    loading += 1
+                    skipped.append(i)
+                    continue
+                state[i] = "running"
+                running.append(i)
+                takes.append((i, k))
+                budget -= k
+            waiting.extendleft(reversed(skipped))
+        if not takes:
+            if changed:
+                step += 1
+                continue
+            upcoming = [a for a, _ in pending[:1]] + [ready[i] for i in waiting if state[i] == "loading" and ready[i] > t]
             t = max(t, min(upcoming))
             continue
-        context = sum(c + (step - s) for s, c in ctx.values())
-        t += (eng.step_s + sum(k for _, k in takes) * eng.token_s + len(decoding) * eng.decode_s
-              + sum(k * (comp[i] + k / 2) for i, k in takes) * eng.attention_s + context * eng.decode_context_s)
+        dec = [(i, k) for i, k in takes if total[i] - comp[i] == 1 and gen[i]]
+        pre = [(i, k) for i, k in takes if (i, k) not in dec]
+        t += (eng.step_s + sum(k for _, k in pre) * eng.token_s + len(dec) * eng.decode_s
+              + sum(k * (comp[i] + k / 2) for i, k in pre) * eng.attention_s
+              + sum(comp[i] + 1 for i, _ in dec) * eng.decode_context_s)
         step += 1
         for i, k in takes:
-            left[i] -= k
             comp[i] += k
-            if left[i] == 0:
-                waiting.remove(i)
-                prefilling -= 1
-                ttft[i] = t - arrival[i]
-                if out[i] > 1:
-                    heapq.heappush(decoding, (step + out[i] - 1, i))
-                    ctx[i] = (step, comp[i] + 1)
-                else:
-                    used -= need[i]
-                    finish(i)
-    return ttft, started
+            if comp[i] == total[i]:
+                gen[i] += 1
+                total[i] += 1
+                if gen[i] == 1:
+                    ttft[i], token_step[i] = t - arrival[i], step - 1
+            if gen[i] >= max(int(out[i]), 1):
+                finish(i)
+    return ttft, started, first_step, token_step, preempts
 
 
 requests = st.lists(st.tuples(st.floats(0, 0.5), st.sampled_from([0.0, 0.0, 0.003, 0.02]), st.integers(1, 2000),
                               st.integers(0, 3000), st.integers(1, 40)), min_size=1, max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
-@given(requests, st.integers(1, 6), st.sampled_from([0, 40, 150]), st.data())
-def test_batched_steps_price_exactly_what_single_steps_do(reqs, seqs, capacity, data):
+@settings(max_examples=400, deadline=None)
+@given(requests, st.integers(1, 6), st.sampled_from([0, 12, 40, 150, 400]), st.sampled_from([0, 0, 3]), st.data())
+def test_batched_steps_price_exactly_what_single_steps_do(reqs, seqs, capacity, watermark, data):
     reqs = sorted(reqs)
     cols = [np.array(c) for c in zip(*reqs)]
     arrival, load, new, cached, out = cols
-    need = (new + cached) // 16 + 1
     # Some requests wait for an earlier one's answer (a session's next turn), a think time after it.
     after = np.array([data.draw(st.integers(-1, i - 1)) if i else -1 for i in range(len(reqs))])
     think = np.array([data.draw(st.floats(0, 0.05)) for _ in reqs])
-    got, got_started, _ = simulate_ttft(arrival, load, new, cached, out, ENGINE, need, capacity, max_num_seqs=seqs,
-                                        after=after, think_s=think)
-    want, want_started = reference(arrival, load, new, cached, out, ENGINE, seqs, need if capacity else None,
-                                   capacity or 1 << 62, after, think)
-    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
-    assert np.allclose(got_started, want_started, rtol=1e-9, atol=1e-12, equal_nan=True)
+    got = simulate_ttft(arrival, load, new, cached, out, ENGINE, capacity=capacity, max_num_seqs=seqs,
+                        watermark=watermark, after=after, think_s=think)
+    want = reference(arrival, load, new, cached, out, ENGINE, seqs, 16, capacity, watermark, after, think)
+    assert got.ttft == pytest.approx(want[0], rel=1e-9, abs=1e-12)
+    assert np.allclose(got.started, want[1], rtol=1e-9, atol=1e-12, equal_nan=True)
+    assert (got.first_step.tolist(), got.token_step.tolist(), got.preemptions.tolist()) == tuple(want[2:])
 
 
 def test_a_turn_that_waits_for_its_answer_comes_after_it():
     # The second request follows the first: sent 0.1 s after the first's last token, whatever
     # the log's timestamp said.
-    ttft, started, _ = simulate_ttft(np.array([0.0, 0.05]), np.zeros(2), np.array([100, 100]), np.array([0, 100]),
-                                     np.array([3, 1]), ENGINE, after=np.array([-1, 0]), think_s=np.array([0.0, 0.1]))
+    r = simulate_ttft(np.array([0.0, 0.05]), np.zeros(2), np.array([100, 100]), np.array([0, 100]), np.array([3, 1]),
+                      ENGINE, after=np.array([-1, 0]), think_s=np.array([0.0, 0.1]))
+    ttft, started = r.ttft, r.started
     first = 1e-3 + 100 * 1e-5 + 1e-8 * 100 * 50
     decode = 2 * (1e-3 + 2e-4) + 1e-7 * (101 + 102)  # two more tokens, over contexts of 101 and 102
     assert started[1] == pytest.approx(first + decode + 0.1)
