@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ def _workloads(args: Any, block_tokens: int) -> dict[str, Workload]:
 
         vocab = 258 if args.engine == "bundled" else 32000
         try:
-            out["log"] = serve_workloads.request_log(args.log, clients=4, max_tokens=16, vocab=vocab,
+            from kvoffload.plan.log_reader import sample_path
+
+            out["log"] = serve_workloads.request_log(sample_path(args.log), clients=4, max_tokens=16, vocab=vocab,
                                                      limit=args.log_limit)
         except RequestLogError as exc:
             if "--vocab" not in str(exc):
@@ -79,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-limit", type=int, default=200, help="--log: its first N requests")
     p.add_argument("--device-fraction", type=float, default=0.25, help="device cache as a share of the working set")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step budget")
+    p.add_argument("--speeds", choices=["served", "alone"], default="served",
+                   help="tier load speeds: as each chain's live run timed them while serving (calibrated from the "
+                        "server, as bench profile --from reads them), or as profiled alone")
     add_reps(p, 1)
     args = p.parse_args(argv)
     if args.model and args.engine != "vllm":
@@ -147,22 +153,32 @@ def _validate(args: Any, name: str, wl: Workload, bt: int, speeds: dict[str, Any
     try:
         for rep in range(args.reps):
             base_turns, engine = runs.base()
-            profile = Profile(engine, speeds, "fitted now")
             log = work / f"{name}-{rep}.jsonl"
             write_served_log(wl, base_turns, log)
             rlog = read_log(log, bt, vocab=vocab, output_tokens=wl.max_tokens)
-            plan = make_plan(rlog, list(chains.values()), block_bytes, device, profile, wl.max_tokens)
-            first = plan.results[0]
-            print(f"  rep {rep + 1} no offload: " + "; ".join([
-                note("none", "returning TTFT p50 ms", first.base_ttft_p50_s * 1e3, _p50_returning(base_turns) * 1e3),
-                note("none", "prompt tokens cached", first.device_tokens, _cached(base_turns))]))
-            for (config, chain), res in zip(chains.items(), plan.results):
-                got = runs.with_tiers(config, chain)
-                parts = [note(config, "returning TTFT p50 ms", res.ttft_p50_s * 1e3, _p50_returning(got.turns) * 1e3),
+            got = {config: runs.with_tiers(config, chain) for config, chain in chains.items()}
+            for i, (config, chain) in enumerate(chains.items()):
+                # The operator's way: the engine fitted on the server's steps, and (--speeds
+                # served) each tier's loads as that chain's server timed them while serving.
+                tiers, served_engine = dict(speeds), engine
+                if args.speeds == "served":
+                    served_engine = got[config].engine_seen or engine
+                    tiers.update({m: replace(tiers.get(m, s), load_gb_per_s=s.load_gb_per_s,
+                                             load_latency_s=s.load_latency_s)
+                                  for m, s in (got[config].loads_seen or {}).items()})
+                res = make_plan(rlog, [chain], block_bytes, device, Profile(served_engine, tiers, "fitted now"),
+                                wl.max_tokens).results[0]
+                if i == 0:
+                    print(f"  rep {rep + 1} no offload: " + "; ".join([
+                        note("none", "returning TTFT p50 ms", res.base_ttft_p50_s * 1e3,
+                             _p50_returning(base_turns) * 1e3),
+                        note("none", "prompt tokens cached", res.device_tokens, _cached(base_turns))]))
+                run = got[config]
+                parts = [note(config, "returning TTFT p50 ms", res.ttft_p50_s * 1e3, _p50_returning(run.turns) * 1e3),
                          note(config, "prompt tokens cached", res.device_tokens + res.prefill_tokens_saved,
-                              _cached(got.turns))]
-                parts += [note(config, f"{t.medium} tokens", t.tokens_served, got.tier_tokens.get(t.medium, 0))
+                              _cached(run.turns))]
+                parts += [note(config, f"{t.medium} tokens", t.tokens_served, run.tier_tokens.get(t.medium, 0))
                           for t in res.tiers]
-                print(f"  rep {rep + 1} {config}: " + "; ".join(parts) + got.remark)
+                print(f"  rep {rep + 1} {config}: " + "; ".join(parts) + run.remark)
     finally:
         runs.close()

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvoffload.bench.serve_workloads import Workload
-from kvoffload.plan.profile import EngineSpeed
+from kvoffload.plan.profile import EngineSpeed, TierSpeed
 from kvoffload.plan.tier_spec import PlannedTier
 
 #: Cores each vLLM server leaves to its API process (as ``bench serve`` runs it).
@@ -29,6 +30,11 @@ class Measured:
     tier_tokens: dict[str, float]
     #: What else the report shows of the run (preemptions, loads the cost model saw).
     remark: str = ""
+    #: Each tier's loads as the engine's cost model timed them in this run (in service), by medium.
+    loads_seen: dict[str, TierSpeed] | None = None
+    #: The engine's steps as timed in this run (with its tiers: stores and loads included), and
+    #: its median step that computed nothing (a load sent off or awaited), where they were timed.
+    engine_seen: EngineSpeed | None = None
 
 
 def engine_tiers(chain: tuple[PlannedTier, ...], directory: str) -> list[dict[str, Any]]:
@@ -101,12 +107,24 @@ class BundledRuns(LiveRuns):
         return turns, fit_steps(steps, self.mbt, "tiny")
 
     def with_tiers(self, label: str, chain: tuple[PlannedTier, ...]) -> Measured:
+        from kvoffload.bench.step_fit import fit_steps
+
         self.runs += 1  # a fresh directory each run: a disk tier keeps its records across restarts
-        turns, stats = self._run(engine_tiers(chain, str(self.work / f"{label}-{self.runs}")))
-        seen = stats["connector"]["load_cost"]["kvoffload_tier_load_bytes_per_second"]
+        steps: list[tuple[dict[str, float], float]] = []
+        turns, stats = self._run(engine_tiers(chain, str(self.work / f"{label}-{self.runs}")), steps)
+        empty = [t for terms, t in steps if not terms["token_s"] and not terms["decode_s"]]
+        busy = [(terms, t) for terms, t in steps if terms["token_s"] or terms["decode_s"]]
+        cost = stats["connector"]["load_cost"]
+        seen = cost["kvoffload_tier_load_bytes_per_second"]
+        latency = cost["kvoffload_tier_load_latency_seconds"]
         remark = (f" [{stats['preemptions']} preemptions]" if stats["preemptions"] else "") \
             + "; loads seen " + ", ".join(f"{m} {bw / 1e9:.2f} GB/s" for m, bw in seen.items())
-        return Measured(turns, {t.medium: stats["prefix_hit_tokens"].get(t.medium, 0) for t in chain}, remark)
+        loads = {m: TierSpeed(bw / 1e9, bw / 1e9, latency.get(m, 0.0), 0.0) for m, bw in seen.items() if bw > 0}
+        idle = statistics.median(empty) if empty else 0.0
+        remark += f"; {len(empty)} empty steps, median {idle * 1e3:.2f} ms" if empty else ""
+        engine = replace(fit_steps(busy, self.mbt, "tiny"), idle_step_s=idle) if busy else None
+        return Measured(turns, {t.medium: stats["prefix_hit_tokens"].get(t.medium, 0) for t in chain}, remark, loads,
+                        engine)
 
     def close(self) -> None:
         pass
@@ -165,8 +183,17 @@ class ServedRuns(LiveRuns):
         return self._once(None)[0], self._engine
 
     def with_tiers(self, label: str, chain: tuple[PlannedTier, ...]) -> Measured:
+        from kvoffload.bench.profile_scrape import scrape, tier_speeds
+        from kvoffload.plan.profile import ProfileError
+
         turns, hits = self._once(label)
-        return Measured(turns, {t.medium: hits.get(t.medium, 0.0) for t in chain})
+        try:  # what the server's cost model timed, read from its /metrics as `bench profile --from` does
+            loads, _ = tier_speeds(scrape(self.servers[label].url))
+        except ProfileError as exc:
+            loads, remark = {}, f"; no loads timed in service ({exc})"
+        else:
+            remark = "; loads seen " + ", ".join(f"{m} {s.load_gb_per_s:.2f} GB/s" for m, s in loads.items())
+        return Measured(turns, {t.medium: hits.get(t.medium, 0.0) for t in chain}, remark, loads)
 
     def close(self) -> None:
         for server in self.servers.values():

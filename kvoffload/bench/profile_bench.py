@@ -30,6 +30,7 @@ import numpy as np
 
 from kvoffload.bench.measure import add_reps, bench_parser, preamble
 from kvoffload.bench.step_fit import LENGTHS, fit_steps, step_terms
+from kvoffload.engine.request import RequestStatus
 from kvoffload.plan.model_shape import kv_shape
 from kvoffload.plan.profile import EngineSpeed, Profile, TierSpeed
 
@@ -56,6 +57,11 @@ class StepRecorder:
         self.prompt_len: dict[str, int] = {}
         self.current: list[tuple[int, int, bool]] = []
         self.rows: list[tuple[dict[str, float], float]] = []
+        self.busy = llm.scheduler.has_unfinished_requests
+        self.requests = llm.scheduler.requests
+        self.loading: set[str] = set()
+        self.loads = 0
+        self.last_end: float | None = None
         llm.runner.execute_model = self
 
     def __call__(self, so: Any) -> Any:
@@ -66,13 +72,22 @@ class StepRecorder:
         computed.update(zip(cached.req_ids, cached.num_computed_tokens))
         self.current = [(n, computed[rid], computed[rid] >= self.prompt_len.get(rid, 0))
                         for rid, n in so.num_scheduled_tokens.items() if n > 0]
+        # Loads sent off this step (requests now waiting for them) and taken back (scheduled again).
+        loading = {rid for rid, r in self.requests.items() if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS}
+        self.loads = len(loading - self.loading) + sum(1 for rid in so.num_scheduled_tokens if rid in self.loading)
+        self.loading = loading
         return self.inner(so)
 
     def step(self) -> list[str]:
-        """One engine step, timed and noted."""
+        """One engine step, timed and noted: from the previous step's end where the engine had
+        work left then (what its caller did between the two is part of the step's cadence, as a
+        server's loop is), else from its own start."""
         t0 = time.perf_counter()
         done = self.plain_step()
-        self.rows.append((step_terms(self.current), time.perf_counter() - t0))
+        end = time.perf_counter()
+        start = self.last_end if self.last_end is not None else t0
+        self.rows.append((step_terms(self.current, self.loads), end - start))
+        self.last_end = end if self.busy() else None
         return done
 
 

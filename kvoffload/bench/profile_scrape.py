@@ -78,7 +78,7 @@ def _engine(metrics: dict[str, Any], model: str, max_batched_tokens: int | None)
     return fit_steps(rows, mbt, model)
 
 
-def _tiers(metrics: dict[str, Any]) -> tuple[dict[str, TierSpeed], dict[str, str]]:
+def tier_speeds(metrics: dict[str, Any]) -> tuple[dict[str, TierSpeed], dict[str, str]]:
     bps = _by_label(metrics.get("kvoffload_tier_load_bytes_per_second", []), "tier")
     latency = _by_label(metrics.get("kvoffload_tier_load_latency_seconds", []), "tier")
     stored = _by_label(metrics.get("kvoffload_transfer_bytes_total", []), "direction").get("device_to_host", 0.0)
@@ -102,7 +102,7 @@ def _tiers(metrics: dict[str, Any]) -> tuple[dict[str, TierSpeed], dict[str, str
 def profile_from_server(url: str, model: str, shape: str, params: int, max_batched_tokens: int | None = None) -> Profile:
     metrics = scrape(url)
     engine = _engine(metrics, model, max_batched_tokens)
-    speeds, sources = _tiers(metrics)
+    speeds, sources = tier_speeds(metrics)
     sources["engine"] = ("kvoffload_prefill_tokens_per_second by step size (the server's steps under its load); "
                          "decode terms not published: 0")
     when = time.strftime("%Y-%m-%d %H:%M")

@@ -73,13 +73,18 @@ def detect_form(path: Path) -> str:
     return "openai"
 
 
-def read_log(path: str | Path, block_size: int, vocab: int = 32000, output_tokens: int = 128,
-             limit: int | None = None, bad: BadLines | None = None) -> RequestLog:
+def sample_path(path: str | Path) -> str | Path:
+    """``sample`` (where no such file is here) is the log shipped with kvoffload."""
     if str(path) == SAMPLE_LOG and not Path(path).exists():
         from importlib import resources
 
-        path = str(resources.files("kvoffload") / "examples" / "plan" / "sample.jsonl")
-    p = Path(path)
+        return str(resources.files("kvoffload") / "examples" / "plan" / "sample.jsonl")
+    return path
+
+
+def read_log(path: str | Path, block_size: int, vocab: int = 32000, output_tokens: int = 128,
+             limit: int | None = None, bad: BadLines | None = None) -> RequestLog:
+    p = Path(sample_path(path))
     if p.is_dir():
         raise RequestLogError(f"--log {path}: a directory; give a request log file inside it")
     if not p.is_file():

@@ -11,9 +11,11 @@ free queue) and goes back to the front of the queue, to recompute what of its KV
 reused by then. Only in a step that preempted nobody are waiting requests admitted, in order,
 while budget, seats (``max_num_seqs``) and blocks last (minus the watermark while anything
 runs); one that does not fit stops the queue, except for requests whose load has landed. A
-request with a load from a tier reserves its whole prompt's blocks when admitted, waits
-``load_s`` for the load beside the steps, then runs. A request's first token comes at the end
-of the step that computes its prompt's last token; it then decodes its reply a token a step.
+request with a load from a tier reserves its whole prompt's blocks when admitted; the load
+takes ``load_s`` beside the steps, the engine learns it landed at the end of the step it landed
+in (with nothing else to run, empty steps of ``idle_step_s``), and it runs from the next step. A
+request's first token comes at the end of the step that computes its prompt's last token; it
+then decodes its reply a token a step.
 
 Two simplifications, both said: device blocks are never shared between running requests (two
 requests on one system prompt hold two copies), and a request's prefix hits count as blocks
@@ -112,6 +114,7 @@ class _Replay:
         self.busy = 0.0
         self.t = 0.0
         self.step = 0
+        self.load_events = 0  # loads sent off or taken back in the step being planned
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs) if self.bs else 0
@@ -124,21 +127,40 @@ class _Replay:
         while self.arrivals or self.waiting or self.running:
             while self.arrivals and self.arrivals[0][0] <= self.t:
                 self.waiting.append(heapq.heappop(self.arrivals)[1])
+            self.load_events = 0
             takes, changed = self._schedule()
+            extra = self.load_events * self.eng.load_step_s
             if not takes:
-                if changed:  # everything running was preempted: an empty step
+                if changed:  # a step that only sent loads off (or preempted everyone)
                     self.step += 1
+                    self.t += self.eng.idle_step_s + extra
                     continue
-                upcoming = self._next_event()
-                assert upcoming < math.inf, "requests wait with nothing running and nothing to come"
-                self.t = max(self.t, upcoming)
+                self._idle()
                 continue
             k = 1 if changed else self._run_length(takes)
-            spent = _steps_time(k, takes, self.comp, self.total, self.gen, self.eng)
+            spent = _steps_time(k, takes, self.comp, self.total, self.gen, self.eng) + extra
             self.t += spent
             self.busy += spent
             self.step += k
             self._advance(takes, k)
+
+    def _idle(self) -> None:
+        """Nothing to compute: the next request comes (the engine waits for it), or, first, a
+        load lands, which the engine learns at the end of the empty step it lands in."""
+        arrival = self.arrivals[0][0] if self.arrivals else math.inf
+        landing = min((self.ready[i] for i in self.loading if self.ready[i] > self.t), default=math.inf)
+        assert min(arrival, landing) < math.inf, "requests wait with nothing running and nothing to come"
+        idle = self.eng.idle_step_s
+        if landing <= arrival and idle > 0:
+            steps = max(math.ceil((landing - self.t) / idle), 1)  # the fewest that reach it
+            while steps > 1 and self.t + (steps - 1) * idle >= landing:
+                steps -= 1
+            while self.t + steps * idle < landing:
+                steps += 1
+            self.t += steps * idle
+            self.step += steps
+        else:
+            self.t = max(self.t, min(arrival, landing))
 
     def _next_event(self) -> float:
         """When the next request arrives or the next load lands."""
@@ -238,9 +260,12 @@ class _Replay:
                 self.ready[i] = self.t + self.loads[i]
                 self.loading.add(i)
                 num_loading += 1
+                self.load_events += 1
                 skipped.append(i)
                 continue
-            self.loading.discard(i)
+            if landed:  # taken back
+                self.loading.discard(i)
+                self.load_events += 1
             self.state[i] = RUNNING
             self.running.append(i)
             takes.append((i, take))
