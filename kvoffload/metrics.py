@@ -48,6 +48,9 @@ GAUGES = {
                                             "tokens, as the cost model measures it"),
     "kvoffload_layerwise_stall_seconds": ("part", "What a step loses to the layer-wise loads inside it, as the "
                                           "cost model measures it: per_step (fixed) and per_block"),
+    "kvoffload_step_overhead_seconds": ("part", "A load's way through the engine besides its copy, as the steps "
+                                        "come round: idle_step (a step computing nothing while a load is on its "
+                                        "way) and per_load (what sending one off adds to its step)"),
 }
 #: connector stats key -> (metric name, help); plain counters without labels.
 CONNECTOR_COUNTERS = {

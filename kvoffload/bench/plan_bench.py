@@ -109,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         block = (ServedRuns if args.engine == "vllm" else BundledRuns).block_tokens
         for name, wl in _workloads(args, block).items():
             _validate(args, name, wl, block, speeds, Path(tmp) / name, ratios)
-        print("\nsummary, predicted / measured (median ± half-range of the reps):")
+        print("\nsummary, predicted / measured (median ± half-range of the reps; every rep):")
         for (workload, config, figure), values in ratios.items():
-            print(f"  {workload:<5} {config:<9} {figure:<22} {Sample(tuple(values)).fmt()}x")
+            each = ", ".join(f"{v:.2f}" for v in values)
+            print(f"  {workload:<5} {config:<9} {figure:<22} {Sample(tuple(values)).fmt()}x  ({each})")
     return 0
 
 

@@ -183,17 +183,22 @@ class ServedRuns(LiveRuns):
         return self._once(None)[0], self._engine
 
     def with_tiers(self, label: str, chain: tuple[PlannedTier, ...]) -> Measured:
-        from kvoffload.bench.profile_scrape import scrape, tier_speeds
+        from kvoffload.bench.profile_scrape import scrape, step_overheads, tier_speeds
         from kvoffload.plan.profile import ProfileError
 
         turns, hits = self._once(label)
+        engine = None
         try:  # what the server's cost model timed, read from its /metrics as `bench profile --from` does
-            loads, _ = tier_speeds(scrape(self.servers[label].url))
+            metrics = scrape(self.servers[label].url)
+            loads, _ = tier_speeds(metrics)
         except ProfileError as exc:
             loads, remark = {}, f"; no loads timed in service ({exc})"
         else:
-            remark = "; loads seen " + ", ".join(f"{m} {s.load_gb_per_s:.2f} GB/s" for m, s in loads.items())
-        return Measured(turns, {t.medium: hits.get(t.medium, 0.0) for t in chain}, remark, loads)
+            idle, per_load = step_overheads(metrics)  # the steps' own terms stay the offline fit's
+            engine = replace(self._engine, idle_step_s=idle, load_step_s=per_load)
+            remark = ("; loads seen " + ", ".join(f"{m} {s.load_gb_per_s:.2f} GB/s" for m, s in loads.items())
+                      + f"; an idle step {idle * 1e3:.1f} ms, a load adds {per_load * 1e3:.1f} ms")
+        return Measured(turns, {t.medium: hits.get(t.medium, 0.0) for t in chain}, remark, loads, engine)
 
     def close(self) -> None:
         for server in self.servers.values():

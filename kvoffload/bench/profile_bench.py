@@ -126,7 +126,10 @@ def measure_prefill(model: str, block_size: int, mbt: int, reps: int) -> EngineS
     return fit_steps(rec.rows, mbt, model)
 
 
-def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, directory: str) -> TierSpeed:
+def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, directory: str,
+                 steps: list[tuple[dict[str, float], float]] | None = None) -> TierSpeed:
+    """A tier's loads and stores as its cost model and copies timed them; ``steps``: the run's
+    steps (terms, seconds) go there too."""
     from kvoffload.bench.serve_bundled import reset_cold
     from kvoffload.engine.sampling_params import SamplingParams
     from kvoffload.plan.model_shape import kv_shape
@@ -144,6 +147,10 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
     rng = random.Random(1)
     device = max(LENGTHS) // block_size + 8
     llm = _engine(model, block_size, mbt, {"tiers": tiers, "load_mode": "async"}, device)
+    if steps is not None:
+        rec = StepRecorder(llm)
+        llm.step = rec.step
+        steps_of = rec.rows
     try:
         for n in LENGTHS * reps:
             p = _prompt(rng, n)
@@ -156,6 +163,8 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
         stats = llm.stats()
     finally:
         llm.close()
+    if steps is not None:
+        steps.extend(steps_of)
     cost = stats["connector"]["load_cost"]
     bw = cost["kvoffload_tier_load_bytes_per_second"].get(medium)
     if not bw:
@@ -165,6 +174,16 @@ def measure_tier(medium: str, model: str, block_size: int, mbt: int, reps: int, 
     # beside the steps, not timed per tier, so its load speed stands in.
     store = (stats["transfer"].get("device_to_host", {}).get("gb_per_s") if medium == "cpu" else None) or bw / 1e9
     return TierSpeed(bw / 1e9, float(store), float(lat), float(lat))
+
+
+def load_overheads(steps: list[tuple[dict[str, float], float]]) -> tuple[float, float]:
+    """(idle_step_s, load_step_s) from steps that computed nothing: those that only waited for a
+    load, and those that sent loads off (less an idle step, per load)."""
+    idle = [t for terms, t in steps if not terms["token_s"] and not terms["decode_s"] and not terms["load_step_s"]]
+    sent = [t / terms["load_step_s"] for terms, t in steps
+            if not terms["token_s"] and not terms["decode_s"] and terms["load_step_s"]]
+    idle_s = float(np.median(idle)) if idle else 0.0
+    return idle_s, max(float(np.median(sent)) - idle_s, 0.0) if sent else 0.0
 
 
 def _vllm_engine(args: Any) -> EngineSpeed:
@@ -254,8 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         for medium in [m.strip() for m in args.tiers.split(",") if m.strip()]:
             # The tiers' copies are timed on the bundled engine: bytes a second, whatever the model.
             model = args.model if args.engine == "bundled" else "tiny"
-            s = measure_tier(medium, model, args.block_size, args.max_batched_tokens, args.reps, tmp)
+            rows: list[tuple[dict[str, float], float]] = []
+            s = measure_tier(medium, model, args.block_size, args.max_batched_tokens, args.reps, tmp, rows)
             speeds[medium] = s
+            if medium == "cpu" and args.engine == "bundled":  # what a load costs the engine's steps
+                idle, load = load_overheads(rows)
+                engine = dataclasses.replace(engine, idle_step_s=idle, load_step_s=load)
+                print(f"loads: an idle step {idle * 1e3:.3f} ms, a load sent or taken back {load * 1e3:.3f} ms")
             print(f"{medium}: loads {s.load_gb_per_s:.3f} GB/s + {s.load_latency_s * 1e6:.0f} us a job, stores "
                   f"{s.store_gb_per_s:.3f} GB/s; plain memory copy {plain:.2f} GB/s, ratio "
                   f"{s.load_gb_per_s / plain:.3f}")

@@ -7,6 +7,8 @@ kvoffload's connector): the speeds under the server's real load, not a machine t
   seconds, and a step's fixed cost and a token's cost are fitted on those steps.
 - Each tier's loads: the cost model's fit of the loads it timed
   (``kvoffload_tier_load_bytes_per_second`` and ``..._latency_seconds``).
+- A load's way through the engine besides its copy: ``kvoffload_step_overhead_seconds`` (an
+  empty step while a load is on its way, and what sending one off adds to its step).
 - Stores into host memory: the copies' own histogram (``kvoffload_transfer_*`` of
   ``device_to_host``); a lower tier's stores are not published, so its load speed stands in.
 
@@ -75,7 +77,14 @@ def _engine(metrics: dict[str, Any], model: str, max_batched_tokens: int | None)
     zero = dict.fromkeys(TERMS, 0.0)
     rows = [({**zero, "step_s": 1.0, "token_s": float(n)}, n / rate) for n, rate in sorted(rates.items())]
     mbt = max_batched_tokens or max(rates)
-    return fit_steps(rows, mbt, model)
+    idle, per_load = step_overheads(metrics)
+    return replace(fit_steps(rows, mbt, model), idle_step_s=idle, load_step_s=per_load)
+
+
+def step_overheads(metrics: dict[str, Any]) -> tuple[float, float]:
+    """(idle_step_s, load_step_s) as the server's steps came round (0 where not seen yet)."""
+    parts = _by_label(metrics.get("kvoffload_step_overhead_seconds", []), "part")
+    return parts.get("idle_step", 0.0), parts.get("per_load", 0.0)
 
 
 def tier_speeds(metrics: dict[str, Any]) -> tuple[dict[str, TierSpeed], dict[str, str]]:
@@ -104,6 +113,6 @@ def profile_from_server(url: str, model: str, shape: str, params: int, max_batch
     engine = _engine(metrics, model, max_batched_tokens)
     speeds, sources = tier_speeds(metrics)
     sources["engine"] = ("kvoffload_prefill_tokens_per_second by step size (the server's steps under its load); "
-                         "decode terms not published: 0")
+                         "idle_step_s and load_step_s: kvoffload_step_overhead_seconds; decode terms not published: 0")
     when = time.strftime("%Y-%m-%d %H:%M")
     return Profile(replace(engine, shape=shape, params=params), speeds, f"{url}, in service, {when}", sources)

@@ -30,13 +30,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvoffload.plan.free_queue import FreeQueue
 from kvoffload.plan.profile import EngineSpeed
+from kvoffload.plan.step_price import largest, steps_time
 
 NEW, LOADING, PREEMPTED, RUNNING, DONE = range(5)
 
@@ -138,7 +138,7 @@ class _Replay:
                 self._idle()
                 continue
             k = 1 if changed else self._run_length(takes)
-            spent = _steps_time(k, takes, self.comp, self.total, self.gen, self.eng) + extra
+            spent = steps_time(k, takes, self.comp, self.total, self.gen, self.eng) + extra
             self.t += spent
             self.busy += spent
             self.step += k
@@ -290,12 +290,12 @@ class _Replay:
                 return 1
         elif k > 1 and self.bs:
             others = self.used - sum(self.held[i] for i, _ in takes)
-            k = _largest(k, lambda m: others + sum(self.held[i] + self.grow(i, self.comp[i] + m * take)
+            k = largest(k, lambda m: others + sum(self.held[i] + self.grow(i, self.comp[i] + m * take)
                                                    for i, take in takes) <= self.cap)
         if k > 1:
             gap = self._next_event() - self.t
             if gap < math.inf:  # the largest k whose last step starts before it
-                k = _largest(k, lambda m: _steps_time(m - 1, takes, self.comp, self.total, self.gen, self.eng) < gap)
+                k = largest(k, lambda m: steps_time(m - 1, takes, self.comp, self.total, self.gen, self.eng) < gap)
         return k
 
     def _advance(self, takes: list[tuple[int, int]], k: int) -> None:
@@ -326,34 +326,3 @@ class _Replay:
         for j in self.followers.get(i, ()):  # whoever waited for its answer sends next
             self.arr[j] = self.t + self.thinks[j]
             heapq.heappush(self.arrivals, (self.arr[j], j))
-
-
-def _largest(k: int, fits: Callable[[int], bool]) -> int:
-    """The largest m in [1, k] with ``fits(m)`` (true at 1, monotone)."""
-    lo, hi = 1, k
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _steps_time(k: int, takes: list[tuple[int, int]], comp: list[int], total: list[int], gen: list[int],
-                engine: EngineSpeed) -> float:
-    """Seconds of ``k`` steps of this composition (prefill contexts and decoding contexts
-    growing each step). A request decodes when one token is left and it has answered before."""
-    tokens = decodes = 0
-    attention = context = 0.0
-    for i, take in takes:
-        c = comp[i]
-        if total[i] - c == 1 and gen[i]:
-            decodes += 1
-            context += k * (c + 1)
-        else:  # sum over j < k of take * (c + j * take + take / 2)
-            tokens += take
-            attention += take * k * (c + take / 2) + take * take * k * (k - 1) / 2
-    context += decodes * k * (k - 1) / 2
-    return (k * (engine.step_s + tokens * engine.token_s + decodes * engine.decode_s)
-            + attention * engine.attention_s + context * engine.decode_context_s)

@@ -77,8 +77,26 @@ def test_bench_profile_writes_a_profile_plan_reads(tmp_path, capsys):
     # It says which model it timed, so a plan for another model refuses it (tests/plan/test_plan_cli.py).
     assert p.engine.shape == "2 layers, 2 KV heads of 16, 0.1M parameters" and p.engine.params == 90240
     assert p.tiers["cpu"].load_gb_per_s > 0 and p.engine.token_s > 0
-    assert "plain memory copy" in capsys.readouterr().out
+    # What a load costs the steps besides its copy: the steps that waited for one, and those that sent one off.
+    assert p.engine.idle_step_s > 0 and p.engine.load_step_s >= 0
+    text = capsys.readouterr().out
+    assert "plain memory copy" in text and "an idle step" in text
     assert cli.main(["plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB", "--profile", str(out)]) == 0
     assert cli.main(["plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB+disk:1GiB",
                      "--profile", str(out)]) == 2
     assert "tier 'disk'" in capsys.readouterr().err
+
+
+def test_load_overheads_are_the_steps_that_computed_nothing():
+    from kvoffload.bench.profile_bench import load_overheads
+
+    def row(tokens=0, decodes=0, loads=0):
+        return {"step_s": 1.0, "token_s": tokens, "attention_s": 0.0, "decode_s": decodes, "decode_context_s": 0.0,
+                "load_step_s": loads}
+
+    steps = [(row(), 0.4e-3), (row(), 0.5e-3), (row(), 0.3e-3), (row(loads=2), 2.0e-3), (row(loads=1), 1.2e-3),
+             (row(tokens=64, loads=1), 9e-3), (row(decodes=3), 2e-3)]
+    idle, load = load_overheads(steps)
+    assert idle == pytest.approx(0.4e-3)  # the three that only waited
+    assert load == pytest.approx(1.1e-3 - 0.4e-3)  # 1.0 and 1.2 ms a load sent, less an idle step
+    assert load_overheads([(row(tokens=5), 1e-3)]) == (0.0, 0.0)

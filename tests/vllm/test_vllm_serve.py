@@ -101,6 +101,14 @@ def test_vllm_serve_reports_kvoffload_hits_in_its_metrics(model, serve):
     assert m[("kvoffload_transfer_size_bytes_sum", (("direction", "host_to_device"),))] == 65536 * sum(cached) // 128
     assert m[("kvoffload_tier_capacity_blocks", (("tier", "cpu"),))] == 64 * 2**20 // 65536
     assert m[("kvoffload_tier_used_blocks", (("tier", "cpu"),))] >= 6
+    # `bench profile --from URL` calibrates a profile from this server's own figures (#71).
+    from kvoffload.bench.profile_scrape import profile_from_server
+
+    profile = profile_from_server(base, model, "the served model", 1)
+    assert profile.engine.token_s > 0 and profile.engine.max_batched_tokens > 0
+    assert set(profile.tiers) == {"cpu"} and profile.tiers["cpu"].load_gb_per_s > 0
+    assert profile.sources["tiers.cpu"].startswith("loads: kvoffload_tier_load_bytes_per_second")
+    assert f"{base}, in service" in profile.machine
     # The external reset reaches kvoffload: nothing stored before it is served after it.
     assert _post(f"{base}/reset_prefix_cache?reset_external=true") == {"success": True}
     assert _round(base, model) == [0, 0, 0]

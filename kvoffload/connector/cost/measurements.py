@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from kvoffload.connector.cost.cost_fit import LinearFit, PrefillRate
 from kvoffload.connector.cost.load_overheads import LoadOverheads
 from kvoffload.connector.cost.load_queue import InFlightLoad, LoadQueue
+from kvoffload.connector.cost.step_cadence import StepCadence
 
 
 @dataclass(slots=True)
@@ -61,6 +62,7 @@ class CostMeasurements:
         #: When a step with a layer-wise load last reported (the stall's last measurement).
         self.last_sync_at = clock()
         self.overheads = LoadOverheads()
+        self.cadence = StepCadence(clock)
 
     # ---- measurements --------------------------------------------------------------------
     def _new_tier(self) -> TierCost:
@@ -92,10 +94,12 @@ class CostMeasurements:
             self.observe_load(medium, load.blocks if load is not None else 0, seconds,
                               trusted=load is not None and load.overran)
 
-    def end_step(self, requests: int = 1) -> None:
+    def end_step(self, requests: int = 1, tokens: int = 0, loads_sent: int = 0) -> None:
         """The step's loads were planned, for a step of ``requests`` requests (each waits for the
-        host work a load adds): a warm-up load given and not planned was not issued."""
+        host work a load adds) computing ``tokens`` and sending ``loads_sent`` loads off: a
+        warm-up load given and not planned was not issued."""
         self.overheads.observe_batch(requests)
+        self.cadence.step(tokens, loads_sent, sum(len(t.queue.loads) for t in self.tiers.values()))
         for tier in self.tiers.values():
             tier.warmup_given = 0
 
@@ -182,4 +186,5 @@ class CostMeasurements:
                 "kvoffload_tier_load_latency_seconds": latency,
                 "kvoffload_prefill_tokens_per_second": self.prefill.tokens_per_second(),
                 "kvoffload_layerwise_stall_seconds": dict(zip(("per_step", "per_block"), self.sync_stall.coefficients()))
-                if self.sync_stall.samples else {}}
+                if self.sync_stall.samples else {},
+                "kvoffload_step_overhead_seconds": self.cadence.gauges()}

@@ -174,7 +174,7 @@ class OffloadingConnectorScheduler:
             num_step_tokens=sum(scheduler_output.num_scheduled_tokens.values()),
         )
         meta.cancel_loads = set(self.cost.overdue())
-        self.cost.end_step(len(scheduler_output.num_scheduled_tokens))
+        self.cost.end_step(len(scheduler_output.num_scheduled_tokens), meta.num_step_tokens, len(step.reqs_to_load))
         return meta
 
     # ---- completions -------------------------------------------------------------------------
