@@ -180,10 +180,13 @@ class ServedRuns(LiveRuns):
         return [(t.sid, t.turn, t.completion) for t in res.turns], res.hits
 
     def base(self) -> tuple[Turns, EngineSpeed]:
-        return self._once(None)[0], self._engine
+        from kvoffload.bench.profile_scrape import request_overhead, scrape
+
+        turns = self._once(None)[0]  # the plain server's front end, from its own /metrics
+        return turns, replace(self._engine, request_s=request_overhead(scrape(self.servers[None].url)))
 
     def with_tiers(self, label: str, chain: tuple[PlannedTier, ...]) -> Measured:
-        from kvoffload.bench.profile_scrape import scrape, step_overheads, tier_speeds
+        from kvoffload.bench.profile_scrape import request_overhead, scrape, step_overheads, tier_speeds
         from kvoffload.plan.profile import ProfileError
 
         turns, hits = self._once(label)
@@ -195,9 +198,11 @@ class ServedRuns(LiveRuns):
             loads, remark = {}, f"; no loads timed in service ({exc})"
         else:
             idle, per_load = step_overheads(metrics)  # the steps' own terms stay the offline fit's
-            engine = replace(self._engine, idle_step_s=idle, load_step_s=per_load)
+            front = request_overhead(metrics)
+            engine = replace(self._engine, idle_step_s=idle, load_step_s=per_load, request_s=front)
             remark = ("; loads seen " + ", ".join(f"{m} {s.load_gb_per_s:.2f} GB/s" for m, s in loads.items())
-                      + f"; an idle step {idle * 1e3:.1f} ms, a load adds {per_load * 1e3:.1f} ms")
+                      + f"; an idle step {idle * 1e3:.1f} ms, a load adds {per_load * 1e3:.1f} ms, the front end "
+                      f"{front * 1e3:.1f} ms")
         return Measured(turns, {t.medium: hits.get(t.medium, 0.0) for t in chain}, remark, loads, engine)
 
     def close(self) -> None:

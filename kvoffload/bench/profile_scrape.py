@@ -34,7 +34,7 @@ MAX_PAGE_BYTES = 32 << 20
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Every sample of every kvoffload_* metric on the page: name -> [(labels, value)]."""
+    """Every sample of every kvoffload_* and vllm:* metric on the page: name -> [(labels, value)]."""
     from prometheus_client.parser import text_string_to_metric_families
 
     page = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
@@ -52,7 +52,7 @@ def scrape(url: str, timeout_s: float = 10.0) -> dict[str, list[tuple[dict[str, 
     try:
         for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
             for s in family.samples:
-                if s.name.startswith("kvoffload_") and math.isfinite(s.value) and s.value >= 0:
+                if s.name.startswith(("kvoffload_", "vllm:")) and math.isfinite(s.value) and s.value >= 0:
                     out[s.name].append((dict(s.labels), float(s.value)))
     except ValueError as exc:
         raise ProfileError(f"--from {url}: {page} is not Prometheus text ({str(exc)[:200]})") from None
@@ -78,7 +78,21 @@ def _engine(metrics: dict[str, Any], model: str, max_batched_tokens: int | None)
     rows = [({**zero, "step_s": 1.0, "token_s": float(n)}, n / rate) for n, rate in sorted(rates.items())]
     mbt = max_batched_tokens or max(rates)
     idle, per_load = step_overheads(metrics)
-    return replace(fit_steps(rows, mbt, model), idle_step_s=idle, load_step_s=per_load)
+    return replace(fit_steps(rows, mbt, model), idle_step_s=idle, load_step_s=per_load,
+                   request_s=request_overhead(metrics))
+
+
+def request_overhead(metrics: dict[str, Any]) -> float:
+    """vLLM's front end: its mean time to first token (from the API server's arrival) less the
+    engine core's own queue and prefill time of the same requests (0 where not published)."""
+    def mean(name: str) -> float | None:
+        total = sum(v for _, v in metrics.get(f"{name}_sum", []))
+        count = sum(v for _, v in metrics.get(f"{name}_count", []))
+        return total / count if count else None
+
+    ttft = mean("vllm:time_to_first_token_seconds")
+    queue, prefill = mean("vllm:request_queue_time_seconds"), mean("vllm:request_prefill_time_seconds")
+    return max(ttft - queue - prefill, 0.0) if ttft is not None and queue is not None and prefill is not None else 0.0
 
 
 def step_overheads(metrics: dict[str, Any]) -> tuple[float, float]:
@@ -113,6 +127,9 @@ def profile_from_server(url: str, model: str, shape: str, params: int, max_batch
     engine = _engine(metrics, model, max_batched_tokens)
     speeds, sources = tier_speeds(metrics)
     sources["engine"] = ("kvoffload_prefill_tokens_per_second by step size (the server's steps under its load); "
-                         "idle_step_s and load_step_s: kvoffload_step_overhead_seconds; decode terms not published: 0")
+                         "idle_step_s and load_step_s: kvoffload_step_overhead_seconds; "
+                         "request_s: vllm:time_to_first_token_seconds less vllm:request_queue_time_seconds and "
+                         "vllm:request_prefill_time_seconds (vLLM only); "
+                         "decode terms not published: 0")
     when = time.strftime("%Y-%m-%d %H:%M")
     return Profile(replace(engine, shape=shape, params=params), speeds, f"{url}, in service, {when}", sources)

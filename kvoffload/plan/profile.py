@@ -6,7 +6,8 @@ prefill of ``n`` new tokens after ``c`` cached ones takes ``ceil(n / max_batched
 of ``step_s`` plus ``n * token_s + n * (c + n / 2) * attention_s`` (attention reads every
 earlier token); each request decoding in a step adds ``decode_s`` and ``decode_context_s`` per
 token of its context; a step computing nothing while a load is on its way takes ``idle_step_s``,
-and each load adds ``load_step_s`` to the step sending it and to the one taking it back.
+and each load adds ``load_step_s`` to the step sending it and to the one taking it back; a
+server's front end adds ``request_s`` to every time to first token.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class EngineSpeed:
     #: What one load adds to the step that sends it off and to the one that takes it back (the
     #: connector's lookup and pins, the copy's submission, its report).
     load_step_s: float = 0.0
+    #: What a request's way into the engine and its first token's way out add to its time to
+    #: first token (a server's HTTP front end and its messages to the engine core).
+    request_s: float = 0.0
 
     def scaled(self, model: str, shape: str, params: int) -> EngineSpeed:
         """These terms guessed for a model of ``params`` weights: every per-token and attention
@@ -143,7 +147,7 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
     if type(mbt) is not int or mbt < 1:
         raise ProfileError(f"{source}: engine.max_batched_tokens = {describe_value(mbt)}: give an integer >= 1")
     optional = {k: _positive(eng, k, "engine", True) if k in eng else 0.0
-                for k in ("attention_s", "decode_s", "decode_context_s", "idle_step_s", "load_step_s")}
+                for k in ("attention_s", "decode_s", "decode_context_s", "idle_step_s", "load_step_s", "request_s")}
     params = eng.get("params", 0)
     if type(params) is not int or not 0 <= params <= 10**15:
         raise ProfileError(f"{source}: engine.params = {describe_value(params)}: give the timed model's parameter "
@@ -151,7 +155,7 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
     engine = EngineSpeed(_text(eng, "model", f"{source}: engine"), _positive(eng, "step_s", "engine", True),
                          _positive(eng, "token_s", "engine"), optional["attention_s"], mbt, optional["decode_s"],
                          optional["decode_context_s"], _text(eng, "shape", f"{source}: engine"), params,
-                         optional["idle_step_s"], optional["load_step_s"])
+                         optional["idle_step_s"], optional["load_step_s"], optional["request_s"])
     tiers_doc = doc.get("tiers") or {}
     if not isinstance(tiers_doc, dict):
         raise ProfileError(f"{source}: tiers: a mapping of medium -> speeds")

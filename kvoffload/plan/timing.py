@@ -15,7 +15,7 @@ request with a load from a tier reserves its whole prompt's blocks when admitted
 takes ``load_s`` beside the steps, the engine learns it landed at the end of the step it landed
 in (with nothing else to run, empty steps of ``idle_step_s``), and it runs from the next step. A
 request's first token comes at the end of the step that computes its prompt's last token; it
-then decodes its reply a token a step.
+then decodes its reply a token a step; a server's front end adds ``request_s`` to the wait.
 
 Two simplifications, both said: device blocks are never shared between running requests (two
 requests on one system prompt hold two copies), and a request's prefix hits count as blocks
@@ -66,7 +66,7 @@ def simulate_ttft(arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarra
     replay = _Replay(arrival, load_s, new_tokens, cached_tokens, output_tokens, engine, block_tokens, capacity,
                      max_num_seqs, watermark, after, think_s)
     replay.run()
-    return TtftReplay(np.array(replay.ttft), np.array(replay.started), np.array(replay.first_step),
+    return TtftReplay(np.array(replay.ttft) + engine.request_s, np.array(replay.started), np.array(replay.first_step),
                       np.array(replay.token_step), np.array(replay.preempts), replay.busy)
 
 

@@ -89,3 +89,18 @@ def test_a_server_that_is_down_is_named_in_one_line(tmp_path, capsys):
     assert f"--from http://127.0.0.1:{port}: cannot read http://127.0.0.1:{port}/metrics" in err and "\n" not in err
     assert cli.main(["bench", "profile", "--from", "localhost:9", "--model", "tiny"]) == 2
     assert "give the server's address, e.g. http://127.0.0.1:8000" in capsys.readouterr().err
+
+
+def test_vllms_front_end_is_its_ttft_less_the_engine_cores_own_times():
+    from kvoffload.bench.profile_scrape import request_overhead, step_overheads
+
+    metrics = {"vllm:time_to_first_token_seconds_sum": [({"engine": "0"}, 3.0)],
+               "vllm:time_to_first_token_seconds_count": [({"engine": "0"}, 10.0)],
+               "vllm:request_queue_time_seconds_sum": [({"engine": "0"}, 0.5)],
+               "vllm:request_queue_time_seconds_count": [({"engine": "0"}, 10.0)],
+               "vllm:request_prefill_time_seconds_sum": [({"engine": "0"}, 2.0)],
+               "vllm:request_prefill_time_seconds_count": [({"engine": "0"}, 10.0)],
+               "kvoffload_step_overhead_seconds": [({"part": "idle_step"}, 0.002), ({"part": "per_load"}, 0.001)]}
+    assert request_overhead(metrics) == pytest.approx(0.3 - 0.05 - 0.2)
+    assert step_overheads(metrics) == (0.002, 0.001)
+    assert request_overhead({}) == 0.0 and step_overheads({}) == (0.0, 0.0)  # the bundled engine: none published

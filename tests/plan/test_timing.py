@@ -37,6 +37,12 @@ def test_a_load_runs_beside_the_steps_and_its_prefill_after():
     assert one(1, cached=1000, load=0.01) == pytest.approx(0.01 + one(1, cached=1000))
 
 
+def test_a_servers_front_end_adds_to_every_first_token():
+    eng = dataclasses.replace(ENGINE, request_s=0.015)
+    r = simulate_ttft(np.zeros(1), np.zeros(1), np.array([600]), np.zeros(1, dtype=int), np.ones(1, dtype=int), eng)
+    assert r.ttft[0] == pytest.approx(one(600) + 0.015)
+
+
 def test_an_idle_engine_learns_of_a_landed_load_at_an_empty_steps_end():
     # The step that sends the 1 ms load off, then empty steps of 0.4 ms until one ends after
     # it landed (at 0.4 + 0.4 + 0.4 = 1.2 ms, three empty steps in all), then its prefill.
