@@ -2,8 +2,10 @@
 engine, or of real ``vllm serve`` (``--engine vllm``). Each workload runs without offload (its
 request log is written, as a server keeps one; the bundled engine's steps are timed and its
 speed fitted on them, vLLM's steps are timed offline with the server's settings), then with
-each tier configuration; `plan` replays the log through the same chains, priced by that fit and this
-machine's tier speeds; the report shows predicted and measured tokens per tier and
+each tier configuration; `plan` replays the log through the same chains, each priced as an
+operator calibrates from a running server (``--speeds served``): the engine fitted on that run's
+own steps (vLLM's: timed offline, with its load overheads and front end read from the server's
+/metrics) and the tiers' loads as that run's cost model timed them; the report shows predicted and measured tokens per tier and
 returning-turn TTFT p50, with their ratios (predicted / measured), then the median ratios.
 "Prompt tokens cached" is what each request found cached (device and tiers) when first
 admitted; a tier's tokens are the engine's counter, which also counts a preempted request's
