@@ -109,6 +109,7 @@ def test_vllm_serve_reports_kvoffload_hits_in_its_metrics(model, serve):
     assert set(profile.tiers) == {"cpu"} and profile.tiers["cpu"].load_gb_per_s > 0
     assert profile.sources["tiers.cpu"].startswith("loads: kvoffload_tier_load_bytes_per_second")
     assert f"{base}, in service" in profile.machine
+    assert 0 < profile.engine.request_s < 5  # its front end: vLLM's TTFT less its engine core's queue and prefill
     # The external reset reaches kvoffload: nothing stored before it is served after it.
     assert _post(f"{base}/reset_prefix_cache?reset_external=true") == {"success": True}
     assert _round(base, model) == [0, 0, 0]
