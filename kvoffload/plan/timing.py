@@ -147,8 +147,7 @@ class _Replay:
     def _idle(self) -> None:
         """Nothing to compute: the next request comes (the engine waits for it), or, first, a
         load lands, which the engine learns at the end of the empty step it lands in."""
-        arrival = self.arrivals[0][0] if self.arrivals else math.inf
-        landing = min((self.ready[i] for i in self.loading if self.ready[i] > self.t), default=math.inf)
+        arrival, landing = self._next_arrival(), self._next_landing()
         assert min(arrival, landing) < math.inf, "requests wait with nothing running and nothing to come"
         idle = self.eng.idle_step_s
         if landing <= arrival and idle > 0:
@@ -162,11 +161,11 @@ class _Replay:
         else:
             self.t = max(self.t, min(arrival, landing))
 
-    def _next_event(self) -> float:
-        """When the next request arrives or the next load lands."""
-        times = [self.arrivals[0][0]] if self.arrivals else []
-        times += [self.ready[i] for i in self.loading if self.ready[i] > self.t]
-        return min(times, default=math.inf)
+    def _next_arrival(self) -> float:
+        return self.arrivals[0][0] if self.arrivals else math.inf
+
+    def _next_landing(self) -> float:
+        return min((self.ready[i] for i in self.loading if self.ready[i] > self.t), default=math.inf)
 
     def _take_blocks(self, i: int, n: int) -> None:
         self.held[i] += n
@@ -293,7 +292,7 @@ class _Replay:
             k = largest(k, lambda m: others + sum(self.held[i] + self.grow(i, self.comp[i] + m * take)
                                                    for i, take in takes) <= self.cap)
         if k > 1:
-            gap = self._next_event() - self.t
+            gap = min(self._next_arrival(), self._next_landing()) - self.t  # the next request or landed load
             if gap < math.inf:  # the largest k whose last step starts before it
                 k = largest(k, lambda m: steps_time(m - 1, takes, self.comp, self.total, self.gen, self.eng) < gap)
         return k
