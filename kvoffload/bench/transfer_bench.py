@@ -18,8 +18,8 @@ import torch
 
 from kvoffload.bench.measure import Sample, add_reps, bench_parser, interleaved, preamble, timed
 from kvoffload.bench.transfer_overlap import kernel_sms, kv_layers, matmul_slowdown, measure_both
-from kvoffload.transfer.device_host_handler import host_copy_groups
 from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.host_tables import host_copy_groups
 from kvoffload.transfer.layout import canonicalize
 from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE
 from kvoffload_ext import copy_block_groups

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from kvoffload.bench.measure import Sample, interleaved
-from kvoffload.transfer.device_host_handler import host_copy_groups
 from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.host_tables import host_copy_groups
 from kvoffload.transfer.layout import CanonicalKVCache, canonicalize
 from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE
 from kvoffload_ext import copy_block_groups

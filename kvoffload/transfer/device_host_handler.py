@@ -15,41 +15,20 @@ import numpy as np
 from kvoffload.offload.mediums import GPULoadStoreSpec
 from kvoffload.transfer.handler import TrackedJobsHandler
 from kvoffload.transfer.host_buffer import HostBlockBuffer
+from kvoffload.transfer.host_tables import HostRowTables, JobPart
 from kvoffload.transfer.layer_progress import LayerProgress
 from kvoffload.transfer.layered_store import LayeredStore
 from kvoffload.transfer.layout import CanonicalKVCache
 from kvoffload.transfer.result import DEVICE_TO_HOST, HOST_TO_DEVICE, TransferSpec
 from kvoffload.transfer.slot_fence import SlotFences
 from kvoffload.transfer.streams import StreamPool
-from kvoffload_ext import copy_block_groups
-from kvoffload_ext.copies import CopyGroup, prepare_copies
+from kvoffload_ext.copies import prepare_copies
 
 #: Jobs (or a layer-wise store's layers) this small run in the caller where the pool allows it
 #: (``StreamPool.submit``'s ``inline``): on a CPU, handing a job to a copy thread cost the
 #: engine's loop about 50 µs (measured: the thread's wake-up and the GIL's return), the time of
 #: a ~100 KB copy; the tiny model's 33 KB jobs made `kvoffload run` 10% slower with offload.
 INLINE_BYTES = 128 << 10
-
-
-def host_copy_groups(kv: CanonicalKVCache, host: HostBlockBuffer, direction: str, device_ids: np.ndarray,
-                     host_rows: np.ndarray) -> list[list[CopyGroup]]:
-    """The copy groups of one job by KV tensor (layer): device block ``device_ids[i]`` <-> host
-    row ``host_rows[i]``, one group per (host chunk, view). Rows go in the order of their
-    source addresses: reading ascending rows is ~6-9% faster on CPU than a job's arbitrary
-    order (measured with 4 KiB rows), and a job's destinations are distinct, so the order
-    changes no result."""
-    tensors = kv.view_tensors or (0,) * len(kv.views)
-    groups: list[list[CopyGroup]] = [[] for _ in range(max(tensors) + 1)]
-    for chunk, local_rows, dev in host.group(host_rows, device_ids):
-        order = np.argsort(dev if direction == DEVICE_TO_HOST else local_rows, kind="stable")
-        local_rows, dev = local_rows[order].astype(np.int64, copy=False), dev[order].astype(np.int64, copy=False)
-        for view, offset, tensor in zip(kv.views, kv.row_offsets, tensors):
-            cols = host.columns(chunk, offset, view.shape[1])
-            if direction == DEVICE_TO_HOST:
-                groups[tensor].append((view, cols, dev, local_rows))
-            else:
-                groups[tensor].append((cols, view, local_rows, dev))
-    return groups
 
 
 class DeviceHostHandler(TrackedJobsHandler):
@@ -62,6 +41,7 @@ class DeviceHostHandler(TrackedJobsHandler):
         self.factor = block_size_factor
         self.pool = pool
         self.fences = fences
+        self.tables = HostRowTables(kv, host)
         #: This step's layer-wise stores (open until end_layered_stores).
         self._open: list[LayeredStore] = []
         # Stores go layer by layer only where each KV tensor is one named layer's: a tensor
@@ -78,6 +58,8 @@ class DeviceHostHandler(TrackedJobsHandler):
         super().__init__((DEVICE_TO_HOST, HOST_TO_DEVICE))
 
     def _host_rows(self, host_blocks: np.ndarray) -> np.ndarray:
+        if self.factor == 1:
+            return host_blocks  # an offloaded block is one engine block: its row is its slot
         return (host_blocks[:, None] * self.factor + np.arange(self.factor)[None, :]).reshape(-1)
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
@@ -139,20 +121,23 @@ class DeviceHostHandler(TrackedJobsHandler):
         host_rows = self._host_rows(host_blocks)
         if len(host_rows) != len(src.block_ids):
             return False
-        groups = host_copy_groups(self.kv, self.host, DEVICE_TO_HOST, src.block_ids, host_rows)
-        fences, fenced = self.fences, host_blocks.tolist()
+        parts = self.tables.parts(DEVICE_TO_HOST, src.block_ids, host_rows)
+        fenced, tables = host_blocks.tolist(), self.tables
+        # Demotions reading these slots were submitted before any store opens; none comes later:
+        # slots clear now stay clear, and the layers' copies need not look again.
+        fences = None if self.fences is None or self.fences.clear(fenced) else self.fences
 
-        def copy_layer(layer_groups: list[CopyGroup]) -> Callable[[], None]:
+        def copy_layer(layer: int) -> Callable[[], None]:
             def run() -> None:
                 if fences is not None:
                     fences.wait(fenced)  # a demotion may still be reading these slots
-                copy_block_groups(layer_groups)
+                tables.copy_layer(DEVICE_TO_HOST, parts, layer)
             return run
 
         nbytes = len(src.block_ids) * self.kv.page_bytes
-        # Demotions reading these slots were submitted before any store opens; none comes later.
-        inline = nbytes // len(groups) <= INLINE_BYTES and (fences is None or fences.clear(fenced))
-        store = LayeredStore([copy_layer(g) for g in groups], self.pool, DEVICE_TO_HOST, inline)
+        layers = tables.num_layers
+        inline = nbytes // layers <= INLINE_BYTES and fences is None
+        store = LayeredStore([copy_layer(k) for k in range(layers)], self.pool, DEVICE_TO_HOST, inline)
         self._open.append(store)
         self._track(DEVICE_TO_HOST, job_id, store, nbytes)
         return True
@@ -170,12 +155,12 @@ class DeviceHostHandler(TrackedJobsHandler):
               progress: LayerProgress | None = None) -> None:
         """Stores: every view and host chunk in one batched copy (one kernel launch on CUDA).
         Loads: one batched copy per layer, in layer order, each marked as it lands."""
-        groups = host_copy_groups(self.kv, self.host, direction, device_ids, host_rows)
+        parts: list[JobPart] = self.tables.parts(direction, device_ids, host_rows)
         if progress is None:
-            copy_block_groups([g for layer in groups for g in layer])
+            self.tables.copy_whole(direction, parts)
             return
-        for layer, layer_groups in enumerate(groups):
-            copy_block_groups(layer_groups)
+        for layer in range(self.tables.num_layers):
+            self.tables.copy_layer(direction, parts, layer)
             progress.landed(layer)
 
     def close(self) -> None:

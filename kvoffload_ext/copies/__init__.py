@@ -8,6 +8,7 @@ layer view of a KV cache, say) in one native call or one kernel launch. Both ret
 copy is issued: on CPU that means done; on CUDA it is queued on the current stream. The
 implementation is picked from the tensors' devices: ``cpu_copy`` (over ``host_loop``),
 ``cuda_copy`` (over ``group_table``), both from the byte ranges ``ranges`` computes.
+``RowTable`` holds a fixed set of groups, checked once, for jobs that differ only in their ids.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from kvoffload_ext.copies.cpu_copy import copy_ranges_cpu
+from kvoffload_ext.copies.block_groups import copy_block_groups
 from kvoffload_ext.copies.host_loop import native_lib
-from kvoffload_ext.copies.ranges import CopyGroup, as_ids, byte_ranges, check_group
+from kvoffload_ext.copies.ranges import CopyGroup, as_ids
+from kvoffload_ext.copies.row_table import RowTable
 
-__all__ = ["CopyGroup", "copy_block_groups", "copy_blocks", "prepare_copies"]
+__all__ = ["CopyGroup", "RowTable", "copy_block_groups", "copy_blocks", "prepare_copies"]
 
 
 def copy_blocks(
@@ -31,25 +33,6 @@ def copy_blocks(
     dst_ids: Sequence[int] | np.ndarray | torch.Tensor,
 ) -> None:
     copy_block_groups([(src, dst, as_ids(src_ids), as_ids(dst_ids))])
-
-
-def copy_block_groups(groups: Sequence[CopyGroup]) -> None:
-    groups = [(s, d, as_ids(si), as_ids(di)) for s, d, si, di in groups]
-    bounds: dict[int, tuple[int, int]] = {}
-    for group in groups:
-        check_group(*group, bounds=bounds)
-    groups = [g for g in groups if len(g[2])]
-    if not groups:
-        return
-    cuda = {t.device for s, d, _, _ in groups for t in (s, d) if t.is_cuda}
-    if len(cuda) > 1:
-        raise ValueError(f"one copy spans several CUDA devices: {sorted(map(str, cuda))}")
-    if cuda:
-        from kvoffload_ext.copies.cuda_copy import copy_groups_cuda
-
-        copy_groups_cuda(groups, cuda.pop())
-    else:
-        copy_ranges_cpu(*byte_ranges(groups, by_block=True))
 
 
 def prepare_copies(device: torch.device, widths: Iterable[int]) -> None:

@@ -19,7 +19,8 @@ from kvoffload_ext.copies.host_loop import native_lib
 _memmove = ctypes.memmove
 #: Threads one large host copy is split across (the caller's plus a pool's).
 COPY_THREADS = min(4, os.cpu_count() or 1)
-_SPLIT_BYTES = 4 << 20
+#: A host copy is split across threads once it has two such parts.
+SPLIT_BYTES = 4 << 20
 _executor: ThreadPoolExecutor | None = None
 
 
@@ -42,7 +43,7 @@ def copy_ranges_cpu(src: np.ndarray, dst: np.ndarray, lens: np.ndarray) -> None:
         lib.kvo_copy_ranges(src[lo:].ctypes.data, dst[lo:].ctypes.data, lens[lo:].ctypes.data, hi - lo)
 
     n, total = len(lens), int(lens.sum())
-    parts = min(COPY_THREADS, n, max(1, total // _SPLIT_BYTES))
+    parts = min(COPY_THREADS, n, max(1, total // SPLIT_BYTES))
     if parts <= 1:
         run(0, n)
         return

@@ -70,18 +70,19 @@ def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
     """Recorded at the copy kernel, so whole-job and layer-by-layer stores are both seen: each
     (host row, KV view) a load reads holds the bytes its store copied out of the device."""
     from kvoffload.transfer import device_host_handler as dh
+    from kvoffload_ext.copies import RowTable
 
     stored: dict[tuple[int, int], bytes] = {}  # (host column view's address, host row) -> bytes
     checked = []
-    original = dh.copy_block_groups
+    original = RowTable.copy
     device_ptrs: set[int] = set()
     num_views = []
 
-    def recording_copy(groups):
-        original(groups)
-        for src, dst, src_idx, dst_idx in groups:
+    def recording_copy(self, src_ids, dst_ids):
+        original(self, src_ids, dst_ids)
+        for src, dst in self.pairs:
             store = src.data_ptr() in device_ptrs
-            host, rows, dev_view, devs = (dst, dst_idx, src, src_idx) if store else (src, src_idx, dst, dst_idx)
+            host, rows, dev_view, devs = (dst, dst_ids, src, src_ids) if store else (src, src_ids, dst, dst_ids)
             for row, dev in zip(rows.tolist(), devs.tolist()):
                 key = (host.data_ptr(), row)
                 if store:
@@ -97,7 +98,7 @@ def test_every_loaded_block_is_byte_identical_to_what_was_stored(monkeypatch):
         device_ptrs.update(v.data_ptr() for v in kv.views)
         num_views.append(len(kv.views))
 
-    monkeypatch.setattr(dh, "copy_block_groups", recording_copy)
+    monkeypatch.setattr(RowTable, "copy", recording_copy)
     monkeypatch.setattr(dh.DeviceHostHandler, "__init__", init)
     _, stats = run(cpu_tier(offloaded_block_size=32))
     assert len(checked) == stats["connector"]["loaded_blocks"] * 2 * num_views[0] > 0

@@ -257,7 +257,7 @@ def test_bench_transfer_refuses_cuda_without_a_gpu(capsys):
 
 @pytest.mark.parametrize("direction", [DEVICE_TO_HOST, HOST_TO_DEVICE])
 def test_a_jobs_rows_are_copied_in_source_order_with_every_pair_kept(direction):
-    from kvoffload.transfer.device_host_handler import host_copy_groups
+    from kvoffload.transfer.host_tables import host_copy_groups
     from kvoffload_ext import copy_block_groups
 
     layers = [torch.randint(0, 255, (2, 16, 32), dtype=torch.uint8) for _ in range(2)]
