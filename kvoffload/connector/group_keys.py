@@ -10,7 +10,7 @@ attends to: the hit is all-or-nothing over the groups, and a sliding group loads
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import xxhash
 
@@ -33,6 +33,13 @@ class GroupGeometry:
     windows: tuple[int | None, ...]
     block_size: int  # engine tokens per block
     factor: int  # engine blocks per offloaded block
+    #: The full-attention groups and the sliding-window ones, by index (read every step: kept).
+    full_groups: tuple[int, ...] = field(init=False)
+    sliding_groups: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "full_groups", tuple(g for g, w in enumerate(self.windows) if w is None))
+        object.__setattr__(self, "sliding_groups", tuple(g for g, w in enumerate(self.windows) if w is not None))
 
     @property
     def num_groups(self) -> int:
@@ -42,13 +49,6 @@ class GroupGeometry:
     def is_hybrid(self) -> bool:
         return len(self.windows) > 1
 
-    @property
-    def full_groups(self) -> tuple[int, ...]:
-        return tuple(g for g, w in enumerate(self.windows) if w is None)
-
-    @property
-    def sliding_groups(self) -> tuple[int, ...]:
-        return tuple(g for g, w in enumerate(self.windows) if w is not None)
 
     def first_needed(self, group: int, end: int) -> int:
         """The first offloaded block group ``group`` needs to serve a hit of ``end`` offloaded

@@ -71,7 +71,10 @@ class OutputBuilder:
             cached.req_ids.append(r.request_id)
             cached.resumed_from_preemption.append(False)
             cached.resumed_token_ids.append(None)
-            cached.new_block_ids.append(new_blocks_of[r.request_id].get_block_ids())
+            fresh = new_blocks_of[r.request_id]
+            # None when no group got a block, as vLLM sends it (most decode steps): the connector
+            # and runner skip such a request's block bookkeeping.
+            cached.new_block_ids.append(fresh.get_block_ids() if any(fresh.blocks) else None)
             cached.num_computed_tokens.append(r.num_computed_tokens)
         for r in resumed:
             cached.new_token_ids.append([])

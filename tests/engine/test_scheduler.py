@@ -42,7 +42,7 @@ def test_cached_requests_carry_only_block_diff():
     assert so.scheduled_cached_reqs.num_computed_tokens == [8]
     fake_run(sched, so)
     so = sched.schedule()
-    assert so.scheduled_cached_reqs.new_block_ids == [([],)]
+    assert so.scheduled_cached_reqs.new_block_ids == [None]  # no new block: None, as vLLM sends it
 
 
 def run_preemption(policy: str):

@@ -124,6 +124,8 @@ class CostMeasurements:
         from here would; each counts as evidence of its tier's speed (it ran this long at least)."""
         out = []
         for tier in self.tiers.values():
+            if not tier.queue.loads:
+                continue  # nothing in flight (most steps)
             head = next(iter(tier.queue.loads.items()), None)
             given_up = tier.queue.overdue(tier.queue.slowdown())
             if head is not None and head[0] in given_up:

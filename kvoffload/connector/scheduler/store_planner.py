@@ -37,12 +37,15 @@ class StorePlanner(Planner):
             for g in ids:
                 allocated.update(g)
         cached = so.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            new_ids = cached.new_block_ids[i]
+        resumed = cached.resumed_from_preemption
+        for i, new_ids in enumerate(cached.new_block_ids):
+            if not new_ids and not resumed[i]:
+                continue  # a running request that got no block: nothing changed (most decode steps)
+            rid = cached.req_ids[i]
             state = records.state(rid)
             if new_ids:
                 self.reset_guard.filled(state, (b for g in new_ids for b in g))
-            if cached.resumed_from_preemption[i]:
+            if resumed[i]:
                 state.block_ids = [list(g) for g in new_ids] if new_ids else []
                 sliding_ends[rid] = [0] * len(state.block_ids)
             elif new_ids:

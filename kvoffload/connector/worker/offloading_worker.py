@@ -125,6 +125,8 @@ class OffloadingConnectorWorker:
                 self._report_failed(rid)
 
     def _submit_deferred(self) -> None:
+        if not self._requests:
+            return  # no request has a copy planned or owed (most decode steps)
         for job in take_deferred(self._requests.values()):
             self._submit(job)
         for rid in [rid for rid, st in self._requests.items() if st.idle]:

@@ -33,6 +33,7 @@ class _Pending:
 class StepClock:
     def __init__(self) -> None:
         self.device: torch.device | None = None
+        self._cuda = False
         self._start_s: float | None = None
         self._start_event: torch.cuda.Event | None = None
         self._tokens = 0
@@ -42,12 +43,13 @@ class StepClock:
     def bind(self, device: torch.device) -> None:
         """The device the forward passes run on (its KV caches')."""
         self.device = device
+        self._cuda = device.type == "cuda"
 
     def begin(self, tokens: int) -> None:
         """A forward pass of ``tokens`` is about to be queued."""
         self._start_s, self._tokens = time.perf_counter(), tokens
         self._start_event = None
-        if self.device is not None and self.device.type == "cuda" and tokens > 0:
+        if self._cuda and tokens > 0:
             self._start_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._start_event.record(torch.cuda.current_stream(self.device))
 
