@@ -105,7 +105,7 @@ def test_the_gateway_forwards_where_the_service_says_and_frees_the_reservation(f
 def test_round_robin_alternates_and_asks_no_service(fleet):
     selector, r1, r2 = fleet
     g = gw.Gateway(None, {1: r1.url, 2: r2.url})
-    assert [g.route({"prompt": [1]})[0] for _ in range(4)] == [1, 2, 1, 2]
+    assert [g.route({"prompt": [1]})[0].worker for _ in range(4)] == [1, 2, 1, 2]
     assert selector.calls == []
 
 
@@ -117,3 +117,77 @@ def test_bad_worker_specs_fail_with_one_line_naming_them():
     with pytest.raises(argparse.ArgumentTypeError, match="--worker '1:http://x'"):
         gw._worker("1:http://x")
     assert gw._worker("3=http://127.0.0.1:9") == (3, "http://127.0.0.1:9")
+
+
+def test_explain_sends_what_the_service_saw_on_each_replica_with_a_streamed_answer():
+    """With ``explain`` the gateway asks /overlap_scores before it selects, and the stream's
+    headers carry each replica's cached blocks (device/host/disk) as the service saw them; a
+    service that does not answer the question still routes the request, without the header."""
+    scores = {"block_size": 16, "workers": [
+        {"worker_id": 1, "device_blocks": 0, "host_pinned_blocks": 12, "disk_blocks": 3},
+        {"worker_id": 2, "device_blocks": 2, "host_pinned_blocks": 0, "disk_blocks": 0},
+        {"worker_id": "3; drop", "device_blocks": 1}]}  # not a worker id: left out
+    answers = {"/select_and_reserve": (200, {"worker_id": 2}), "/overlap_scores": (200, scores)}
+    selector = Stub(lambda m, p, b: (*answers.get(p, (200, {})), "application/json"))
+    r1, r2 = replica("r1"), replica("r2")
+    server = gw.serve(gw.Gateway(selector.url, {1: r1.url, 2: r2.url}, explain=True), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+    try:
+        status, body, headers = post(url, {"model": "m", "prompt": [5, 6], "stream": True})
+        assert status == 200 and headers["x-kvoffload-worker"] == "2"
+        assert headers["x-kvoffload-seen"] == "1=0/12/3,2=2/0/0"
+        assert [c[1] for c in selector.calls][:2] == ["/overlap_scores", "/select_and_reserve"]
+        assert selector.calls[0][2] == {"model_name": "default", "token_ids": [5, 6]}
+        answers["/overlap_scores"] = (500, {"error": "no"})
+        status, body, headers = post(url, {"model": "m", "prompt": [5, 6], "stream": True})
+        assert status == 200 and body == b"data: r2-1\n\ndata: [DONE]\n\n" and "x-kvoffload-seen" not in headers
+    finally:
+        server.shutdown()
+        for s in (selector, r1, r2):
+            s.close()
+
+
+def test_affinity_keeps_a_conversation_where_the_service_sees_its_kv(monkeypatch):
+    """A conversation (OpenAI's ``user``) whose last turn went to replica 2 asks the service for
+    replica 2 while the service sees its blocks there, and lets it choose freely once it sees
+    none; requests without a usable ``user`` never ask; the gateway remembers at most
+    MAX_SESSIONS conversations, the least recent dropped first."""
+    held = {"blocks": 5}
+
+    def reply(method: str, path: str, body: Any) -> tuple[int, Any, str]:
+        if path == "/overlap_scores":
+            return 200, {"workers": [{"worker_id": 1, "device_blocks": 0, "host_pinned_blocks": 0, "disk_blocks": 0},
+                                     {"worker_id": 2, "device_blocks": 0, "host_pinned_blocks": held["blocks"],
+                                      "disk_blocks": 0}]}, "application/json"
+        return 200, {"worker_id": 2} if path == "/select_and_reserve" else {}, "application/json"
+
+    monkeypatch.setattr(gw, "MAX_SESSIONS", 2)
+    selector = Stub(reply)
+    r1, r2 = replica("r1"), replica("r2")
+    g = gw.Gateway(selector.url, {1: r1.url, 2: r2.url}, affinity=True)
+
+    def selects() -> list[Any]:
+        return [c[2] for c in selector.calls if c[1] == "/select_and_reserve"]
+
+    try:
+        assert g.choose({"prompt": [1, 2], "user": "c1"}).worker == 2
+        assert "affinity_target" not in selects()[-1]  # a first turn: nothing remembered
+        assert [c[1] for c in selector.calls] == ["/select_and_reserve"]  # and nothing asked
+        g.choose({"prompt": [1, 2, 3], "user": "c1"})
+        assert selects()[-1]["affinity_target"] == {"worker_id": 2, "dp_rank": 0}
+        held["blocks"] = 0  # evicted there: the service chooses on its own
+        g.choose({"prompt": [1, 2, 3, 4], "user": "c1"})
+        assert "affinity_target" not in selects()[-1]
+        for hostile in (["c1"], "", "x" * 257, 7, None):
+            before = len(selector.calls)
+            g.choose({"prompt": [1], "user": hostile})
+            assert [c[1] for c in selector.calls[before:]] == ["/select_and_reserve"]
+            assert "affinity_target" not in selects()[-1]
+        held["blocks"] = 5
+        g.choose({"prompt": [9], "user": "c2"})
+        g.choose({"prompt": [9], "user": "c3"})  # c1, the least recent of three, is forgotten
+        g.choose({"prompt": [1, 2, 3, 4, 5], "user": "c1"})
+        assert "affinity_target" not in selects()[-1]
+    finally:
+        for s in (selector, r1, r2):
+            s.close()

@@ -38,6 +38,11 @@ class ReplicaTimeline:
     stayed_ttft_p50_ms: float = float("nan")
     #: Per replica, the returning turns it got from a conversation another replica served before.
     moved_in: dict[int, int] = field(default_factory=dict)
+    #: Of the moved turns whose router said what it saw (the gateway's ``explain``): those it
+    #: moved although it saw their KV on the replica they left (its load term outweighed the
+    #: hit), and those it saw none of there (evicted, or its events not in yet).
+    moved_from_kv: int | None = None
+    moved_no_kv: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """For the JSON report: replica ids as keys, no NaN (a figure with no turns is null)."""
@@ -47,7 +52,8 @@ class ReplicaTimeline:
                 "returning_ttft_p50_ms": {w: ms(v) for w, v in self.returning_ttft_p50_ms.items()},
                 "in_flight": self.in_flight, "slice_s": self.slice_s, "returning": self.returning,
                 "moved": self.moved, "moved_ttft_p50_ms": ms(self.moved_ttft_p50_ms),
-                "stayed_ttft_p50_ms": ms(self.stayed_ttft_p50_ms), "moved_in": self.moved_in}
+                "stayed_ttft_p50_ms": ms(self.stayed_ttft_p50_ms), "moved_in": self.moved_in,
+                "moved_from_kv": self.moved_from_kv, "moved_no_kv": self.moved_no_kv}
 
     def lines(self) -> list[str]:
         names = " / ".join(f"r{w}" for w in self.replicas)
@@ -56,7 +62,10 @@ class ReplicaTimeline:
                + "; returning-turn TTFT p50 " + ", ".join(f"r{w} {self.returning_ttft_p50_ms[w]:.0f} ms"
                                                            for w in self.replicas),
                f"returning turns moved to another replica: {self.moved} of {self.returning} (TTFT p50 "
-               f"{self.moved_ttft_p50_ms:.0f} ms moved, {self.stayed_ttft_p50_ms:.0f} ms stayed)",
+               f"{self.moved_ttft_p50_ms:.0f} ms moved, {self.stayed_ttft_p50_ms:.0f} ms stayed)"
+               + ("" if self.moved_from_kv is None else
+                  f"; the router saw their KV on the replica they left for {self.moved_from_kv}, none for "
+                  f"{self.moved_no_kv}"),
                f"requests open, every {self.slice_s:.1f} s: " + " | ".join(
                    f"r{w} " + " ".join(str(n) for n in self.in_flight[w]) for w in self.replicas)]
         return out
@@ -84,6 +93,8 @@ def timeline(turns: Sequence[RoutedTurn], slices: int = 12) -> ReplicaTimeline |
     moved_ttft, stayed_ttft = [], []
     per_replica_ttft: dict[int, list[float]] = {w: [] for w in replicas}
     moved_in = {w: 0 for w in replicas}
+    from_kv = no_kv = 0
+    explained = any(t.completion.seen is not None for t in routed)
     for t in sorted(routed, key=lambda t: (t.sid, t.turn)):
         w, ttft = t.completion.worker, t.completion.ttft
         assert w is not None
@@ -93,6 +104,12 @@ def timeline(turns: Sequence[RoutedTurn], slices: int = 12) -> ReplicaTimeline |
                 if prev[t.sid] != w:
                     moved_ttft.append(ttft)
                     moved_in[w] += 1
+                    seen = t.completion.seen
+                    if seen is not None:
+                        if seen.get(prev[t.sid], 0) > 0:
+                            from_kv += 1
+                        else:
+                            no_kv += 1
                 else:
                     stayed_ttft.append(ttft)
         prev[t.sid] = w
@@ -103,4 +120,5 @@ def timeline(turns: Sequence[RoutedTurn], slices: int = 12) -> ReplicaTimeline |
                        for w in replicas},
         returning_ttft_p50_ms={w: _p50_ms(v) for w, v in per_replica_ttft.items()},
         in_flight=in_flight, slice_s=slice_s, returning=len(moved_ttft) + len(stayed_ttft), moved=len(moved_ttft),
-        moved_ttft_p50_ms=_p50_ms(moved_ttft), stayed_ttft_p50_ms=_p50_ms(stayed_ttft), moved_in=moved_in)
+        moved_ttft_p50_ms=_p50_ms(moved_ttft), stayed_ttft_p50_ms=_p50_ms(stayed_ttft), moved_in=moved_in,
+        moved_from_kv=from_kv if explained else None, moved_no_kv=no_kv if explained else None)

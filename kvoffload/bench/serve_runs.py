@@ -77,7 +77,8 @@ async def run_workload(url: str, model: str, wl: Workload, progress: Any = None,
                 prompt = s.prompt(i, history)
                 hint = s.hint(i) if hints else None
                 c = await stream_completion(http, url, model, prompt, wl.max_tokens,
-                                            kv_transfer_params=None if hint is None else {"kvoffload": hint})
+                                            kv_transfer_params=None if hint is None else {"kvoffload": hint},
+                                            user=s.sid)
                 results.append(TurnResult(s.sid, i, c))
                 if progress is not None:
                     progress.update(1)

@@ -32,10 +32,11 @@ import logging
 import sys
 import threading
 import uuid
+from collections import OrderedDict
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from kvoffload.integrations.gateway_http import make_handler
+from kvoffload.integrations.gateway_http import Routed, make_handler
 from kvoffload.integrations.gateway_upstream import (
     COMPLETION_TIMEOUT_S,
     TIMEOUT_S,
@@ -45,6 +46,21 @@ from kvoffload.integrations.gateway_upstream import (
 )
 
 logger = logging.getLogger("kvoffload.gateway")
+
+
+#: Conversations a gateway remembers the replica of (``affinity``), the least recent dropped first.
+MAX_SESSIONS = 65536
+
+
+def _session_of(body: dict[str, Any]) -> str | None:
+    """The request's conversation: OpenAI's ``user`` field, a string of 1-256 characters."""
+    user = body.get("user")
+    return user if isinstance(user, str) and 0 < len(user) <= 256 else None
+
+
+def _count(value: object) -> int:
+    """A block count from the selection service (anything else counts 0)."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 def prompt_of(body: object) -> str | list[int]:
@@ -63,7 +79,8 @@ def prompt_of(body: object) -> str | list[int]:
 
 class Gateway:
     def __init__(self, selector: str | None, workers: dict[int, str], model: str = "default",
-                 timeout_s: float = TIMEOUT_S, completion_timeout_s: float = COMPLETION_TIMEOUT_S) -> None:
+                 timeout_s: float = TIMEOUT_S, completion_timeout_s: float = COMPLETION_TIMEOUT_S,
+                 explain: bool = False, affinity: bool = False) -> None:
         if not workers:
             raise ValueError("no --worker given; name each replica as ID=URL, e.g. --worker 1=http://127.0.0.1:8101")
         for name, value in (("--timeout", timeout_s), ("--completion-timeout", completion_timeout_s)):
@@ -74,6 +91,15 @@ class Gateway:
         self.model = model
         self.timeout_s = timeout_s
         self.completion_timeout_s = completion_timeout_s
+        #: Ask the selection service what it sees cached on every replica before each choice (one
+        #: more call a request): why a conversation moved shows in the ``x-kvoffload-seen`` header.
+        self.explain = explain
+        #: Keep a conversation (the request's OpenAI ``user``) on the replica that served its last
+        #: turn while the selection service sees its KV there: the service's cost weighs a
+        #: replica's pending prompt work against the prefix, and moved turns away from their KV
+        #: while a replica was still prefilling other conversations' first turns.
+        self.affinity = affinity
+        self._sessions: OrderedDict[str, int] = OrderedDict()
         self._next = itertools.cycle(sorted(self.workers))
         self._lock = threading.Lock()
         self._warned: set[str] = set()
@@ -104,21 +130,56 @@ class Gateway:
             faults.append(f"replica {wid}'s /tokenize answer has no token list")
         raise GatewayError(503, f"no replica could tokenize the prompt: {'; '.join(faults)}")
 
-    def choose(self, body: dict[str, Any]) -> tuple[int, str | None]:
-        """(worker id, reservation id: None for round robin) for one completion request."""
+    def choose(self, body: dict[str, Any]) -> Routed:
+        """Where one completion request goes (round robin without a selection service)."""
         prompt = prompt_of(body)
         if self.selector is None:
-            return self._turn(), None
+            return Routed(self._turn())
         selection_id = uuid.uuid4().hex
-        chosen = call(f"{self.selector}/select_and_reserve",
-                      {"selection_id": selection_id, "model_name": self.model, "token_ids": self.token_ids(prompt)},
-                      timeout_s=self.timeout_s, what="the selection service")
+        token_ids = self.token_ids(prompt)
+        session = _session_of(body) if self.affinity else None
+        with self._lock:
+            last = self._sessions.get(session) if session is not None else None
+        cached = self._cached(token_ids) if self.explain or last is not None else None
+        request: dict[str, Any] = {"selection_id": selection_id, "model_name": self.model, "token_ids": token_ids}
+        if last is not None and cached is not None and sum(cached.get(last, ())) > 0:
+            request["affinity_target"] = {"worker_id": last, "dp_rank": 0}
+        chosen = call(f"{self.selector}/select_and_reserve", request, timeout_s=self.timeout_s,
+                      what="the selection service")
         wid = chosen.get("worker_id") if isinstance(chosen, dict) else None
         if type(wid) is not int or wid not in self.workers:
             self.release(selection_id)
             raise GatewayError(502, f"the selection service chose worker {str(wid)[:40]}, which is not one of "
                                     f"this gateway's --worker ids ({', '.join(map(str, sorted(self.workers)))})")
-        return wid, selection_id
+        if session is not None:
+            with self._lock:
+                self._sessions[session] = wid
+                self._sessions.move_to_end(session)
+                while len(self._sessions) > MAX_SESSIONS:
+                    self._sessions.popitem(last=False)
+        seen = None
+        if self.explain and cached:
+            seen = ",".join(f"{w}=" + "/".join(map(str, counts)) for w, counts in cached.items())
+        return Routed(wid, selection_id, seen)
+
+    def _cached(self, token_ids: list[int]) -> dict[int, tuple[int, int, int]] | None:
+        """The service's cached blocks of this prompt per replica (device, host, disk); None if
+        it does not say (never fails the request)."""
+        try:
+            out = call(f"{self.selector}/overlap_scores", {"model_name": self.model, "token_ids": token_ids},
+                       timeout_s=self.timeout_s, what="the selection service")
+        except GatewayError:
+            return None
+        rows = out.get("workers") if isinstance(out, dict) else None
+        if not isinstance(rows, list):
+            return None
+        cached: dict[int, tuple[int, int, int]] = {}
+        for row in rows:
+            if not isinstance(row, dict) or type(row.get("worker_id")) is not int:
+                continue
+            d, h, k = (_count(row.get(key)) for key in ("device_blocks", "host_pinned_blocks", "disk_blocks"))
+            cached[row["worker_id"]] = (d, h, k)
+        return cached
 
     def _best_effort(self, path: str, method: str) -> None:
         """Reservation bookkeeping: a failure is logged once per kind, and the client's answer
@@ -144,16 +205,16 @@ class Gateway:
         return open_url(f"{self.workers[wid]}/v1/completions", body, "POST", self.completion_timeout_s,
                         f"replica {wid}")
 
-    def route(self, body: dict[str, Any]) -> tuple[int, Any]:
-        """(worker id, the replica's response) for one non-streaming completion request."""
-        wid, selection_id = self.choose(body)
+    def route(self, body: dict[str, Any]) -> tuple[Routed, Any]:
+        """Where one non-streaming completion request went, and the replica's response."""
+        routed = self.choose(body)
         try:
-            out = call(f"{self.workers[wid]}/v1/completions", body, timeout_s=self.completion_timeout_s,
-                       what=f"replica {wid}", relay=True)
-            self.prefilled(selection_id)
-            return wid, out
+            out = call(f"{self.workers[routed.worker]}/v1/completions", body, timeout_s=self.completion_timeout_s,
+                       what=f"replica {routed.worker}", relay=True)
+            self.prefilled(routed.selection_id)
+            return routed, out
         finally:
-            self.release(selection_id)
+            self.release(routed.selection_id)
 
 
 class GatewayServer(ThreadingHTTPServer):
@@ -208,6 +269,13 @@ def main() -> None:
                          "(e.g. 1=tcp://127.0.0.1:5557,tcp://127.0.0.1:5567)")
     ap.add_argument("--block-size", type=int, default=128, help="the replicas' KV block size in tokens")
     ap.add_argument("--round-robin", action="store_true", help="ignore the selection service: alternate replicas")
+    ap.add_argument("--explain", action="store_true",
+                    help="ask the selection service what it sees cached on each replica before each choice and "
+                         "send it back in the x-kvoffload-seen header (ID=DEVICE/HOST/DISK blocks; one more call a "
+                         "request)")
+    ap.add_argument("--affinity", action="store_true",
+                    help="keep a conversation (the request's 'user' field) on the replica of its last turn while "
+                         "the selection service sees its KV there (asks it before each choice)")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S,
                     help="seconds the selection service and /tokenize may stay silent before a 504")
     ap.add_argument("--completion-timeout", type=float, default=COMPLETION_TIMEOUT_S,
@@ -227,7 +295,8 @@ def main() -> None:
         register(args.selector, {w: workers[w] for w in events}, events, args.block_size)
     try:
         gateway = Gateway(None if args.round_robin else args.selector, workers, timeout_s=args.timeout,
-                          completion_timeout_s=args.completion_timeout)
+                          completion_timeout_s=args.completion_timeout, explain=args.explain,
+                          affinity=args.affinity)
     except ValueError as exc:
         ap.error(str(exc))
     if gateway.selector is None and not args.round_robin:

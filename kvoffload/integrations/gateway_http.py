@@ -10,10 +10,22 @@ from __future__ import annotations
 
 import http.client
 import json
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from kvoffload.integrations.gateway_upstream import MAX_BODY_BYTES, GatewayError, ReplicaRefused
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Where one request goes: the replica, the selection service's reservation (None: round
+    robin), and with ``explain`` what the service saw cached for the prompt on each replica when
+    it chose (``x-kvoffload-seen``: ``ID=DEVICE/HOST/DISK`` blocks, comma-separated)."""
+
+    worker: int
+    selection_id: str | None = None
+    seen: str | None = None
 
 
 class Router(Protocol):
@@ -22,11 +34,19 @@ class Router(Protocol):
     timeout_s: float
     completion_timeout_s: float
 
-    def choose(self, body: dict[str, Any]) -> tuple[int, str | None]: ...
-    def route(self, body: dict[str, Any]) -> tuple[int, Any]: ...
+    def choose(self, body: dict[str, Any]) -> Routed: ...
+    def route(self, body: dict[str, Any]) -> tuple[Routed, Any]: ...
     def open_completion(self, wid: int, body: dict[str, Any]) -> http.client.HTTPResponse: ...
     def prefilled(self, selection_id: str | None) -> None: ...
     def release(self, selection_id: str | None) -> None: ...
+
+
+def _route_headers(routed: Routed) -> dict[str, str]:
+    """The replica a response came from, and what the router saw when it chose (``explain``)."""
+    headers = {"x-kvoffload-worker": str(routed.worker)}
+    if routed.seen is not None:
+        headers["x-kvoffload-seen"] = routed.seen
+    return headers
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
@@ -62,12 +82,12 @@ def make_handler(gateway: Router) -> type[BaseHTTPRequestHandler]:
                 body = _read_body(self)
                 if body.get("stream"):
                     return self._stream(body)
-                wid, out = gateway.route(body)
+                routed, out = gateway.route(body)
             except GatewayError as exc:
                 return self._reply(exc.status, {"error": str(exc)})
             except ReplicaRefused as exc:
                 return self._raw(exc.status, exc.body, exc.content_type)
-            self._reply(200, out, {"x-kvoffload-worker": str(wid)})
+            self._reply(200, out, _route_headers(routed))
 
         def do_GET(self) -> None:
             self._reply(405, {"error": f"GET {self.path[:80]}: POST /v1/completions"})
@@ -84,7 +104,8 @@ def make_handler(gateway: Router) -> type[BaseHTTPRequestHandler]:
             ends with the first one, and it is freed before the client sees the end. Errors
             before the first byte get a status; after it, an error event and a broken chunked
             encoding."""
-            wid, selection_id = gateway.choose(body)
+            routed = gateway.choose(body)
+            wid, selection_id = routed.worker, routed.selection_id
             reserved = True
             try:
                 try:
@@ -95,7 +116,8 @@ def make_handler(gateway: Router) -> type[BaseHTTPRequestHandler]:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Transfer-Encoding", "chunked")
-                    self.send_header("x-kvoffload-worker", str(wid))
+                    for name, value in _route_headers(routed).items():
+                        self.send_header(name, value)
                     self.end_headers()
                     fault = self._relay(upstream, selection_id, wid)
                 reserved = False

@@ -30,6 +30,9 @@ class Completion:
     aborted: bool = False
     #: The replica a routing gateway sent it to (its ``x-kvoffload-worker`` header), if any.
     worker: int | None = None
+    #: What the router saw cached of the prompt on each replica when it chose, in blocks (the
+    #: gateway's ``x-kvoffload-seen`` header; None without one).
+    seen: dict[int, int] | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -51,15 +54,34 @@ def worker_id(header: str | None) -> int | None:
     return int(header)
 
 
+def seen_blocks(header: str | None) -> dict[int, int] | None:
+    """``ID=DEVICE/HOST/DISK,...`` as blocks per replica (the three summed); None if absent or
+    malformed anywhere (a header is trusted only as small integers, at most 64 replicas)."""
+    if header is None or len(header) > 2048 or not header.isascii():
+        return None
+    out: dict[int, int] = {}
+    for part in header.split(",")[:65]:
+        wid, sep, counts = part.partition("=")
+        nums = counts.split("/")
+        if not sep or worker_id(wid) is None or len(nums) != 3 or not all(n.isdigit() and len(n) <= 9 for n in nums):
+            return None
+        out[int(wid)] = sum(int(n) for n in nums)
+    return out if 0 < len(out) <= 64 else None
+
+
 async def stream_completion(session: Any, url: str, model: str, prompt: list[int], max_tokens: int,
                             abort_after_s: float | None = None, n: int = 1, seed: int | None = None,
-                            timeout_s: float = 300.0, kv_transfer_params: dict[str, Any] | None = None) -> Completion:
-    """POST one streaming completion; greedy unless ``seed`` is given (sampled, reproducible)."""
+                            timeout_s: float = 300.0, kv_transfer_params: dict[str, Any] | None = None,
+                            user: str | None = None) -> Completion:
+    """POST one streaming completion; greedy unless ``seed`` is given (sampled, reproducible);
+    ``user``: OpenAI's end-user field (a routing gateway may keep a conversation's replica by it)."""
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                             "return_token_ids": True, "n": n, "ignore_eos": True,
                             "stream_options": {"include_usage": True}}
     if kv_transfer_params is not None:
         body["kv_transfer_params"] = kv_transfer_params
+    if user is not None:
+        body["user"] = user
     if seed is None:
         body["temperature"] = 0.0
     else:
@@ -89,6 +111,7 @@ async def _read(session: Any, url: str, body: dict[str, Any], out: Completion) -
     async with session.post(url, json=body) as resp:
         out.status = resp.status
         out.worker = worker_id(resp.headers.get("x-kvoffload-worker"))
+        out.seen = seen_blocks(resp.headers.get("x-kvoffload-seen"))
         if resp.status != 200:
             out.error = (await resp.text())[:300]
             return

@@ -14,12 +14,13 @@ import pytest
 from kvoffload.bench.replica_timeline import timeline
 from kvoffload.bench.serve_report import report
 from kvoffload.bench.serve_runs import RunResult, TurnResult
-from kvoffload.testing.http_client import Completion, worker_id
+from kvoffload.testing.http_client import Completion, seen_blocks, worker_id
 
 
-def turn(sid: str, i: int, worker: int | None, start: float, ttft: float, end: float, cached: int = 0) -> TurnResult:
+def turn(sid: str, i: int, worker: int | None, start: float, ttft: float, end: float, cached: int = 0,
+         seen: dict[int, int] | None = None) -> TurnResult:
     return TurnResult(sid, i, Completion(tokens={0: [1, 2]}, start=start, times=[ttft, end], cached_tokens=cached,
-                                         status=200, worker=worker))
+                                         status=200, worker=worker, seen=seen))
 
 
 RUN = [  # two conversations of three turns; b's second turn moved to replica 1, its third came back
@@ -105,3 +106,25 @@ def test_the_client_records_the_replica_the_real_gateway_chose():
             r.shutdown()
     assert [c.tokens for c in got] == [{0: [7]}, {0: [7]}]
     assert sorted(c.worker for c in got) == [1, 2]  # round robin: one each
+
+
+def test_moved_turns_are_told_apart_by_what_the_router_saw_where_they_left():
+    """b's second turn left replica 2 although the router saw 12 of its blocks there (its load
+    term won); its third left replica 1, where the router saw none (evicted, or no events yet)."""
+    seen = [{1: 0, 2: 0}, {1: 8, 2: 0}, {1: 8, 2: 0}, {1: 0, 2: 0}, {1: 0, 2: 12}, {1: 0, 2: 4}]
+    run = [turn(t.sid, t.turn, t.completion.worker, t.completion.start, *t.completion.times,
+                cached=t.completion.cached_tokens or 0, seen=s) for t, s in zip(RUN, seen)]
+    tl = timeline(run, slices=6)
+    assert tl is not None and (tl.moved, tl.moved_from_kv, tl.moved_no_kv) == (2, 1, 1)
+    assert tl.as_dict()["moved_from_kv"] == 1
+    assert "the router saw their KV on the replica they left for 1, none for 1" in tl.lines()[1]
+    plain = timeline(RUN, slices=6)
+    assert plain is not None and plain.moved_from_kv is None and "router saw" not in plain.lines()[1]
+
+
+@pytest.mark.parametrize("header, expected", [
+    ("1=0/12/3,2=2/0/0", {1: 15, 2: 2}), ("7=1/1/1", {7: 3}), (None, None), ("", None), ("1=0/12", None),
+    ("1=-1/0/0", None), ("x=1/2/3", None), ("1=1/2/3,", None), ("1=" + "9" * 12 + "/0/0", None),
+    (",".join(f"{i}=0/0/0" for i in range(70)), None), ("1=²/0/0", None)])
+def test_a_seen_header_is_trusted_only_as_small_integers(header, expected):
+    assert seen_blocks(header) == expected

@@ -219,10 +219,13 @@ def test_a_returning_conversation_is_routed_to_the_replica_whose_kvoffload_tier_
         return
 
     port = free_port()
-    server = gw.serve(gw.Gateway(selectors["default"], workers), "127.0.0.1", port)
+    server = gw.serve(gw.Gateway(selectors["default"], workers, explain=True), "127.0.0.1", port)
     try:
         out, headers = complete(f"http://127.0.0.1:{port}", model, TURN)
     finally:
         server.shutdown()
     assert headers["x-kvoffload-worker"] == "1"
+    # What the service saw when it chose (its /overlap_scores, as polled above): A in replica 1's tier.
+    assert headers["x-kvoffload-seen"] == ",".join(
+        f"{w}={seen[w]['device_blocks']}/{seen[w]['host_pinned_blocks']}/{seen[w]['disk_blocks']}" for w in (1, 2))
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 5 * BLOCK  # served from kvoffload's tier
