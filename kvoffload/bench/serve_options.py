@@ -102,6 +102,10 @@ def parse_options(argv: list[str] | None, doc: str | None) -> tuple[argparse.Arg
                    help="--router dynamo: a selection-service setting, as its environment variable (repeat it; "
                         "given any, they replace the defaults; '--router-setting default': Dynamo's own). Default: "
                         + " ".join(f"{k}={v}" for k, v in ROUTER_SETTINGS.items()))
+    p.add_argument("--affinity", action=argparse.BooleanOptionalAction, default=True,
+                   help="--router dynamo: the gateway keeps a conversation on the replica of its last turn while "
+                        "the selection service sees its KV there (the client names each conversation in OpenAI's "
+                        "'user' field)")
     add_reps(p, default=3)
     args = p.parse_args(argv)
     routed_config = None

@@ -28,15 +28,17 @@ from kvoffload.testing.health import StartError, wait_healthy
 from kvoffload.testing.vllm_server import VllmServer, free_port
 
 ROUTERS = ("round-robin", "dynamo")
-#: Dynamo selection-service settings for the routed runs (see docs/routing.md for why): cached
-#: blocks weigh twice a block of load, and a block in kvoffload's host tier as much as one on
-#: the device (it loads in milliseconds).
-ROUTER_SETTINGS = {"DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT": "2", "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "1.0"}
+#: The selection service's policy for the routed runs (docs/routing.md says why): a block in
+#: kvoffload's host tier counts as one on the device, and prompt work weighs eight times a block
+#: of decode load. Dynamo 1.6.1 reads it from a file; the variables that set these are deprecated.
+POLICY = Path(__file__).resolve().parent.parent / "examples" / "routing" / "dynamo_policy.yaml"
+ROUTER_SETTINGS = {"DYN_ROUTER_POLICY_CONFIG": str(POLICY)}
 
 
 def router_settings(p: argparse.ArgumentParser, given: list[str] | None) -> dict[str, str]:
     """The selection service's settings: ``--router-setting`` NAME=VALUE pairs (``DYN_`` names),
-    else :data:`ROUTER_SETTINGS`; ``default`` alone: none (Dynamo's own defaults)."""
+    else :data:`ROUTER_SETTINGS`; ``default`` alone: none (Dynamo's own defaults). A policy file
+    must exist (the service would stop at start with a traceback)."""
     if given is None:
         return dict(ROUTER_SETTINGS)
     if given == ["default"]:
@@ -46,8 +48,12 @@ def router_settings(p: argparse.ArgumentParser, given: list[str] | None) -> dict
         name, sep, value = item.partition("=")
         if not sep or not name.startswith("DYN_") or not value.strip():
             p.error(f"--router-setting {item[:80]!r}: give NAME=VALUE with a Dynamo variable, e.g. "
-                    "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT=2, or 'default' for Dynamo's own defaults")
+                    f"DYN_ROUTER_POLICY_CONFIG={POLICY.name}, or 'default' for Dynamo's own defaults")
         out[name] = value.strip()
+    policy = out.get("DYN_ROUTER_POLICY_CONFIG")
+    if policy is not None and not Path(policy).expanduser().is_file():
+        p.error(f"--router-setting DYN_ROUTER_POLICY_CONFIG={policy[:80]!r}: no such file; give a Dynamo policy "
+                f"YAML, e.g. {POLICY}")
     return out
 
 
@@ -103,14 +109,16 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
         urls = {}
         for name in ROUTERS:
             port = free_port()
-            gw = dynamo_gateway.Gateway(selector_url if name == "dynamo" else None, workers)
+            gw = dynamo_gateway.Gateway(selector_url if name == "dynamo" else None, workers, explain=True,
+                                        affinity=args.affinity)
             gateways.append(dynamo_gateway.serve(gw, "127.0.0.1", port))
             urls[name] = f"http://127.0.0.1:{port}"
         runs: dict[str, list[RunResult]] = {n: [] for n in ROUTERS}
         with tqdm(total=total * args.reps * len(ROUTERS), desc="requests", unit="req") as bar:
             for rep in range(args.reps):
                 for name in ROUTERS if rep % 2 == 0 else ROUTERS[::-1]:
-                    runs[name].append(_run_once(name, urls[name], model, servers, wl, bar))
+                    runs[name].append(_run_once(name, urls[name], model, servers, wl, bar,
+                                                selector_url if name == "dynamo" else None))
     finally:
         for g in gateways:
             g.shutdown()
@@ -130,9 +138,34 @@ def _counters(server: VllmServer) -> dict[str, float]:
     return {**hit_tokens(m), "requests": requests_served(m)}
 
 
-def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Workload, bar: Any) -> RunResult:
+def router_cold(selector: str, prompts: list[list[int]], timeout_s: float = 20.0) -> tuple[float, int]:
+    """Wait until the selection service sees none of ``prompts`` cached on any replica (the
+    replicas' resets reach it as KV events); (seconds waited, blocks it still saw at the end)."""
+    t0 = time.monotonic()
+    while True:
+        seen = 0
+        for tokens in prompts:
+            out = dynamo_gateway.call(f"{selector}/overlap_scores", {"model_name": "default", "token_ids": tokens},
+                                      timeout_s=10.0, what="the selection service")
+            for row in out.get("workers", []) if isinstance(out, dict) else []:
+                seen += sum(v for k, v in row.items() if k.endswith("_blocks") and type(v) is int)
+        if not seen or time.monotonic() - t0 > timeout_s:
+            return time.monotonic() - t0, seen
+        time.sleep(0.2)
+
+
+def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Workload, bar: Any,
+              selector: str | None = None) -> RunResult:
     for s in servers:
-        reset_caches(s, external=True)  # every run starts cold; the router sees the resets as events
+        reset_caches(s, external=True)  # every run starts cold, for the router too:
+        # vLLM publishes a reset's KV events with the engine's next step, and an idle engine takes
+        # none: one token of a one-token prompt makes it step (and stores no block).
+        s.post("/v1/completions", {"model": model, "prompt": [1], "max_tokens": 1})
+    if selector is not None:
+        waited, left = router_cold(selector, [sess.prompt(0, list(sess.prefix)) for sess in wl.sessions])
+        if left:
+            print(f"warning: {waited:.0f} s after the resets the router still sees {left} blocks of the workload's "
+                  "first prompts cached: this run's first turns are routed by them", flush=True)
     before = [_counters(s) for s in servers]
     turns, wall = run_http(url, model, wl, bar)
     time.sleep(1.5)  # counters reach /metrics with the engines' next stats reports

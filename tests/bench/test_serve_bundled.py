@@ -161,6 +161,24 @@ def test_router_settings_are_dynamo_variables_or_refused_in_one_line(capsys, bad
     assert f"--router-setting {bad!r}: give NAME=VALUE with a Dynamo variable" in err
 
 
+def test_the_default_policy_file_ships_and_a_missing_one_is_refused_in_one_line(capsys, tmp_path):
+    import argparse
+
+    import yaml
+
+    from kvoffload.bench import serve_routing
+
+    policy = yaml.safe_load(serve_routing.POLICY.read_text())
+    assert policy["router"] == {"host_cache_hit_weight": 1.0}
+    (instance,) = policy["worker_selection"]["instances"]
+    assert instance["type"] == "dynamo-default-cost-fn" and policy["worker_selection"]["aggregated"] == instance["name"]
+    p = argparse.ArgumentParser(prog="kvoffload bench serve")
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(SystemExit):
+        serve_routing.router_settings(p, [f"DYN_ROUTER_POLICY_CONFIG={missing}"])
+    assert "no such file; give a Dynamo policy YAML" in capsys.readouterr().err
+
+
 def test_a_stuck_engine_fails_the_run_instead_of_hanging(monkeypatch):
     from kvoffload.bench import serve_bundled
 
