@@ -145,9 +145,7 @@ def router_cold(selector: str, prompts: list[list[int]], timeout_s: float = 20.0
     while True:
         seen = 0
         for tokens in prompts:
-            out = dynamo_gateway.call(f"{selector}/overlap_scores", {"model_name": "default", "token_ids": tokens},
-                                      timeout_s=10.0, what="the selection service")
-            for row in out.get("workers", []) if isinstance(out, dict) else []:
+            for row in dynamo_gateway.overlap_rows(selector, "default", tokens, 10.0):
                 seen += sum(v for k, v in row.items() if k.endswith("_blocks") and type(v) is int)
         if not seen or time.monotonic() - t0 > timeout_s:
             return time.monotonic() - t0, seen

@@ -49,7 +49,6 @@ class GroupGeometry:
     def is_hybrid(self) -> bool:
         return len(self.windows) > 1
 
-
     def first_needed(self, group: int, end: int) -> int:
         """The first offloaded block group ``group`` needs to serve a hit of ``end`` offloaded
         blocks: 0 for full attention; for a window, the block holding the earliest position the

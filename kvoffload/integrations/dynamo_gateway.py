@@ -63,6 +63,18 @@ def _count(value: object) -> int:
     return value if type(value) is int and value >= 0 else 0
 
 
+def overlap_rows(selector: str, model: str, token_ids: list[int], timeout_s: float) -> list[dict[str, Any]]:
+    """The selection service's ``/overlap_scores`` for a prompt: a row per replica (its id and
+    its cached blocks by tier), rows without an integer ``worker_id`` left out; a failed call
+    raises ``GatewayError``."""
+    out = call(f"{selector}/overlap_scores", {"model_name": model, "token_ids": token_ids}, timeout_s=timeout_s,
+               what="the selection service")
+    rows = out.get("workers") if isinstance(out, dict) else None
+    if not isinstance(rows, list):
+        return []
+    return [row for row in rows if isinstance(row, dict) and type(row.get("worker_id")) is int]
+
+
 def prompt_of(body: object) -> str | list[int]:
     """The request's one prompt, checked: a string or a list of token ids."""
     if not isinstance(body, dict):
@@ -165,18 +177,13 @@ class Gateway:
     def _cached(self, token_ids: list[int]) -> dict[int, tuple[int, int, int]] | None:
         """The service's cached blocks of this prompt per replica (device, host, disk); None if
         it does not say (never fails the request)."""
+        assert self.selector is not None
         try:
-            out = call(f"{self.selector}/overlap_scores", {"model_name": self.model, "token_ids": token_ids},
-                       timeout_s=self.timeout_s, what="the selection service")
+            rows = overlap_rows(self.selector, self.model, token_ids, self.timeout_s)
         except GatewayError:
-            return None
-        rows = out.get("workers") if isinstance(out, dict) else None
-        if not isinstance(rows, list):
             return None
         cached: dict[int, tuple[int, int, int]] = {}
         for row in rows:
-            if not isinstance(row, dict) or type(row.get("worker_id")) is not int:
-                continue
             d, h, k = (_count(row.get(key)) for key in ("device_blocks", "host_pinned_blocks", "disk_blocks"))
             cached[row["worker_id"]] = (d, h, k)
         return cached

@@ -39,11 +39,9 @@ class HostRowTables:
         self.kv = kv
         self.host = host
         self._tensors = kv.view_tensors or (0,) * len(kv.views)
+        #: KV tensors (layers) of the cache: one table each per chunk and direction.
+        self.num_layers = max(self._tensors) + 1
         self._tables: dict[tuple[str, int], ChunkTables] = {}
-
-    @property
-    def num_layers(self) -> int:
-        return max(self._tensors) + 1
 
     def parts(self, direction: str, device_ids: np.ndarray, host_rows: np.ndarray) -> list[JobPart]:
         """Device block ``device_ids[i]`` <-> host row ``host_rows[i]``, by host chunk. Rows go in
