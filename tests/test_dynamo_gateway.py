@@ -172,7 +172,9 @@ def test_affinity_keeps_a_conversation_where_the_service_sees_its_kv(monkeypatch
     try:
         assert g.choose({"prompt": [1, 2], "user": "c1"}).worker == 2
         assert "affinity_target" not in selects()[-1]  # a first turn: nothing remembered
-        assert [c[1] for c in selector.calls] == ["/select_and_reserve"]  # and nothing asked
+        # held somewhere (replica 2): the service chooses among all replicas
+        assert [c[1] for c in selector.calls] == ["/overlap_scores", "/select_and_reserve"]
+        assert "allowed_worker_ids" not in selects()[-1]
         g.choose({"prompt": [1, 2, 3], "user": "c1"})
         assert selects()[-1]["affinity_target"] == {"worker_id": 2, "dp_rank": 0}
         held["blocks"] = 0  # evicted there: the service chooses on its own
@@ -191,3 +193,62 @@ def test_affinity_keeps_a_conversation_where_the_service_sees_its_kv(monkeypatch
     finally:
         for s in (selector, r1, r2):
             s.close()
+
+
+def test_a_burst_of_openings_is_spread_evenly_and_returning_turns_stay():
+    """Twelve conversations opening at once, where the service sees none of their prompts and
+    (like Dynamo choosing a burst against the same load) would put each on replica 1: the
+    gateway offers it only the replicas with the fewest conversations, one opening at a time,
+    so they split 6 / 6. A returning turn asks for its home; a new conversation whose prompt is
+    cached somewhere, or any without a ``user``, lets the service choose among all."""
+    cached: dict[str, int] = {}  # first prompt token -> the replica holding it
+
+    def reply(method: str, path: str, body: Any) -> tuple[int, Any, str]:
+        if path == "/overlap_scores":
+            holder = cached.get(str(body["token_ids"][0]))
+            return 200, {"workers": [{"worker_id": w, "device_blocks": 0, "host_pinned_blocks": 4 * (holder == w),
+                                      "disk_blocks": 0} for w in (1, 2)]}, "application/json"
+        if path == "/select_and_reserve":
+            return 200, {"worker_id": (body.get("allowed_worker_ids") or [1])[0]}, "application/json"
+        return 200, {}, "application/json"
+
+    selector = Stub(reply)
+    g = gw.Gateway(selector.url, {1: "http://127.0.0.1:9", 2: "http://127.0.0.1:9"}, affinity=True)
+    chosen: dict[str, int] = {}
+
+    def opening(c: int) -> None:
+        chosen[f"c{c}"] = g.choose({"prompt": [100 + c, 1], "user": f"c{c}"}).worker
+
+    threads = [threading.Thread(target=opening, args=(c,)) for c in range(12)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(chosen.values()) == [1] * 6 + [2] * 6
+        selects = [c[2] for c in selector.calls if c[1] == "/select_and_reserve"]
+        assert all(set(s.get("allowed_worker_ids", [1, 2])) <= {1, 2} for s in selects)
+        home = chosen["c11"]
+        cached["111"] = home
+        before = len(selector.calls)
+        assert g.choose({"prompt": [111, 1, 2], "user": "c11"}).worker == 1  # the stand-in picks 1 when free
+        last = selector.calls[-1][2]
+        assert last["affinity_target"] == {"worker_id": home, "dp_rank": 0} and "allowed_worker_ids" not in last
+        cached["500"] = 2
+        g.choose({"prompt": [500, 1], "user": "new"})  # opens on a prefix the service sees: its choice
+        assert "allowed_worker_ids" not in selector.calls[-1][2]
+        g.choose({"prompt": [600, 1]})  # no conversation: no question, no restriction
+        assert [c[1] for c in selector.calls[before:]][-1:] == ["/select_and_reserve"]
+        assert "allowed_worker_ids" not in selector.calls[-1][2]
+    finally:
+        selector.close()
+
+
+def test_without_affinity_openings_are_the_services_choice():
+    selector = Stub(lambda m, p, b: (200, {"worker_id": 1} if p == "/select_and_reserve" else {}, "application/json"))
+    g = gw.Gateway(selector.url, {1: "http://127.0.0.1:9", 2: "http://127.0.0.1:9"})
+    try:
+        assert [g.choose({"prompt": [c], "user": f"c{c}"}).worker for c in range(4)] == [1, 1, 1, 1]
+        assert [c[1] for c in selector.calls] == ["/select_and_reserve"] * 4
+    finally:
+        selector.close()

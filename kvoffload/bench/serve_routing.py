@@ -21,7 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvoffload.bench.serve_runs import RunResult, hit_tokens, requests_served, reset_caches, run_http, tokens_by_turn
+from kvoffload.bench.serve_runs import (
+    RunResult,
+    hit_tokens,
+    preemptions,
+    requests_served,
+    reset_caches,
+    run_http,
+    tokens_by_turn,
+)
 from kvoffload.bench.serve_workloads import Workload
 from kvoffload.integrations import dynamo_gateway
 from kvoffload.testing.health import StartError, wait_healthy
@@ -133,9 +141,10 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
 
 
 def _counters(server: VllmServer) -> dict[str, float]:
-    """A replica's prefix hit tokens by tier and the requests it finished, from one scrape."""
+    """A replica's prefix hit tokens by tier, the requests it finished and those it preempted,
+    from one scrape."""
     m = server.metrics()
-    return {**hit_tokens(m), "requests": requests_served(m)}
+    return {**hit_tokens(m), "requests": requests_served(m), "preemptions": preemptions(m)}
 
 
 def router_cold(selector: str, prompts: list[list[int]], timeout_s: float = 20.0) -> tuple[float, int]:
@@ -172,7 +181,7 @@ def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Wo
     for s, b in zip(servers, before):
         replicas.append({k: v - b.get(k, 0) for k, v in _counters(s).items()})
         for k, v in replicas[-1].items():
-            if k != "requests":
+            if k not in ("requests", "preemptions"):
                 hits[k] = hits.get(k, 0) + v
     return RunResult(name, turns, wall, hits, replicas)
 

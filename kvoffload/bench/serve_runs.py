@@ -127,6 +127,12 @@ def requests_served(m: Metrics) -> float:
     return sum(v for (name, _), v in m.items() if name == "vllm:request_success_total")
 
 
+def preemptions(m: Metrics) -> float:
+    """Requests the server preempted (vLLM's counter): each gives its blocks back and is
+    prefilled again later, which a routed run that slows down everywhere may show."""
+    return sum(v for (name, _), v in m.items() if name == "vllm:num_preemptions_total")
+
+
 def reset_caches(server: VllmServer, external: bool) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -152,5 +158,5 @@ def tokens_by_turn(run: RunResult) -> dict[tuple[str, int], list[int]]:
     return {(t.sid, t.turn): t.completion.tokens.get(0, []) for t in run.turns if t.completion.ok}
 
 
-__all__ = ["Metrics", "RunResult", "TurnResult", "hit_tokens", "load_decisions", "requests_served", "reset_caches", "run_http",
-           "run_once", "run_workload", "tokens_by_turn"]
+__all__ = ["Metrics", "RunResult", "TurnResult", "hit_tokens", "load_decisions", "preemptions", "requests_served",
+           "reset_caches", "run_http", "run_once", "run_workload", "tokens_by_turn"]

@@ -32,11 +32,11 @@ import logging
 import sys
 import threading
 import uuid
-from collections import OrderedDict
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 from kvoffload.integrations.gateway_http import Routed, make_handler
+from kvoffload.integrations.gateway_sessions import Conversations
 from kvoffload.integrations.gateway_upstream import (
     COMPLETION_TIMEOUT_S,
     TIMEOUT_S,
@@ -50,6 +50,8 @@ logger = logging.getLogger("kvoffload.gateway")
 
 #: Conversations a gateway remembers the replica of (``affinity``), the least recent dropped first.
 MAX_SESSIONS = 65536
+#: Seconds a conversation counts toward its replica's conversations after its last turn.
+SESSION_IDLE_S = 300.0
 
 
 def _session_of(body: dict[str, Any]) -> str | None:
@@ -92,7 +94,7 @@ def prompt_of(body: object) -> str | list[int]:
 class Gateway:
     def __init__(self, selector: str | None, workers: dict[int, str], model: str = "default",
                  timeout_s: float = TIMEOUT_S, completion_timeout_s: float = COMPLETION_TIMEOUT_S,
-                 explain: bool = False, affinity: bool = False) -> None:
+                 explain: bool = False, affinity: bool = False, session_idle_s: float = SESSION_IDLE_S) -> None:
         if not workers:
             raise ValueError("no --worker given; name each replica as ID=URL, e.g. --worker 1=http://127.0.0.1:8101")
         for name, value in (("--timeout", timeout_s), ("--completion-timeout", completion_timeout_s)):
@@ -109,9 +111,12 @@ class Gateway:
         #: Keep a conversation (the request's OpenAI ``user``) on the replica that served its last
         #: turn while the selection service sees its KV there: the service's cost weighs a
         #: replica's pending prompt work against the prefix, and moved turns away from their KV
-        #: while a replica was still prefilling other conversations' first turns.
+        #: while a replica was still prefilling other conversations' first turns. A conversation
+        #: that opens where the service sees none of its prompt goes to a replica with the fewest
+        #: conversations (a turn within ``session_idle_s``), the service choosing among them.
         self.affinity = affinity
-        self._sessions: OrderedDict[str, int] = OrderedDict()
+        self._conversations = Conversations(self.workers, MAX_SESSIONS, session_idle_s)
+        self._opening = threading.Lock()
         self._next = itertools.cycle(sorted(self.workers))
         self._lock = threading.Lock()
         self._warned: set[str] = set()
@@ -150,29 +155,41 @@ class Gateway:
         selection_id = uuid.uuid4().hex
         token_ids = self.token_ids(prompt)
         session = _session_of(body) if self.affinity else None
-        with self._lock:
-            last = self._sessions.get(session) if session is not None else None
-        cached = self._cached(token_ids) if self.explain or last is not None else None
+        home = self._conversations.home(session) if session is not None else None
+        cached = self._cached(token_ids) if self.explain or session is not None else None
         request: dict[str, Any] = {"selection_id": selection_id, "model_name": self.model, "token_ids": token_ids}
-        if last is not None and cached is not None and sum(cached.get(last, ())) > 0:
-            request["affinity_target"] = {"worker_id": last, "dp_rank": 0}
-        chosen = call(f"{self.selector}/select_and_reserve", request, timeout_s=self.timeout_s,
-                      what="the selection service")
-        wid = chosen.get("worker_id") if isinstance(chosen, dict) else None
-        if type(wid) is not int or wid not in self.workers:
-            self.release(selection_id)
-            raise GatewayError(502, f"the selection service chose worker {str(wid)[:40]}, which is not one of "
-                                    f"this gateway's --worker ids ({', '.join(map(str, sorted(self.workers)))})")
-        if session is not None:
-            with self._lock:
-                self._sessions[session] = wid
-                self._sessions.move_to_end(session)
-                while len(self._sessions) > MAX_SESSIONS:
-                    self._sessions.popitem(last=False)
+        if home is not None and cached is not None and sum(cached.get(home, ())) > 0:
+            request["affinity_target"] = {"worker_id": home, "dp_rank": 0}
+            wid = self._select(request)
+        elif session is not None and cached is not None and not any(sum(c) for c in cached.values()):
+            # A conversation that opens where no replica holds any of its prompt: the service
+            # would go by load alone, and a burst of openings chosen against the same load
+            # split unevenly; one opening at a time, among the replicas with fewest.
+            with self._opening:
+                fewest = self._conversations.least_loaded(session)
+                if len(fewest) < len(self.workers):
+                    request["allowed_worker_ids"] = fewest
+                wid = self._select(request)
+                self._conversations.record(session, wid)
+        else:
+            wid = self._select(request)
+        if session is not None and "allowed_worker_ids" not in request:
+            self._conversations.record(session, wid)
         seen = None
         if self.explain and cached:
             seen = ",".join(f"{w}=" + "/".join(map(str, counts)) for w, counts in cached.items())
         return Routed(wid, selection_id, seen)
+
+    def _select(self, request: dict[str, Any]) -> int:
+        """The selection service's choice (reserved), checked to be one of this gateway's replicas."""
+        chosen = call(f"{self.selector}/select_and_reserve", request, timeout_s=self.timeout_s,
+                      what="the selection service")
+        wid = chosen.get("worker_id") if isinstance(chosen, dict) else None
+        if type(wid) is not int or wid not in self.workers:
+            self.release(request["selection_id"])
+            raise GatewayError(502, f"the selection service chose worker {str(wid)[:40]}, which is not one of "
+                                    f"this gateway's --worker ids ({', '.join(map(str, sorted(self.workers)))})")
+        return wid
 
     def _cached(self, token_ids: list[int]) -> dict[int, tuple[int, int, int]] | None:
         """The service's cached blocks of this prompt per replica (device, host, disk); None if
@@ -282,7 +299,11 @@ def main() -> None:
                          "request)")
     ap.add_argument("--affinity", action="store_true",
                     help="keep a conversation (the request's 'user' field) on the replica of its last turn while "
-                         "the selection service sees its KV there (asks it before each choice)")
+                         "the selection service sees its KV there (asks it before each choice), and open a "
+                         "conversation whose prompt no replica holds on a replica with the fewest conversations")
+    ap.add_argument("--session-idle", type=float, default=SESSION_IDLE_S,
+                    help="seconds after its last turn a conversation still counts toward its replica's "
+                         "conversations (--affinity)")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S,
                     help="seconds the selection service and /tokenize may stay silent before a 504")
     ap.add_argument("--completion-timeout", type=float, default=COMPLETION_TIMEOUT_S,
@@ -303,7 +324,7 @@ def main() -> None:
     try:
         gateway = Gateway(None if args.round_robin else args.selector, workers, timeout_s=args.timeout,
                           completion_timeout_s=args.completion_timeout, explain=args.explain,
-                          affinity=args.affinity)
+                          affinity=args.affinity, session_idle_s=args.session_idle)
     except ValueError as exc:
         ap.error(str(exc))
     if gateway.selector is None and not args.round_robin:

@@ -219,11 +219,23 @@ def test_a_returning_conversation_is_routed_to_the_replica_whose_kvoffload_tier_
         return
 
     port = free_port()
-    server = gw.serve(gw.Gateway(selectors["default"], workers, explain=True), "127.0.0.1", port)
+    server = gw.serve(gw.Gateway(selectors["default"], workers, explain=True, affinity=True), "127.0.0.1", port)
+    gateway = f"http://127.0.0.1:{port}/v1/completions"
     try:
-        out, headers = complete(f"http://127.0.0.1:{port}", model, TURN)
+        out, headers = post(gateway, {"model": model, "prompt": TURN, "max_tokens": 2, "temperature": 0, "user": "A"})
+        # A new conversation no replica holds anything of opens where fewer conversations live:
+        # replica 2, though a pending prompt reserved there makes the service's own choice
+        # replica 1 (the gateway offers it only replica 2, and the service takes the offer).
+        fresh = [(17 * j) % 500 + 1 for j in range(BLOCK)]
+        post(f"{selectors['default']}/select_and_reserve", {
+            "selection_id": "pending", "model_name": "default", "token_ids": [(19 * j) % 500 + 1 for j in range(4 * BLOCK)],
+            "pinned_worker": {"worker_id": 2, "dp_rank": 0}})
+        free, _ = post(f"{selectors['default']}/select", {"model_name": "default", "token_ids": fresh})
+        assert free["worker_id"] == 1, free
+        _, opened = post(gateway, {"model": model, "prompt": fresh, "max_tokens": 2, "temperature": 0, "user": "B"})
     finally:
         server.shutdown()
+    assert opened["x-kvoffload-worker"] == "2" and opened["x-kvoffload-seen"] == "1=0/0/0,2=0/0/0"
     assert headers["x-kvoffload-worker"] == "1"
     # What the service saw when it chose (its /overlap_scores, as polled above): A in replica 1's tier.
     assert headers["x-kvoffload-seen"] == ",".join(
