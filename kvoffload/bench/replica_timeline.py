@@ -43,6 +43,10 @@ class ReplicaTimeline:
     #: hit), and those it saw none of there (evicted, or its events not in yet).
     moved_from_kv: int | None = None
     moved_no_kv: int | None = None
+    #: The gateway's time to choose a replica (its ``x-kvoffload-route-ms``), part of every
+    #: request's time to first token: a router slow to answer slows both replicas' turns alike.
+    route_ms_p50: float = float("nan")
+    route_ms_max: float = float("nan")
 
     def as_dict(self) -> dict[str, Any]:
         """For the JSON report: replica ids as keys, no NaN (a figure with no turns is null)."""
@@ -53,7 +57,8 @@ class ReplicaTimeline:
                 "in_flight": self.in_flight, "slice_s": self.slice_s, "returning": self.returning,
                 "moved": self.moved, "moved_ttft_p50_ms": ms(self.moved_ttft_p50_ms),
                 "stayed_ttft_p50_ms": ms(self.stayed_ttft_p50_ms), "moved_in": self.moved_in,
-                "moved_from_kv": self.moved_from_kv, "moved_no_kv": self.moved_no_kv}
+                "moved_from_kv": self.moved_from_kv, "moved_no_kv": self.moved_no_kv,
+                "route_ms_p50": ms(self.route_ms_p50), "route_ms_max": ms(self.route_ms_max)}
 
     def lines(self) -> list[str]:
         names = " / ".join(f"r{w}" for w in self.replicas)
@@ -65,7 +70,9 @@ class ReplicaTimeline:
                f"{self.moved_ttft_p50_ms:.0f} ms moved, {self.stayed_ttft_p50_ms:.0f} ms stayed)"
                + ("" if self.moved_from_kv is None else
                   f"; the router saw their KV on the replica they left for {self.moved_from_kv}, none for "
-                  f"{self.moved_no_kv}"),
+                  f"{self.moved_no_kv}")
+               + ("" if math.isnan(self.route_ms_p50) else
+                  f"; choosing took {self.route_ms_p50:.0f} ms (p50), {self.route_ms_max:.0f} ms (max)"),
                f"requests open, every {self.slice_s:.1f} s: " + " | ".join(
                    f"r{w} " + " ".join(str(n) for n in self.in_flight[w]) for w in self.replicas)]
         return out
@@ -95,6 +102,7 @@ def timeline(turns: Sequence[RoutedTurn], slices: int = 12) -> ReplicaTimeline |
     moved_in = {w: 0 for w in replicas}
     from_kv = no_kv = 0
     explained = any(t.completion.seen is not None for t in routed)
+    routes = [t.completion.route_ms for t in routed if t.completion.route_ms is not None]
     for t in sorted(routed, key=lambda t: (t.sid, t.turn)):
         w, ttft = t.completion.worker, t.completion.ttft
         assert w is not None
@@ -121,4 +129,6 @@ def timeline(turns: Sequence[RoutedTurn], slices: int = 12) -> ReplicaTimeline |
         returning_ttft_p50_ms={w: _p50_ms(v) for w, v in per_replica_ttft.items()},
         in_flight=in_flight, slice_s=slice_s, returning=len(moved_ttft) + len(stayed_ttft), moved=len(moved_ttft),
         moved_ttft_p50_ms=_p50_ms(moved_ttft), stayed_ttft_p50_ms=_p50_ms(stayed_ttft), moved_in=moved_in,
-        moved_from_kv=from_kv if explained else None, moved_no_kv=no_kv if explained else None)
+        moved_from_kv=from_kv if explained else None, moved_no_kv=no_kv if explained else None,
+        route_ms_p50=statistics.median(routes) if routes else float("nan"),
+        route_ms_max=max(routes) if routes else float("nan"))

@@ -6,7 +6,8 @@ Standard library only. Per request: the prompt's token ids (a text prompt is tok
 live replica's /tokenize), `POST /select_and_reserve` to the selection service, the request
 forwarded to the chosen replica, then the reservation's prefill marked complete and freed, so
 the service balances load between replicas as well as prefix hits. The response carries the
-chosen worker in the `x-kvoffload-worker` header. `--round-robin` skips the selection service
+chosen worker in the `x-kvoffload-worker` header and the milliseconds the choice took in
+`x-kvoffload-route-ms`. `--round-robin` skips the selection service
 (the baseline the benchmark compares against).
 
 Every request gets an answer: 4xx naming what is wrong with the body, the replica's own status
@@ -31,6 +32,7 @@ import json
 import logging
 import sys
 import threading
+import time
 import uuid
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -149,9 +151,10 @@ class Gateway:
 
     def choose(self, body: dict[str, Any]) -> Routed:
         """Where one completion request goes (round robin without a selection service)."""
+        t0 = time.perf_counter()
         prompt = prompt_of(body)
         if self.selector is None:
-            return Routed(self._turn())
+            return Routed(self._turn(), route_ms=(time.perf_counter() - t0) * 1e3)
         selection_id = uuid.uuid4().hex
         token_ids = self.token_ids(prompt)
         session = _session_of(body) if self.affinity else None
@@ -178,7 +181,7 @@ class Gateway:
         seen = None
         if self.explain and cached:
             seen = ",".join(f"{w}=" + "/".join(map(str, counts)) for w, counts in cached.items())
-        return Routed(wid, selection_id, seen)
+        return Routed(wid, selection_id, seen, (time.perf_counter() - t0) * 1e3)
 
     def _select(self, request: dict[str, Any]) -> int:
         """The selection service's choice (reserved), checked to be one of this gateway's replicas."""

@@ -20,12 +20,15 @@ from kvoffload.integrations.gateway_upstream import MAX_BODY_BYTES, GatewayError
 @dataclass(frozen=True, slots=True)
 class Routed:
     """Where one request goes: the replica, the selection service's reservation (None: round
-    robin), and with ``explain`` what the service saw cached for the prompt on each replica when
-    it chose (``x-kvoffload-seen``: ``ID=DEVICE/HOST/DISK`` blocks, comma-separated)."""
+    robin), with ``explain`` what the service saw cached for the prompt on each replica when it
+    chose (``x-kvoffload-seen``: ``ID=DEVICE/HOST/DISK`` blocks, comma-separated), and the
+    milliseconds the choice took (``x-kvoffload-route-ms``: tokenizing and the service's calls,
+    part of the client's time to first token)."""
 
     worker: int
     selection_id: str | None = None
     seen: str | None = None
+    route_ms: float | None = None
 
 
 class Router(Protocol):
@@ -46,6 +49,8 @@ def _route_headers(routed: Routed) -> dict[str, str]:
     headers = {"x-kvoffload-worker": str(routed.worker)}
     if routed.seen is not None:
         headers["x-kvoffload-seen"] = routed.seen
+    if routed.route_ms is not None:
+        headers["x-kvoffload-route-ms"] = f"{routed.route_ms:.1f}"
     return headers
 
 

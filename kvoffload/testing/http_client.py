@@ -33,6 +33,8 @@ class Completion:
     #: What the router saw cached of the prompt on each replica when it chose, in blocks (the
     #: gateway's ``x-kvoffload-seen`` header; None without one).
     seen: dict[int, int] | None = None
+    #: Milliseconds the gateway took to choose the replica (``x-kvoffload-route-ms``), if it said.
+    route_ms: float | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -52,6 +54,17 @@ def worker_id(header: str | None) -> int | None:
     if header is None or not (header.isascii() and header.isdigit()) or len(header) > 9:
         return None
     return int(header)
+
+
+def route_ms(header: str | None) -> float | None:
+    """The gateway's ``x-kvoffload-route-ms``: a finite millisecond count under a day, else None."""
+    if header is None or len(header) > 16 or not header.isascii():
+        return None
+    try:
+        ms = float(header)
+    except ValueError:
+        return None
+    return ms if 0 <= ms < 86_400_000 else None
 
 
 def seen_blocks(header: str | None) -> dict[int, int] | None:
@@ -112,6 +125,7 @@ async def _read(session: Any, url: str, body: dict[str, Any], out: Completion) -
         out.status = resp.status
         out.worker = worker_id(resp.headers.get("x-kvoffload-worker"))
         out.seen = seen_blocks(resp.headers.get("x-kvoffload-seen"))
+        out.route_ms = route_ms(resp.headers.get("x-kvoffload-route-ms"))
         if resp.status != 200:
             out.error = (await resp.text())[:300]
             return

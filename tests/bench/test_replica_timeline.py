@@ -14,7 +14,7 @@ import pytest
 from kvoffload.bench.replica_timeline import timeline
 from kvoffload.bench.serve_report import report
 from kvoffload.bench.serve_runs import RunResult, TurnResult
-from kvoffload.testing.http_client import Completion, seen_blocks, worker_id
+from kvoffload.testing.http_client import Completion, route_ms, seen_blocks, worker_id
 
 
 def turn(sid: str, i: int, worker: int | None, start: float, ttft: float, end: float, cached: int = 0,
@@ -106,6 +106,7 @@ def test_the_client_records_the_replica_the_real_gateway_chose():
             r.shutdown()
     assert [c.tokens for c in got] == [{0: [7]}, {0: [7]}]
     assert sorted(c.worker for c in got) == [1, 2]  # round robin: one each
+    assert all(c.route_ms is not None and 0 <= c.route_ms < 1000 for c in got)  # the choice's own time
 
 
 def test_moved_turns_are_told_apart_by_what_the_router_saw_where_they_left():
@@ -128,3 +129,23 @@ def test_moved_turns_are_told_apart_by_what_the_router_saw_where_they_left():
     (",".join(f"{i}=0/0/0" for i in range(70)), None), ("1=²/0/0", None)])
 def test_a_seen_header_is_trusted_only_as_small_integers(header, expected):
     assert seen_blocks(header) == expected
+
+
+@pytest.mark.parametrize("header, expected", [("12.5", 12.5), ("0.0", 0.0), (None, None), ("", None), ("-1", None),
+                                              ("nan", None), ("inf", None), ("1e300", None), ("1" * 20, None),
+                                              ("²", None), ("abc", None)])
+def test_a_route_time_header_is_trusted_only_as_a_finite_count_under_a_day(header, expected):
+    assert route_ms(header) == expected
+
+
+def test_the_timeline_gives_the_gateways_choice_time():
+    """A run whose router answered slowly (every choice 400-900 ms) says so beside its turns."""
+    run = [TurnResult(t.sid, t.turn, Completion(tokens={0: [1]}, start=t.completion.start, times=t.completion.times,
+                                                status=200, worker=t.completion.worker, route_ms=ms))
+           for t, ms in zip(RUN, [400.0, 500.0, 900.0, 600.0, 700.0, 800.0])]
+    tl = timeline(run, slices=6)
+    assert tl is not None and (tl.route_ms_p50, tl.route_ms_max) == (650.0, 900.0)
+    assert tl.lines()[1].endswith("; choosing took 650 ms (p50), 900 ms (max)")
+    assert tl.as_dict()["route_ms_p50"] == 650.0
+    plain = timeline(RUN, slices=6)
+    assert plain is not None and "choosing" not in plain.lines()[1] and plain.as_dict()["route_ms_max"] is None
