@@ -23,6 +23,7 @@ from typing import Any
 
 from kvoffload.bench.serve_runs import (
     RunResult,
+    decode_seconds,
     hit_tokens,
     preemptions,
     requests_served,
@@ -104,11 +105,12 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
             cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
                    "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
             print(f"starting vllm serve: replica {i + 1} ...", flush=True)
+            core = sorted(os.sched_getaffinity(0))[i % len(os.sched_getaffinity(0))]
             server = VllmServer(model, work / f"replica{i + 1}.log", kv,
                                 extra_args=[*engine_args, "--kv-events-config", json.dumps(cfg)],
                                 gpu_memory_utilization=args.memory_utilization,
-                                env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1)),
-                                     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
+                                env={"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
+                                cpus={core})
             servers.append(server)
             server.start()
         workers = {i + 1: s.url for i, s in enumerate(servers)}
@@ -141,10 +143,14 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
 
 
 def _counters(server: VllmServer) -> dict[str, float]:
-    """A replica's prefix hit tokens by tier, the requests it finished and those it preempted,
-    from one scrape."""
+    """A replica's prefix hit tokens by tier, the requests it finished, those it preempted and
+    its seconds of decoding, from one scrape."""
     m = server.metrics()
-    return {**hit_tokens(m), "requests": requests_served(m), "preemptions": preemptions(m)}
+    return {**hit_tokens(m), "requests": requests_served(m), "preemptions": preemptions(m), "decode_s": decode_seconds(m)}
+
+
+#: The per-replica counters that are not prompt tokens found cached.
+NOT_HITS = ("requests", "preemptions", "decode_s")
 
 
 def router_cold(selector: str, prompts: list[list[int]], timeout_s: float = 20.0) -> tuple[float, int]:
@@ -181,7 +187,7 @@ def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Wo
     for s, b in zip(servers, before):
         replicas.append({k: v - b.get(k, 0) for k, v in _counters(s).items()})
         for k, v in replicas[-1].items():
-            if k not in ("requests", "preemptions"):
+            if k not in NOT_HITS:
                 hits[k] = hits.get(k, 0) + v
     return RunResult(name, turns, wall, hits, replicas)
 

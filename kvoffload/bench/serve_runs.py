@@ -133,6 +133,12 @@ def preemptions(m: Metrics) -> float:
     return sum(v for (name, _), v in m.items() if name == "vllm:num_preemptions_total")
 
 
+def decode_seconds(m: Metrics) -> float:
+    """Seconds the server's requests spent decoding, summed (vLLM's histogram): the same run's
+    figure on two replicas differs when one computed slower (its core shared), not its routing."""
+    return sum(v for (name, _), v in m.items() if name == "vllm:request_decode_time_seconds_sum")
+
+
 def reset_caches(server: VllmServer, external: bool) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -158,5 +164,5 @@ def tokens_by_turn(run: RunResult) -> dict[tuple[str, int], list[int]]:
     return {(t.sid, t.turn): t.completion.tokens.get(0, []) for t in run.turns if t.completion.ok}
 
 
-__all__ = ["Metrics", "RunResult", "TurnResult", "hit_tokens", "load_decisions", "preemptions", "requests_served",
-           "reset_caches", "run_http", "run_once", "run_workload", "tokens_by_turn"]
+__all__ = ["Metrics", "RunResult", "TurnResult", "decode_seconds", "hit_tokens", "load_decisions", "preemptions",
+           "requests_served", "reset_caches", "run_http", "run_once", "run_workload", "tokens_by_turn"]
