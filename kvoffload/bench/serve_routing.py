@@ -1,8 +1,8 @@
 """kvoffload bench serve --replicas 2 --router dynamo: does KV-aware routing over kvoffload's
 tiers beat round robin on the same replicas?
 
-Starts the replicas (``vllm serve`` with the same kvoffload configuration, each on a core of its
-own, publishing KV events over ZMQ), Dynamo's standalone selection service
+Starts the replicas (``vllm serve`` with the same kvoffload configuration, each with every
+process it starts bound to a core of its own, publishing KV events over ZMQ), Dynamo's standalone selection service
 (``python -m dynamo.select_service`` from ``--dynamo-python``: ai-dynamo-runtime 1.6.1 in a venv
 of its own) with every replica registered, and two gateways in this process
 (``kvoffload.integrations.dynamo_gateway``): one asks the selection service, one alternates
