@@ -2,13 +2,13 @@
 tiers beat round robin on the same replicas?
 
 Starts the replicas (``vllm serve`` with the same kvoffload configuration, each with every
-process it starts bound to a core of its own, publishing KV events over ZMQ), Dynamo's standalone selection service
-(``python -m dynamo.select_service`` from ``--dynamo-python``: ai-dynamo-runtime 1.6.1 in a venv
-of its own) with every replica registered, and two gateways in this process
-(``kvoffload.integrations.dynamo_gateway``): one asks the selection service, one alternates
-replicas. Every repetition runs both, in rotating order, after resetting every replica's caches
-(the router sees the resets as events); ratios are taken run by run against round robin, and
-every response's tokens are compared between the two.
+process it starts bound to a core of its own, publishing KV events over ZMQ), Dynamo's
+standalone selection service (``python -m dynamo.select_service`` from ``--dynamo-python``:
+ai-dynamo-runtime 1.6.1 in a venv of its own) with every replica registered, and two gateways
+in this process (``kvoffload.integrations.dynamo_gateway``): one asks the selection service,
+one alternates replicas. Every repetition runs both, in rotating order, after resetting every
+replica's caches (the router sees the resets as events); ratios are taken run by run against
+round robin, and every response's tokens are compared between the two.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The first is what affinity keeps a returning turn with (its KV is there); the se
 gateway spreads conversations that open where no replica holds anything of their prompt. A
 conversation stays where it opened for its whole life, so an uneven opening (seven of twelve on
 one of two replicas) is an uneven run, and the selection service alone, choosing a burst of
-openings against the same load, left one that uneven in 4 of 24 measured runs.
+openings against the same load, left one that uneven in 4 of 18 measured runs.
 """
 
 from __future__ import annotations
