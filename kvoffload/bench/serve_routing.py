@@ -105,12 +105,12 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
             cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
                    "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
             print(f"starting vllm serve: replica {i + 1} ...", flush=True)
-            core = sorted(os.sched_getaffinity(0))[i % len(os.sched_getaffinity(0))]
+            core = _cores()[i % len(_cores())]
             server = VllmServer(model, work / f"replica{i + 1}.log", kv,
                                 extra_args=[*engine_args, "--kv-events-config", json.dumps(cfg)],
                                 gpu_memory_utilization=args.memory_utilization,
                                 env={"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
-                                cpus={core})
+                                cpus={core} if hasattr(os, "sched_setaffinity") else None)
             servers.append(server)
             server.start()
         workers = {i + 1: s.url for i, s in enumerate(servers)}
@@ -140,6 +140,13 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
     same = sum(tokens_by_turn(a) == tokens_by_turn(b) for a, b in zip(runs["round-robin"], runs["dynamo"]))
     print(f"tokens identical, dynamo vs round-robin: {same}/{len(runs['dynamo'])} runs")
     return runs
+
+
+def _cores() -> list[int]:
+    """The cores this process may use (where the platform says; else 0..cpu_count-1)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def _counters(server: VllmServer) -> dict[str, float]:
