@@ -98,6 +98,7 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
     events: dict[int, tuple[str, str]] = {}
     selector: subprocess.Popen[bytes] | None = None
     gateways = []
+    cores = _cores()
     try:
         for i in range(args.replicas):
             pub, replay = free_port(), free_port()
@@ -105,12 +106,12 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
             cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
                    "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
             print(f"starting vllm serve: replica {i + 1} ...", flush=True)
-            core = _cores()[i % len(_cores())]
+            core = cores[i % len(cores)]
             server = VllmServer(model, work / f"replica{i + 1}.log", kv,
                                 extra_args=[*engine_args, "--kv-events-config", json.dumps(cfg)],
                                 gpu_memory_utilization=args.memory_utilization,
                                 env={"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
-                                cpus={core} if hasattr(os, "sched_setaffinity") else None)
+                                cpus={core})
             servers.append(server)
             server.start()
         workers = {i + 1: s.url for i, s in enumerate(servers)}
@@ -149,15 +150,11 @@ def _cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def _counters(server: VllmServer) -> dict[str, float]:
-    """A replica's prefix hit tokens by tier, the requests it finished, those it preempted and
-    its seconds of decoding, from one scrape."""
+def _counters(server: VllmServer) -> tuple[dict[str, float], dict[str, float]]:
+    """A replica's prefix hit tokens by tier; and the requests it finished, those it preempted
+    and its seconds of decoding; from one scrape."""
     m = server.metrics()
-    return {**hit_tokens(m), "requests": requests_served(m), "preemptions": preemptions(m), "decode_s": decode_seconds(m)}
-
-
-#: The per-replica counters that are not prompt tokens found cached.
-NOT_HITS = ("requests", "preemptions", "decode_s")
+    return hit_tokens(m), {"requests": requests_served(m), "preemptions": preemptions(m), "decode_s": decode_seconds(m)}
 
 
 def router_cold(selector: str, prompts: list[list[int]], timeout_s: float = 20.0) -> tuple[float, int]:
@@ -191,11 +188,12 @@ def _run_once(name: str, url: str, model: str, servers: list[VllmServer], wl: Wo
     time.sleep(1.5)  # counters reach /metrics with the engines' next stats reports
     hits: dict[str, float] = {}
     replicas = []
-    for s, b in zip(servers, before):
-        replicas.append({k: v - b.get(k, 0) for k, v in _counters(s).items()})
-        for k, v in replicas[-1].items():
-            if k not in NOT_HITS:
-                hits[k] = hits.get(k, 0) + v
+    for s, (hits0, other0) in zip(servers, before):
+        hits1, other1 = _counters(s)
+        found = {k: v - hits0.get(k, 0) for k, v in hits1.items()}
+        replicas.append({**found, **{k: v - other0.get(k, 0) for k, v in other1.items()}})
+        for k, v in found.items():
+            hits[k] = hits.get(k, 0) + v
     return RunResult(name, turns, wall, hits, replicas)
 
 

@@ -33,7 +33,8 @@ class VllmServer:
                  start_timeout_s: float = 400.0, gpu_memory_utilization: float = 0.1,
                  cpus: set[int] | None = None) -> None:
         self.model = model
-        #: The cores the server and every process it starts may run on (None: any). vLLM's CPU
+        #: The cores the server and every process it starts may run on (None: any; where the
+        #: platform can bind processes). vLLM's CPU
         #: build binds only its compute threads (VLLM_CPU_OMP_THREADS_BIND); its engine-core
         #: process (scheduler, connector, KV events) floated onto the other replica's core and
         #: took up to a fifth of it, so one replica computed the same run 2.4x slower.
@@ -76,7 +77,9 @@ class VllmServer:
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)  # its own group: stop() ends the engine too
         log.close()
-        if self.cpus:  # before it starts any process (the imports alone take seconds): they inherit it
+        # Before it starts any process (the imports alone take seconds): they inherit it. A
+        # platform without CPU affinity (macOS) runs it unbound.
+        if self.cpus and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(self.proc.pid, self.cpus)
         def errors() -> str:  # the lines that name what went wrong, else the log's tail
             found = [line for line in self.log_tail(200_000).splitlines() if "Error:" in line][-3:]
