@@ -87,7 +87,8 @@ class MooncakeKind(TierKind):
                               f"block record; raise it to at least {format_bytes(64 * record)}")
         store = MooncakeStore.connect(opts, self.ctx.key, lend_segment=True)
         try:
-            return StoreIO(store, self.keys(), self.ctx.rank, self.ctx.block_bytes, opts.local_buffer, self._tagger)
+            return StoreIO(store, self.keys(), self.ctx.rank, self.ctx.block_bytes, opts.local_buffer, self._tagger,
+                           unreachable_hold_s=opts.retry_after_s)
         except BaseException:
             store.close()
             raise

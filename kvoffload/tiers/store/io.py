@@ -10,11 +10,19 @@ pair blocks with keys; the store is addressed by key.
 Errors split the way the scheduler needs them: a store that cannot be reached (RPC or
 transfer failure) is an I/O error and counts against the tier's health; a value that is gone
 (evicted by the store), torn or of another key is bad data: dropped and recomputed.
+
+A store that took SLOW_FAILURE_S or more to answer "unreachable" is not called again for
+``unreachable_hold_s``: each call to a dead Mooncake master waits out its client's RPC timeout
+(about 4 s), so the rest of a job, and each job queued before the scheduler took the tier out of
+service, would hold its lane that long. They fail at once instead, as I/O errors; the first call
+after the hold finds out whether the store is back. A quick failure (a dropped connection) holds
+nothing: asking again costs nothing, and the scheduler's health decides on outages.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -38,8 +46,13 @@ def _address(view: memoryview) -> int:
 
 
 class StoreIO(TierIO):
+    #: An "unreachable" answer this slow was a timeout: the next call would wait as long.
+    SLOW_FAILURE_S = 0.5
+
     def __init__(self, store: KeyValueStore, keys: StoreKeys, rank: int, block_bytes: int, staging_bytes: int,
-                 tagger: RecordTagger | None = None) -> None:
+                 tagger: RecordTagger | None = None, unreachable_hold_s: float = 0.0) -> None:
+        """``unreachable_hold_s``: 0 calls the store every time (a filesystem, whose errors are
+        per file); a networked store passes its tier's ``retry_after_s``."""
         self.name = store.name
         self.tagger = tagger or RecordTagger()
         self.store = store
@@ -50,6 +63,23 @@ class StoreIO(TierIO):
         self._regions: list[tuple[int, int]] = []  # registered memory the store copies directly
         self.num_rejected = 0
         self.num_direct = self.num_staged = 0
+        self.unreachable_hold_s = unreachable_hold_s
+        self._held_until = 0.0  # monotonic: the store is not called before then
+        #: Blocks failed without a call, the store being held unreachable.
+        self.num_held = 0
+
+    def _held(self) -> bool:
+        return self.unreachable_hold_s > 0 and time.monotonic() < self._held_until
+
+    def _hold(self, called_at: float) -> None:
+        """An unreachable answer to a call made at ``called_at``: hold the store if it was slow."""
+        now = time.monotonic()
+        if self.unreachable_hold_s > 0 and now - called_at >= self.SLOW_FAILURE_S:
+            self._held_until = now + self.unreachable_hold_s
+
+    def _why_held(self, held: int) -> str:
+        self.num_held += held
+        return f"; {held} without a call, the store being unreachable" if held else ""
 
     def register_memory(self, ptr: int, nbytes: int) -> None:
         self.store.register(ptr, nbytes)
@@ -81,8 +111,14 @@ class StoreIO(TierIO):
         records = self.arena.rows
         failed: list[int] = []
         io = False
+        held = 0
         for batch, rows in self._chunks(len(blocks)):
+            if self._held():
+                failed += [slots[i] for i in batch]
+                io, held = True, held + len(batch)
+                continue
             batch_names = [names[i] for i in batch]
+            called_at = time.monotonic()
             if addrs is not None:  # header from the arena, the block from where it lies
                 headers = b"".join([make_header(names[i], blocks[i], self.tagger) for i in batch])
                 records[rows, :HEADER_BYTES] = np.frombuffer(headers, dtype=np.uint8).reshape(len(rows), HEADER_BYTES)
@@ -98,13 +134,16 @@ class StoreIO(TierIO):
             for i, code in zip(batch, status):
                 if code < 0:
                     failed.append(slots[i])
-                    io = io or self.store.unreachable(code)
+                    if self.store.unreachable(code):
+                        io = True
+                        self._hold(called_at)
         if addrs is not None:
             self.num_direct += len(blocks)
         else:
             self.num_staged += len(blocks)
         if failed:
-            raise BlockTransferError(f"{self.name}: {len(failed)} of {len(blocks)} values not stored", failed, io=io)
+            raise BlockTransferError(f"{self.name}: {len(failed)} of {len(blocks)} values not stored"
+                                     f"{self._why_held(held)}", failed, io=io)
 
     # ---- reads ---------------------------------------------------------------------------
     def read(self, slots: list[int], keys: list[BlockHash], out: Sequence[memoryview]) -> None:
@@ -116,8 +155,15 @@ class StoreIO(TierIO):
         reasons: Counter[str] = Counter()
         io = False
         why = ""
+        held = 0
         for batch, rows in self._chunks(len(slots)):
+            if self._held():
+                bad += [slots[i] for i in batch]
+                io, held = True, held + len(batch)
+                why = why or "unreachable"
+                continue
             batch_names = [names[i] for i in batch]
+            called_at = time.monotonic()
             if addrs is not None:  # header into the arena, the block straight into ``out``
                 status = self.store.get_into_parts(
                     batch_names, [[self.arena.address(r), addrs[i]] for r, i in zip(rows, batch)],
@@ -129,8 +175,10 @@ class StoreIO(TierIO):
                 if code != self.arena.record_bytes:
                     bad.append(slots[i])
                     unreachable = self.store.unreachable(code)
-                    io = io or unreachable
-                    if not unreachable:
+                    if unreachable:
+                        io = True
+                        self._hold(called_at)
+                    else:
                         reasons["missing" if code < 0 else "format"] += 1
                     why = why or (f"status {code}" if code < 0 else f"{code}-byte value")
                     continue
@@ -147,8 +195,8 @@ class StoreIO(TierIO):
         if damaged:
             self.store.remove(damaged)  # else every replica would keep finding and failing on them
         if bad:
-            raise BlockTransferError(f"{self.name}: {len(bad)} of {len(slots)} values unusable ({why})", bad, io=io,
-                                     reasons=dict(reasons))
+            raise BlockTransferError(f"{self.name}: {len(bad)} of {len(slots)} values unusable ({why})"
+                                     f"{self._why_held(held)}", bad, io=io, reasons=dict(reasons))
 
     def close_memory(self) -> None:
         """Unregister the staging memory and every registered region (the store stays open)."""

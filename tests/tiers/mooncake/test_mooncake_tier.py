@@ -69,7 +69,10 @@ def test_two_engine_processes_share_prefixes_through_one_master(master, baseline
 
 
 def test_master_killed_between_and_during_rounds_then_restarted(master, baseline, caplog):
-    kv = offload(master, retry_after_s=1)
+    # Every hit is loaded (async), so what this measures is the outage, not the load-vs-recompute
+    # model: on a busy machine a first load that reads 4 blocks a few ms longer than recomputing
+    # their 64 tokens takes is given up, and the tier is not tried again for 30 s.
+    kv = offload(master, retry_after_s=1, load_mode="async")
     assert run(kv)[0] == baseline  # populates the store
     with LLM(engine_config(kv)) as live:  # a replica that will live through the outage
         master.kill()  # between rounds
@@ -92,7 +95,9 @@ def test_master_killed_between_and_during_rounds_then_restarted(master, baseline
             t0 = time.monotonic()
             assert run_chat_workload(during, WORKLOAD) == baseline  # the master dies under this round
             killer.join()
-            assert time.monotonic() - t0 < 60
+            # Each lane waits out one RPC timeout (about 4 s); the copies queued behind it fail at
+            # once. Calling the dead master for each of them took 17-26 s, or wedged the engine.
+            assert time.monotonic() - t0 < 15
 
         master.start()
         master.segment_holder("128MB")

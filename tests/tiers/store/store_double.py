@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 
 from kvoffload.tiers.store.kv_store import KeyValueStore
 
@@ -20,8 +21,15 @@ class DictStore(KeyValueStore):
         self.values: dict[str, bytes] = {}
         self.calls: list[tuple[str, int]] = []  # (method, number of keys)
         self.down = False  # every call fails as unreachable
+        self.down_after_s = 0.0  # ... after this long (a timeout)
         self.gate: threading.Event | None = None  # exists() waits for it (a slow store)
         self.registered: list[tuple[int, int]] = []
+
+    def _fails(self) -> bool:
+        """Whether this call fails as unreachable (after ``down_after_s``, as a timeout would)."""
+        if self.down and self.down_after_s:
+            time.sleep(self.down_after_s)
+        return self.down
 
     def exists(self, keys: list[str]) -> list[int]:
         self.calls.append(("exists", len(keys)))
@@ -33,7 +41,7 @@ class DictStore(KeyValueStore):
 
     def put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         self.calls.append(("put", len(keys)))
-        if self.down:
+        if self._fails():
             return [UNREACHABLE] * len(keys)
         for k, p, n in zip(keys, ptrs, sizes):
             self.values.setdefault(k, ctypes.string_at(p, n))
@@ -41,6 +49,7 @@ class DictStore(KeyValueStore):
 
     def get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         self.calls.append(("get", len(keys)))
+        self._fails()
         out = []
         for k, p, n in zip(keys, ptrs, sizes):
             if self.down:
@@ -55,7 +64,7 @@ class DictStore(KeyValueStore):
 
     def put_from_parts(self, keys, ptrs, sizes):
         self.calls.append(("put_parts", len(keys)))
-        if self.down:
+        if self._fails():
             return [UNREACHABLE] * len(keys)
         for k, ps, ns in zip(keys, ptrs, sizes):
             self.values.setdefault(k, b"".join(ctypes.string_at(p, n) for p, n in zip(ps, ns)))
@@ -63,6 +72,7 @@ class DictStore(KeyValueStore):
 
     def get_into_parts(self, keys, ptrs, sizes):
         self.calls.append(("get_parts", len(keys)))
+        self._fails()
         out = []
         for k, ps, ns in zip(keys, ptrs, sizes):
             if self.down:

@@ -222,6 +222,54 @@ def test_an_unreachable_store_is_an_io_error():
     assert err.value.io and str(UNREACHABLE) in str(err.value)
 
 
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_an_unreachable_store_is_not_called_again_until_the_hold_ends(op):
+    """A dead master makes each call wait out an RPC timeout: the rest of the job and the jobs
+    behind it fail at once, as I/O errors, until the hold ends. A quick failure holds nothing,
+    and with no hold (a filesystem, whose errors are per file) every chunk is tried."""
+    data, hashes = _blocks(7), [bytes([i]) * 16 for i in range(7)]
+    out = np.zeros_like(data)
+
+    def run(io):
+        if op == "write":
+            io.write([row.data for row in data], list(range(7)), hashes)
+        else:
+            io.read(list(range(7)), hashes, [row.data for row in out])
+
+    staging = 3 * (HEADER_BYTES + 256)
+    store = DictStore()
+    held = StoreIO(store, KEYS, 0, 256, staging_bytes=staging, unreachable_hold_s=0.3)
+    held.SLOW_FAILURE_S = 0.05
+    held.write([row.data for row in data], list(range(7)), hashes)
+    store.calls.clear()
+    store.down = True
+    with pytest.raises(BlockTransferError) as err:
+        run(held)  # a quick failure: every chunk is tried
+    assert len(store.calls) == 3 and err.value.io and held.num_held == 0
+    store.calls.clear()
+    store.down_after_s = 0.06
+    with pytest.raises(BlockTransferError) as err:
+        run(held)
+    assert len(store.calls) == 1 and err.value.io and err.value.slots == list(range(7))
+    assert "4 without a call" in str(err.value) and held.num_held == 4
+    store.down = False  # back, but the hold still stands: no call
+    with pytest.raises(BlockTransferError) as err:
+        run(held)
+    assert len(store.calls) == 1 and err.value.io and err.value.slots == list(range(7))
+    time.sleep(0.35)
+    run(held)
+    assert len(store.calls) == 4
+    if op == "read":
+        assert np.array_equal(out, data)
+
+    store.calls.clear()
+    store.down = True
+    unheld = StoreIO(store, KEYS, 0, 256, staging_bytes=staging)  # slow failures, no hold
+    with pytest.raises(BlockTransferError) as err:
+        run(unheld)
+    assert len(store.calls) == 3 and err.value.io and unheld.num_held == 0
+
+
 # ---- KV events -----------------------------------------------------------------------------
 def test_events_say_what_this_replica_can_read_from_the_store():
     """Stored when our write lands or a lookup finds a block; removed when a lookup finds it gone
