@@ -124,8 +124,8 @@ def test_explain_sends_what_the_service_saw_on_each_replica_with_a_streamed_answ
     headers carry each replica's cached blocks (device/host/disk) as the service saw them; a
     service that does not answer the question still routes the request, without the header."""
     scores = {"block_size": 16, "workers": [
-        {"worker_id": 1, "device_blocks": 0, "host_pinned_blocks": 12, "disk_blocks": 3},
-        {"worker_id": 2, "device_blocks": 2, "host_pinned_blocks": 0, "disk_blocks": 0},
+        {"worker_id": 1, "device_blocks": 0, "host_pinned_blocks": 12, "disk_blocks": 15},  # cumulative
+        {"worker_id": 2, "device_blocks": 2, "host_pinned_blocks": 2, "disk_blocks": 2},
         {"worker_id": "3; drop", "device_blocks": 1}]}  # not a worker id: left out
     answers = {"/select_and_reserve": (200, {"worker_id": 2}), "/overlap_scores": (200, scores)}
     selector = Stub(lambda m, p, b: (*answers.get(p, (200, {})), "application/json"))
@@ -135,7 +135,7 @@ def test_explain_sends_what_the_service_saw_on_each_replica_with_a_streamed_answ
     try:
         status, body, headers = post(url, {"model": "m", "prompt": [5, 6], "stream": True})
         assert status == 200 and headers["x-kvoffload-worker"] == "2"
-        assert headers["x-kvoffload-seen"] == "1=0/12/3,2=2/0/0"
+        assert headers["x-kvoffload-seen"] == "1=0/12/15,2=2/2/2"
         assert [c[1] for c in selector.calls][:2] == ["/overlap_scores", "/select_and_reserve"]
         assert selector.calls[0][2] == {"model_name": "default", "token_ids": [5, 6]}
         answers["/overlap_scores"] = (500, {"error": "no"})
@@ -250,5 +250,33 @@ def test_without_affinity_openings_are_the_services_choice():
     try:
         assert [g.choose({"prompt": [c], "user": f"c{c}"}).worker for c in range(4)] == [1, 1, 1, 1]
         assert [c[1] for c in selector.calls] == ["/select_and_reserve"] * 4
+    finally:
+        selector.close()
+
+
+def test_cached_blocks_are_read_as_dynamo_reports_them_cumulative():
+    """Dynamo's host count includes the device's and its disk count the host's (the extension
+    fields are the differences): a replica's cached run is the largest, counted once."""
+    from kvoffload.bench.serve_routing import router_cold
+
+    held = {"n": 1}
+
+    def rows(method: str, path: str, body: Any) -> tuple[int, Any, str]:
+        d, he, de = 2 * held["n"], 3 * held["n"], 1 * held["n"]
+        return 200, {"workers": [
+            {"worker_id": 1, "device_blocks": d, "host_pinned_blocks": d + he, "disk_blocks": d + he + de,
+             "host_pinned_extension_blocks": he, "disk_extension_blocks": de, "shared_beyond_device_blocks": None},
+            {"worker_id": 2, "device_blocks": 0, "host_pinned_blocks": 0, "disk_blocks": 0,
+             "host_pinned_extension_blocks": 0, "disk_extension_blocks": 0, "shared_beyond_device_blocks": None},
+            {"worker_id": 3, "device_blocks": -4, "host_pinned_blocks": "9", "disk_blocks": 1e9}]}, "application/json"
+
+    selector = Stub(rows)
+    try:
+        got = gw.overlap_rows(selector.url, "default", [1, 2], 5.0)
+        assert [gw.cached_blocks(r) for r in got] == [(2, 5, 6), (0, 0, 0), (0, 0, 0)]
+        assert router_cold(selector.url, [[1, 2], [3, 4]], timeout_s=0.0)[1] == 12  # 6 a prompt, not 36
+        held["n"] = 0
+        waited, left = router_cold(selector.url, [[1, 2]], timeout_s=5.0)
+        assert left == 0 and waited < 1.0
     finally:
         selector.close()

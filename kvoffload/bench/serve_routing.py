@@ -165,7 +165,7 @@ def router_cold(selector: str, prompts: list[list[int]], timeout_s: float = 20.0
         seen = 0
         for tokens in prompts:
             for row in dynamo_gateway.overlap_rows(selector, "default", tokens, 10.0):
-                seen += sum(v for k, v in row.items() if k.endswith("_blocks") and type(v) is int)
+                seen += max(dynamo_gateway.cached_blocks(row))
         if not seen or time.monotonic() - t0 > timeout_s:
             return time.monotonic() - t0, seen
         time.sleep(0.2)

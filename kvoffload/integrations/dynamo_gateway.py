@@ -79,6 +79,14 @@ def overlap_rows(selector: str, model: str, token_ids: list[int], timeout_s: flo
     return [row for row in rows if isinstance(row, dict) and type(row.get("worker_id")) is int]
 
 
+def cached_blocks(row: dict[str, Any]) -> tuple[int, int, int]:
+    """One ``/overlap_scores`` row's cached blocks of the prompt: (device, host, disk), as the
+    service reports them: cumulative (Dynamo 1.6's host count is the device's plus its
+    ``host_pinned_extension_blocks``, its disk count the host's plus ``disk_extension_blocks``),
+    so the largest is the replica's cached run and the extensions are not added again."""
+    return _count(row.get("device_blocks")), _count(row.get("host_pinned_blocks")), _count(row.get("disk_blocks"))
+
+
 def prompt_of(body: object) -> str | list[int]:
     """The request's one prompt, checked: a string or a list of token ids."""
     if not isinstance(body, dict):
@@ -201,11 +209,7 @@ class Gateway:
             rows = overlap_rows(self.selector, self.model, token_ids, self.timeout_s)
         except GatewayError:
             return None
-        cached: dict[int, tuple[int, int, int]] = {}
-        for row in rows:
-            d, h, k = (_count(row.get(key)) for key in ("device_blocks", "host_pinned_blocks", "disk_blocks"))
-            cached[row["worker_id"]] = (d, h, k)
-        return cached
+        return {row["worker_id"]: cached_blocks(row) for row in rows}
 
     def _best_effort(self, path: str, method: str) -> None:
         """Reservation bookkeeping: a failure is logged once per kind, and the client's answer
@@ -297,8 +301,8 @@ def main() -> None:
     ap.add_argument("--round-robin", action="store_true", help="ignore the selection service: alternate replicas")
     ap.add_argument("--explain", action="store_true",
                     help="ask the selection service what it sees cached on each replica before each choice and "
-                         "send it back in the x-kvoffload-seen header (ID=DEVICE/HOST/DISK blocks; one more call a "
-                         "request)")
+                         "send it back in the x-kvoffload-seen header (ID=DEVICE/HOST/DISK blocks, each including the "
+                         "one before as Dynamo counts them; one more call a request)")
     ap.add_argument("--affinity", action="store_true",
                     help="keep a conversation (the request's 'user' field) on the replica of its last turn while "
                          "the selection service sees its KV there (asks it before each choice), and open a "
