@@ -169,7 +169,7 @@ class Gateway:
         home = self._conversations.home(session) if session is not None else None
         cached = self._cached(token_ids) if self.explain or session is not None else None
         request: dict[str, Any] = {"selection_id": selection_id, "model_name": self.model, "token_ids": token_ids}
-        if session is not None and cached is not None and not any(sum(c) for c in cached.values()):
+        if session is not None and cached is not None and not any(any(c) for c in cached.values()):
             # A conversation that opens where no replica holds any of its prompt: the service
             # would go by load alone, and a burst of openings chosen against the same load
             # split unevenly; one opening at a time, among the replicas with fewest.
@@ -180,7 +180,7 @@ class Gateway:
                 wid = self._select(request)
                 self._conversations.record(session, wid)
         else:
-            if home is not None and cached is not None and sum(cached.get(home, ())) > 0:
+            if home is not None and cached is not None and any(cached.get(home, ())):
                 request["affinity_target"] = {"worker_id": home, "dp_rank": 0}
             wid = self._select(request)
             if session is not None:

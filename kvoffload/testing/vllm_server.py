@@ -34,10 +34,10 @@ class VllmServer:
                  cpus: set[int] | None = None) -> None:
         self.model = model
         #: The cores the server and every process it starts may run on (None: any; where the
-        #: platform can bind processes). vLLM's CPU
-        #: build binds only its compute threads (VLLM_CPU_OMP_THREADS_BIND); its engine-core
-        #: process (scheduler, connector, KV events) floated onto the other replica's core and
-        #: took up to a fifth of it, so one replica computed the same run 2.4x slower.
+        #: platform can bind processes). vLLM's CPU build binds only its compute threads
+        #: (VLLM_CPU_OMP_THREADS_BIND); its engine-core process (scheduler, connector, KV
+        #: events) floated onto the other replica's core and took up to a fifth of it, so one
+        #: replica computed the same run 2.4x slower.
         self.cpus = cpus
         self.log_path = Path(log_path)
         self.port = free_port()

@@ -69,7 +69,7 @@ class StoreIO(TierIO):
         self.num_held = 0
 
     def _held(self) -> bool:
-        return self.unreachable_hold_s > 0 and time.monotonic() < self._held_until
+        return time.monotonic() < self._held_until  # only _hold sets it, and only with a hold
 
     def _hold(self, called_at: float) -> None:
         """An unreachable answer to a call made at ``called_at``: hold the store if it was slow."""
