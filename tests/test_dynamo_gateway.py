@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kvoffload.integrations import dynamo_gateway as gw
+from kvoffload.integrations import gateway_overlap
 
 
 class Stub:
@@ -78,11 +79,13 @@ def post(url: str, body: Any) -> tuple[int, bytes, Any]:
 
 def test_the_gateway_forwards_where_the_service_says_and_frees_the_reservation(fleet):
     selector, r1, r2 = fleet
-    server = gw.serve(gw.Gateway(selector.url, {1: r1.url, 2: r2.url}), "127.0.0.1", 0)
+    g = gw.Gateway(selector.url, {1: r1.url, 2: r2.url})
+    server = gw.serve(g, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
     try:
         status, body, headers = post(url, {"model": "m", "prompt": [5, 6, 7]})
         assert status == 200 and json.loads(body) == {"served_by": "r2"} and headers["x-kvoffload-worker"] == "2"
+        assert g.settle()  # the reservation's bookkeeping is sent after the answer
         (select, prefill, free) = selector.calls
         assert select[:2] == ("POST", "/select_and_reserve")
         assert select[2]["token_ids"] == [5, 6, 7] and select[2]["model_name"] == "default"
@@ -93,7 +96,7 @@ def test_the_gateway_forwards_where_the_service_says_and_frees_the_reservation(f
         selector.calls.clear()
         status, body, headers = post(url, {"model": "m", "prompt": [5], "stream": True})
         assert status == 200 and body == b"data: r2-1\n\ndata: [DONE]\n\n"
-        assert [c[0] for c in selector.calls] == ["POST", "POST", "DELETE"]
+        assert g.settle() and [c[0] for c in selector.calls] == ["POST", "POST", "DELETE"]
         status, body, _ = post(url, {"model": "m", "prompt": [[1], [2]]})
         assert status == 400 and b"give one prompt" in body
         status, body, _ = post(url.replace("/v1/completions", "/v1/chat/completions"), {})
@@ -114,9 +117,11 @@ def test_bad_worker_specs_fail_with_one_line_naming_them():
         gw.Gateway(None, {})
     import argparse
 
+    from kvoffload.integrations import gateway_cli
+
     with pytest.raises(argparse.ArgumentTypeError, match="--worker '1:http://x'"):
-        gw._worker("1:http://x")
-    assert gw._worker("3=http://127.0.0.1:9") == (3, "http://127.0.0.1:9")
+        gateway_cli.worker_spec("1:http://x")
+    assert gateway_cli.worker_spec("3=http://127.0.0.1:9") == (3, "http://127.0.0.1:9")
 
 
 def test_explain_sends_what_the_service_saw_on_each_replica_with_a_streamed_answer():
@@ -272,8 +277,8 @@ def test_cached_blocks_are_read_as_dynamo_reports_them_cumulative():
 
     selector = Stub(rows)
     try:
-        got = gw.overlap_rows(selector.url, "default", [1, 2], 5.0)
-        assert [gw.cached_blocks(r) for r in got] == [(2, 5, 6), (0, 0, 0), (0, 0, 0)]
+        got = gateway_overlap.overlap_rows(selector.url, "default", [1, 2], 5.0)
+        assert [gateway_overlap.cached_blocks(r) for r in got] == [(2, 5, 6), (0, 0, 0), (0, 0, 0)]
         assert router_cold(selector.url, [[1, 2], [3, 4]], timeout_s=0.0)[1] == 12  # 6 a prompt, not 36
         held["n"] = 0
         waited, left = router_cold(selector.url, [[1, 2]], timeout_s=5.0)

@@ -99,7 +99,7 @@ def test_the_wheel_follows_the_quickstart_literally(installed):
     (block,) = re.findall(r"```python\n(.*?)```", page, re.S)
     assert installed.run("-c", block).strip().endswith("{'device': 0, 'cpu': 192, 'disk': 0}")
     assert "kvoffload bench mix" in installed.run("-m", "kvoffload", "bench", "mix", "--help")
-    assert "--selector" in installed.run("-m", "kvoffload.integrations.dynamo_gateway", "--help")
+    assert "--selector" in installed.run("-m", "kvoffload.integrations.gateway_cli", "--help")
     # #71's command, on the installed wheel: the sizing answer in an operator's terms.
     sized = installed.run("-m", "kvoffload", "plan", "--log", "sample", "--model", "tiny", "--tiers", "cpu:{1,4}MiB",
                           "--slo", "ttft_p95=1s", "--price", "cpu=4/GiB")

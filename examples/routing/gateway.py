@@ -1,6 +1,6 @@
-"""The KV-aware gateway of examples/routing/README.md: `kvoffload.integrations.dynamo_gateway`."""
+"""The KV-aware gateway of examples/routing/README.md: `kvoffload.integrations.gateway_cli`."""
 
-from kvoffload.integrations.dynamo_gateway import main
+from kvoffload.integrations.gateway_cli import main
 
 if __name__ == "__main__":
     main()

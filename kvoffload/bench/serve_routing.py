@@ -32,7 +32,7 @@ from kvoffload.bench.serve_runs import (
     tokens_by_turn,
 )
 from kvoffload.bench.serve_workloads import Workload
-from kvoffload.integrations import dynamo_gateway
+from kvoffload.integrations import dynamo_gateway, gateway_overlap
 from kvoffload.testing.health import StartError, wait_healthy
 from kvoffload.testing.vllm_server import VllmServer, free_port
 
@@ -164,8 +164,8 @@ def router_cold(selector: str, prompts: list[list[int]], timeout_s: float = 20.0
     while True:
         seen = 0
         for tokens in prompts:
-            for row in dynamo_gateway.overlap_rows(selector, "default", tokens, 10.0):
-                seen += max(dynamo_gateway.cached_blocks(row))
+            for row in gateway_overlap.overlap_rows(selector, "default", tokens, 10.0):
+                seen += max(gateway_overlap.cached_blocks(row))
         if not seen or time.monotonic() - t0 > timeout_s:
             return time.monotonic() - t0, seen
         time.sleep(0.2)

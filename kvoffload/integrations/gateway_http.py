@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
-from kvoffload.integrations.gateway_upstream import MAX_BODY_BYTES, GatewayError, ReplicaRefused
+from kvoffload.integrations.gateway_deadline import WATCHDOG, Alarm
+from kvoffload.integrations.gateway_upstream import MAX_BODY_BYTES, GatewayError, ReplicaRefused, Upstream
+
+#: A stream's line longer than this is relayed in pieces (the client joins them).
+MAX_LINE_BYTES = 1 << 20
+_LENGTH = re.compile(r"[0-9]{1,15}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +43,8 @@ class Router(Protocol):
     timeout_s: float
     completion_timeout_s: float
 
-    def choose(self, body: dict[str, Any]) -> Routed: ...
-    def route(self, body: dict[str, Any]) -> tuple[Routed, Any]: ...
-    def open_completion(self, wid: int, body: dict[str, Any]) -> http.client.HTTPResponse: ...
+    def route(self, body: dict[str, Any]) -> tuple[Routed, bytes, str]: ...
+    def open_stream(self, body: dict[str, Any]) -> tuple[Routed, Upstream]: ...
     def prefilled(self, selection_id: str | None) -> None: ...
     def release(self, selection_id: str | None) -> None: ...
 
@@ -54,16 +59,30 @@ def _route_headers(routed: Routed) -> dict[str, str]:
     return headers
 
 
-def _read_body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
+class HalfBody(Exception):
+    """The client's body stopped short of its Content-Length (it left, or ran out of time)."""
+
+
+def _length(handler: BaseHTTPRequestHandler) -> int | None:
+    """The request's Content-Length in ASCII digits (a superscript digit passes ``isdigit``
+    and fails ``int``), None where absent."""
     length = handler.headers.get("Content-Length")
     if length is None:
-        raise GatewayError(411, "no Content-Length: send the JSON body with its length")
-    if not length.strip().isdigit():
+        return None
+    if not _LENGTH.fullmatch(length.strip()):
         raise GatewayError(400, f"Content-Length {length[:20]!r} is not a byte count")
-    n = int(length)
+    return int(length)
+
+
+def _read_body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
+    n = _length(handler)
+    if n is None:
+        raise GatewayError(411, "no Content-Length: send the JSON body with its length")
     if n > MAX_BODY_BYTES:
         raise GatewayError(413, f"a body of {n} bytes is over the gateway's {MAX_BODY_BYTES} bytes")
     data = handler.rfile.read(n)
+    if len(data) < n:
+        raise HalfBody()
     try:
         body = json.loads(data)
     except (ValueError, RecursionError):
@@ -78,45 +97,73 @@ def make_handler(gateway: Router) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         #: A client that sends half a body is dropped after this long.
         timeout = gateway.timeout_s
+        _alarm: Alarm | None = None
+
+        def handle_one_request(self) -> None:
+            """The request, its headers and its body must all arrive within the timeout (a
+            socket timeout bounds each receive only: a byte every few seconds held a thread)."""
+            self._alarm = WATCHDOG.arm(self.connection, gateway.timeout_s)
+            try:
+                super().handle_one_request()
+            finally:
+                self._alarm.disarm()
+                if self._alarm.fired:
+                    self.close_connection = True
+
+        def _read(self) -> dict[str, Any]:
+            """The request's body, read; the rest of the exchange is not the client's deadline."""
+            try:
+                return _read_body(self)
+            finally:
+                assert self._alarm is not None
+                self._alarm.disarm()
 
         def do_POST(self) -> None:
             if self.path != "/v1/completions":
                 self._drain()
                 return self._reply(404, {"error": f"{self.path[:80]}: only /v1/completions is routed"})
             try:
-                body = _read_body(self)
+                body = self._read()
                 if body.get("stream"):
                     return self._stream(body)
-                routed, out = gateway.route(body)
+                routed, data, content_type = gateway.route(body)
+            except HalfBody:
+                self.close_connection = True
+                return None
             except GatewayError as exc:
                 return self._reply(exc.status, {"error": str(exc)})
             except ReplicaRefused as exc:
                 return self._raw(exc.status, exc.body, exc.content_type)
-            self._reply(200, out, _route_headers(routed))
+            self._raw(200, data, content_type, _route_headers(routed))
 
         def do_GET(self) -> None:
+            self._drain()
             self._reply(405, {"error": f"GET {self.path[:80]}: POST /v1/completions"})
 
         def _drain(self) -> None:
-            length = self.headers.get("Content-Length", "")
-            if length.isdigit() and int(length) <= MAX_BODY_BYTES:
-                self.rfile.read(int(length))
-            else:
+            try:
+                length = _length(self)
+            except GatewayError:
+                length = None
+            if length is not None and length <= MAX_BODY_BYTES and len(self.rfile.read(length)) == length:
+                pass
+            elif length is not None:
                 self.close_connection = True
+            if self._alarm is not None:
+                self._alarm.disarm()
 
         def _stream(self, body: dict[str, Any]) -> None:
             """Relay the replica's server-sent events as they come; the reservation's prefill
             ends with the first one, and it is freed before the client sees the end. Errors
             before the first byte get a status; after it, an error event and a broken chunked
             encoding."""
-            routed = gateway.choose(body)
+            try:
+                routed, upstream = gateway.open_stream(body)
+            except ReplicaRefused as exc:
+                return self._raw(exc.status, exc.body, exc.content_type)
             wid, selection_id = routed.worker, routed.selection_id
             reserved = True
             try:
-                try:
-                    upstream = gateway.open_completion(wid, body)
-                except ReplicaRefused as exc:
-                    return self._raw(exc.status, exc.body, exc.content_type)
                 with upstream:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
@@ -139,11 +186,11 @@ def make_handler(gateway: Router) -> type[BaseHTTPRequestHandler]:
                 if reserved:
                     gateway.release(selection_id)
 
-        def _relay(self, upstream: http.client.HTTPResponse, selection_id: str | None, wid: int) -> str | None:
+        def _relay(self, upstream: Upstream, selection_id: str | None, wid: int) -> str | None:
             """Copy the stream; None if it ended with ``[DONE]``, else what went wrong."""
             first, done = True, False
             try:
-                while line := upstream.readline():
+                while line := upstream.readline(MAX_LINE_BYTES):
                     try:
                         self._chunk(line)
                     except OSError:

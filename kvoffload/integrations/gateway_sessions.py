@@ -52,16 +52,18 @@ class Conversations:
             self._live[worker] = self._live.get(worker, 0) + 1
             self._expire(now)
 
-    def least_loaded(self, session: str) -> list[int]:
-        """The replicas with the fewest live conversations, this one not counted."""
+    def least_loaded(self, session: str, among: Iterable[int] | None = None) -> list[int]:
+        """Of ``among`` (all replicas where None), those with the fewest live conversations,
+        this one not counted."""
+        candidates = self.workers if among is None else sorted(among)
         with self._lock:
             self._expire(self._clock())
             live = dict(self._live)
             mine = self._recent.get(session)
             if mine is not None:
                 live[mine[0]] -= 1
-            low = min(live.get(w, 0) for w in self.workers)
-            return [w for w in self.workers if live.get(w, 0) == low]
+            low = min(live.get(w, 0) for w in candidates)
+            return [w for w in candidates if live.get(w, 0) == low]
 
     def live(self) -> dict[int, int]:
         """Live conversations per replica (a turn within ``idle_s``)."""
