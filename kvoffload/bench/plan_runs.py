@@ -180,26 +180,31 @@ class ServedRuns(LiveRuns):
         return [(t.sid, t.turn, t.completion) for t in res.turns], res.hits
 
     def base(self) -> tuple[Turns, EngineSpeed]:
-        from kvoffload.bench.profile_scrape import request_overhead, scrape
+        from kvoffload.bench.profile_scrape import checked, request_overhead, scrape
+        from kvoffload.plan.profile import Profile
 
         turns = self._once(None)[0]  # the plain server's front end, from its own /metrics
-        return turns, replace(self._engine, request_s=request_overhead(scrape(self.servers[None].url)))
+        url = self.servers[None].url
+        engine = replace(self._engine, request_s=request_overhead(scrape(url)))
+        return turns, checked(Profile(engine), url).engine
 
     def with_tiers(self, label: str, chain: tuple[PlannedTier, ...]) -> Measured:
-        from kvoffload.bench.profile_scrape import request_overhead, scrape, step_overheads, tier_speeds
-        from kvoffload.plan.profile import ProfileError
+        from kvoffload.bench.profile_scrape import checked, request_overhead, scrape, step_overheads, tier_speeds
+        from kvoffload.plan.profile import Profile, ProfileError
 
         turns, hits = self._once(label)
         engine = None
         try:  # what the server's cost model timed, read from its /metrics as `bench profile --from` does
             metrics = scrape(self.servers[label].url)
             loads, _ = tier_speeds(metrics)
+            idle, per_load = step_overheads(metrics)  # the steps' own terms stay the offline fit's
+            front = request_overhead(metrics)
+            served = checked(Profile(replace(self._engine, idle_step_s=idle, load_step_s=per_load, request_s=front),
+                                     loads), self.servers[label].url)
         except ProfileError as exc:
             loads, remark = {}, f"; no loads timed in service ({exc})"
         else:
-            idle, per_load = step_overheads(metrics)  # the steps' own terms stay the offline fit's
-            front = request_overhead(metrics)
-            engine = replace(self._engine, idle_step_s=idle, load_step_s=per_load, request_s=front)
+            engine, loads = served.engine, served.tiers
             remark = ("; loads seen " + ", ".join(f"{m} {s.load_gb_per_s:.2f} GB/s" for m, s in loads.items())
                       + f"; an idle step {idle * 1e3:.1f} ms, a load adds {per_load * 1e3:.1f} ms, the front end "
                       f"{front * 1e3:.1f} ms")

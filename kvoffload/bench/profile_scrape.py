@@ -18,41 +18,109 @@ caller (a server's metrics do not say its shape).
 
 from __future__ import annotations
 
-import math
+import http.client
+import re
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
+import yaml
+
 from kvoffload.bench.step_fit import TERMS, fit_steps
-from kvoffload.plan.profile import EngineSpeed, Profile, ProfileError, TierSpeed
+from kvoffload.integrations.gateway_deadline import WATCHDOG
+from kvoffload.plan.profile import MIN_IDLE_STEP_S, EngineSpeed, Profile, ProfileError, TierSpeed, parse_profile
 
 #: A /metrics page larger than this is not a server's (a scrape reads no more).
 MAX_PAGE_BYTES = 32 << 20
+#: A sample line of a family read here longer than this is not a server's either: a label of
+#: megabytes of escaped quotes kept prometheus_client's parser busy for minutes.
+MAX_LINE_CHARS = 4096
+#: The largest sample value taken (a byte counter of years at 10 GB/s): larger ones, summed
+#: or averaged, overflowed into inf and NaN figures.
+MAX_VALUE = 1e18
+#: The largest step size read from a ``tokens`` label.
+MAX_STEP_TOKENS = 1 << 24
+#: The families read here; every other line of the page is skipped unparsed.
+FAMILIES = frozenset({
+    "kvoffload_prefill_tokens_per_second", "kvoffload_step_overhead_seconds",
+    "kvoffload_tier_load_bytes_per_second", "kvoffload_tier_load_latency_seconds",
+    "kvoffload_transfer_bytes_total", "kvoffload_transfer_seconds_sum",
+    *(f"vllm:{name}_seconds_{part}" for name in ("time_to_first_token", "request_queue_time", "request_prefill_time")
+      for part in ("sum", "count")),
+})
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _page(url: str, page: str, timeout_s: float) -> bytes:
+    """The page's bytes, all of them within ``timeout_s`` (a page sent a byte at a time, or a
+    chunked one that never ends, is cut there), at most ``MAX_PAGE_BYTES``."""
+    parts = urllib.parse.urlsplit(page)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    fault = f"--from {url}: cannot read {page}"
+    try:
+        conn = kind(parts.hostname or "", parts.port, timeout=timeout_s)
+        conn.connect()
+    except (OSError, ValueError) as exc:
+        raise ProfileError(f"{fault} ({exc}); is the server up, with its metrics on that port?") from None
+    assert conn.sock is not None
+    with WATCHDOG.arm(conn.sock, timeout_s) as alarm:
+        try:
+            conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+            resp = conn.getresponse()
+            if resp.status != 200:
+                where = resp.getheader("Location", "")[:200]
+                raise ProfileError(f"{fault}: it answered HTTP {resp.status}" + (f" (to {where!r}): give that address"
+                                                                                if where else ""))
+            body = resp.read(MAX_PAGE_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            if not alarm.fired:
+                raise ProfileError(f"{fault} ({type(exc).__name__}: {exc})") from None
+            body = b""
+        finally:
+            conn.close()
+    if alarm.fired:
+        raise ProfileError(f"{fault}: the page did not arrive whole within {timeout_s:g} s")
+    if len(body) > MAX_PAGE_BYTES:
+        raise ProfileError(f"--from {url}: {page} is larger than {MAX_PAGE_BYTES >> 20} MiB: not a metrics page")
+    return body
+
+
+def _wanted(text: str, url: str) -> str:
+    """The page's sample lines of ``FAMILIES`` (comments and every other family skipped), each
+    checked for length: the parser's time is bounded by what kvoffload reads."""
+    keep = []
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match is None or match.group() not in FAMILIES:
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            raise ProfileError(f"--from {url}: a {match.group()} line of {len(line)} characters (at most "
+                               f"{MAX_LINE_CHARS}): not a metrics page a server writes")
+        keep.append(line)
+    return "\n".join(keep) + "\n"
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Every sample of every kvoffload_* and vllm:* metric on the page: name -> [(labels, value)]."""
+    """Every sample of the families kvoffload reads (``FAMILIES``): name -> [(labels, value)];
+    values that are not finite, negative or past ``MAX_VALUE`` are left out."""
     from prometheus_client.parser import text_string_to_metric_families
 
     page = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
     if not page.startswith(("http://", "https://")):
         raise ProfileError(f"--from {url!r}: give the server's address, e.g. http://127.0.0.1:8000")
-    try:
-        with urllib.request.urlopen(page, timeout=timeout_s) as resp:
-            body = resp.read(MAX_PAGE_BYTES + 1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ProfileError(f"--from {url}: cannot read {page} ({getattr(exc, 'reason', exc)}); is the server up, "
-                           "with its metrics on that port?") from None
-    if len(body) > MAX_PAGE_BYTES:
-        raise ProfileError(f"--from {url}: {page} is larger than {MAX_PAGE_BYTES >> 20} MiB: not a metrics page")
+    body = _page(url, page, timeout_s)
+    text = body.decode("utf-8", "replace")
+    if body.strip() and not any(_NAME.match(line) or line.startswith("#") for line in text.splitlines()[:50]):
+        raise ProfileError(f"--from {url}: {page} is not Prometheus text (no metric line in its first 50)")
+    wanted = _wanted(text, url)
     out: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
     try:
-        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+        for family in text_string_to_metric_families(wanted):
             for s in family.samples:
-                if s.name.startswith(("kvoffload_", "vllm:")) and math.isfinite(s.value) and s.value >= 0:
+                # 0 <= v <= MAX_VALUE before any float(): an integer of 400 digits overflows one.
+                if s.name in FAMILIES and 0 <= s.value <= MAX_VALUE:  # NaN fails too
                     out[s.name].append((dict(s.labels), float(s.value)))
     except ValueError as exc:
         raise ProfileError(f"--from {url}: {page} is not Prometheus text ({str(exc)[:200]})") from None
@@ -65,12 +133,12 @@ def _by_label(samples: list[tuple[dict[str, str], float]], label: str) -> dict[s
     for labels, value in samples:
         if label in labels:
             seen[labels[label]].append(value)
-    return {k: sum(v) / len(v) for k, v in seen.items()}
+    return {k: sum(x / len(v) for x in v) for k, v in seen.items()}  # a mean that cannot overflow
 
 
 def _engine(metrics: dict[str, Any], model: str, max_batched_tokens: int | None) -> EngineSpeed:
     rates = {int(k): v for k, v in _by_label(metrics.get("kvoffload_prefill_tokens_per_second", []), "tokens").items()
-             if k.isdigit() and int(k) > 0 and v > 0}
+             if re.fullmatch(r"[0-9]{1,9}", k) and 0 < int(k) <= MAX_STEP_TOKENS and v > 0}
     if not rates:
         raise ProfileError("the server published no kvoffload_prefill_tokens_per_second: it has not computed a "
                            "timed step with offload yet; serve some traffic first (or this is not a kvoffload server)")
@@ -86,9 +154,8 @@ def request_overhead(metrics: dict[str, Any]) -> float:
     """vLLM's front end: its mean time to first token (from the API server's arrival) less the
     engine core's own queue and prefill time of the same requests (0 where not published)."""
     def mean(name: str) -> float | None:
-        total = sum(v for _, v in metrics.get(f"{name}_sum", []))
         count = sum(v for _, v in metrics.get(f"{name}_count", []))
-        return total / count if count else None
+        return sum(v / count for _, v in metrics.get(f"{name}_sum", [])) if count else None
 
     ttft = mean("vllm:time_to_first_token_seconds")
     queue, prefill = mean("vllm:request_queue_time_seconds"), mean("vllm:request_prefill_time_seconds")
@@ -98,7 +165,8 @@ def request_overhead(metrics: dict[str, Any]) -> float:
 def step_overheads(metrics: dict[str, Any]) -> tuple[float, float]:
     """(idle_step_s, load_step_s) as the server's steps came round (0 where not seen yet)."""
     parts = _by_label(metrics.get("kvoffload_step_overhead_seconds", []), "part")
-    return parts.get("idle_step", 0.0), parts.get("per_load", 0.0)
+    idle = parts.get("idle_step", 0.0)
+    return (idle if idle >= MIN_IDLE_STEP_S else 0.0), parts.get("per_load", 0.0)
 
 
 def tier_speeds(metrics: dict[str, Any]) -> tuple[dict[str, TierSpeed], dict[str, str]]:
@@ -132,4 +200,29 @@ def profile_from_server(url: str, model: str, shape: str, params: int, max_batch
                          "vllm:request_prefill_time_seconds (vLLM only); "
                          "decode terms not published: 0")
     when = time.strftime("%Y-%m-%d %H:%M")
-    return Profile(replace(engine, shape=shape, params=params), speeds, f"{url}, in service, {when}", sources)
+    profile = Profile(replace(engine, shape=shape, params=params), speeds, f"{url}, in service, {when}", sources)
+    return checked(profile, url)
+
+
+#: Where each profile figure comes from on the page, for an error naming it.
+_METRIC_OF = {"step_s": "kvoffload_prefill_tokens_per_second", "token_s": "kvoffload_prefill_tokens_per_second",
+              "max_batched_tokens": "kvoffload_prefill_tokens_per_second",
+              "idle_step_s": 'kvoffload_step_overhead_seconds{part="idle_step"}',
+              "load_step_s": 'kvoffload_step_overhead_seconds{part="per_load"}',
+              "request_s": "vllm:time_to_first_token_seconds less the queue and prefill times",
+              "load_gb_per_s": "kvoffload_tier_load_bytes_per_second",
+              "store_gb_per_s": "kvoffload_transfer_bytes_total / kvoffload_transfer_seconds_sum",
+              "load_latency_s": "kvoffload_tier_load_latency_seconds",
+              "store_latency_s": "kvoffload_tier_load_latency_seconds"}
+
+
+def checked(profile: Profile, url: str) -> Profile:
+    """The profile as ``plan`` will read it back: figures no engine has (an overflowed mean, a
+    step of no time) are refused here, naming the metric, not written for ``plan`` to refuse."""
+    try:
+        return parse_profile(yaml.safe_load(profile.to_yaml()), "the profile")
+    except ProfileError as exc:
+        key = re.search(r"\.(\w+) = ", str(exc))
+        metric = _METRIC_OF.get(key.group(1), "its metrics") if key else "its metrics"
+        raise ProfileError(f"--from {url}: {exc} (from {metric}): the server published figures no engine has; "
+                           "check that page") from None

@@ -25,6 +25,12 @@ from kvoffload.errors import ConfigError, describe_value
 from kvoffload.yaml_input import load_yaml
 
 VERSION = 1
+#: An idle step shorter than this is no measurement (the replay would count ~1e27 of them):
+#: refused in a profile, read as 0 from a server.
+MIN_IDLE_STEP_S = 1e-6
+#: The largest step budget taken, in tokens; a token faster than ``MIN_TOKEN_S`` is no engine's.
+MAX_BATCHED_TOKENS = 1 << 24
+MIN_TOKEN_S = 1e-12
 
 
 class ProfileError(ValueError):
@@ -144,10 +150,17 @@ def parse_profile(doc: Any, source: str = "profile") -> Profile:
     if not isinstance(eng, dict):
         raise ProfileError(f"{source}: engine: give step_s, token_s (and attention_s, max_batched_tokens)")
     mbt = eng.get("max_batched_tokens", 2048)
-    if type(mbt) is not int or mbt < 1:
-        raise ProfileError(f"{source}: engine.max_batched_tokens = {describe_value(mbt)}: give an integer >= 1")
+    if type(mbt) is not int or not 1 <= mbt <= MAX_BATCHED_TOKENS:
+        raise ProfileError(f"{source}: engine.max_batched_tokens = {describe_value(mbt)}: give an integer from 1 "
+                           f"to {MAX_BATCHED_TOKENS}, the engine's tokens a step (vLLM's max_num_batched_tokens)")
     optional = {k: _positive(eng, k, "engine", True) if k in eng else 0.0
                 for k in ("attention_s", "decode_s", "decode_context_s", "idle_step_s", "load_step_s", "request_s")}
+    if 0 < optional["idle_step_s"] < MIN_IDLE_STEP_S:
+        raise ProfileError(f"{source}: engine.idle_step_s = {describe_value(eng['idle_step_s'])}: an idle step "
+                           f"below {MIN_IDLE_STEP_S:g} s is not a measurement; give 0 or the seconds measured")
+    if _positive(eng, "token_s", "engine") < MIN_TOKEN_S:
+        raise ProfileError(f"{source}: engine.token_s = {describe_value(eng['token_s'])}: faster than "
+                           f"{MIN_TOKEN_S:g} s a token is no engine's; give the seconds measured")
     params = eng.get("params", 0)
     if type(params) is not int or not 0 <= params <= 10**15:
         raise ProfileError(f"{source}: engine.params = {describe_value(params)}: give the timed model's parameter "

@@ -152,11 +152,12 @@ class _Replay:
         idle = self.eng.idle_step_s
         if landing <= arrival and idle > 0:
             steps = max(math.ceil((landing - self.t) / idle), 1)  # the fewest that reach it
-            while steps > 1 and self.t + (steps - 1) * idle >= landing:
-                steps -= 1
-            while self.t + steps * idle < landing:
-                steps += 1
-            self.t += steps * idle
+            for _ in range(2):  # float rounding moves the count by one at most; never a loop
+                if steps > 1 and self.t + (steps - 1) * idle >= landing:
+                    steps -= 1
+                elif self.t + steps * idle < landing:
+                    steps += 1
+            self.t = max(self.t + steps * idle, landing)
             self.step += steps
         else:
             self.t = max(self.t, min(arrival, landing))
