@@ -5,12 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvoffload_ext.copies.cpu_copy import copy_ranges_cpu
 from kvoffload_ext.copies.ranges import CopyGroup, as_ids, byte_ranges, check_group
 
 
 def copy_block_groups(groups: Sequence[CopyGroup]) -> None:
-    groups = [(s, d, as_ids(si), as_ids(di)) for s, d, si, di in groups]
+    # Each id array copied once (``as_ids`` owns its result), kept shared by the groups that
+    # shared it: the bounds below are memoized by identity.
+    owned: dict[int, np.ndarray] = {}
+
+    def own(ids: np.ndarray) -> np.ndarray:
+        if id(ids) not in owned:
+            owned[id(ids)] = as_ids(ids)
+        return owned[id(ids)]
+
+    groups = [(s, d, own(si), own(di)) for s, d, si, di in groups]
     bounds: dict[int, tuple[int, int]] = {}
     for group in groups:
         check_group(*group, bounds=bounds)

@@ -18,21 +18,30 @@ CopyGroup = tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]
 
 
 def as_ids(ids: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
-    """Ids as a 1-D int64 array; an array that already is one comes back as the same object (a
-    job's groups share their id arrays, and the checks below see that by identity)."""
-    if isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1:
-        return ids
+    """Ids as a 1-D int64 array this call owns: always a copy, so a caller's thread writing its
+    own array while the copy runs (the GIL released) cannot change ids after their check.
+    Integer ids only: floats were truncated (1.7 -> row 1) and booleans taken as 0 and 1."""
     if isinstance(ids, torch.Tensor):
-        ids = ids.cpu().numpy()
-    return np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = ids.detach().cpu().numpy()
+    try:
+        arr = np.asarray(ids)
+    except (OverflowError, ValueError) as exc:
+        raise ValueError(f"block ids must be integers in int64's range ({exc})") from None
+    if arr.size and arr.dtype.kind not in "iu":
+        first = arr.reshape(-1)[0]
+        shown = first.item() if isinstance(first, np.generic) else first
+        raise ValueError(f"block ids must be integers in int64's range, got {arr.dtype} ids (e.g. {shown!r:.40}): "
+                         "pass an int64 array")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"block id {int(arr.max())} out of any tensor's range")
+    return np.array(arr, dtype=np.int64).reshape(-1)
 
 
-def check_group(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_ids: np.ndarray,
-                bounds: dict[int, tuple[int, int]] | None = None) -> None:
-    """Refuse anything whose rows would not be in bounds: the copies below use raw addresses.
-    ``bounds`` memoizes each id array's (min, max) by identity across the groups of one call,
-    whose arrays all stay alive meanwhile (a job's groups share their id arrays: one per host
-    chunk, for every layer view)."""
+def check_pair(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Refuse a pair whose rows the raw-address copies below could not move safely: not 2-D
+    uint8 rows of one width, contiguous; on a device with no memory (``meta``: address 0); a
+    destination whose rows overlap or alias (``expand``, ``as_strided``: one row would overwrite
+    another's tail); a view reaching past its storage. Named by the tensor, before any byte moves."""
     if src.dim() != 2 or dst.dim() != 2:
         raise ValueError(f"copy_blocks needs 2-D tensors, got shapes {tuple(src.shape)} and {tuple(dst.shape)}")
     if src.dtype != torch.uint8 or dst.dtype != torch.uint8:
@@ -41,6 +50,27 @@ def check_group(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_i
         raise ValueError(f"row widths differ: src has {src.shape[1]} bytes, dst {dst.shape[1]}")
     if src.stride(1) != 1 or dst.stride(1) != 1:
         raise ValueError("each row must be contiguous (stride 1 along dim 1)")
+    for name, t in (("src", src), ("dst", dst)):
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"the {name} tensor is on device {t.device}, which holds no memory to copy: give a "
+                             "cpu or cuda tensor")
+        if not t.shape[0] or not t.shape[1]:
+            continue
+        end = t.storage_offset() + (t.shape[0] - 1) * t.stride(0) + t.shape[1]
+        if end > t.untyped_storage().nbytes():
+            raise ValueError(f"the {name} tensor's rows reach byte {end} of a storage of "
+                             f"{t.untyped_storage().nbytes()}: give a view inside its storage")
+    if dst.shape[0] > 1 and dst.stride(0) < dst.shape[1]:
+        raise ValueError(f"the dst tensor's rows overlap (row stride {dst.stride(0)} < row width {dst.shape[1]}, "
+                         "e.g. from expand or as_strided): one row would overwrite another; give rows of their own")
+
+
+def check_ids(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_ids: np.ndarray,
+              bounds: dict[int, tuple[int, int]] | None = None) -> None:
+    """Refuse ids out of their tensors' rows: the copies below use raw addresses. ``bounds``
+    memoizes each id array's (min, max) by identity across the groups of one call, whose arrays
+    all stay alive meanwhile (a job's groups share their id arrays: one per host chunk, for
+    every layer view)."""
     if len(src_ids) != len(dst_ids):
         raise ValueError(f"{len(src_ids)} source ids but {len(dst_ids)} destination ids")
     for name, ids, rows in (("src", src_ids, src.shape[0]), ("dst", dst_ids, dst.shape[0])):
@@ -55,6 +85,13 @@ def check_group(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_i
         if lo_hi[0] < 0 or lo_hi[1] >= rows:
             bad = int(ids[(ids < 0) | (ids >= rows)][0])
             raise IndexError(f"{name} block id {bad} out of range [0, {rows})")
+
+
+def check_group(src: torch.Tensor, dst: torch.Tensor, src_ids: np.ndarray, dst_ids: np.ndarray,
+                bounds: dict[int, tuple[int, int]] | None = None) -> None:
+    """``check_pair`` and ``check_ids``: everything a group's copy relies on."""
+    check_pair(src, dst)
+    check_ids(src, dst, src_ids, dst_ids, bounds)
 
 
 def live_groups(groups: Sequence[CopyGroup]) -> list[CopyGroup]:

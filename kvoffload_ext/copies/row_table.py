@@ -20,9 +20,7 @@ import torch
 from kvoffload_ext.copies.block_groups import copy_checked_groups
 from kvoffload_ext.copies.cpu_copy import SPLIT_BYTES
 from kvoffload_ext.copies.host_loop import native_lib
-from kvoffload_ext.copies.ranges import CopyGroup, as_ids, check_group
-
-_EMPTY = np.empty(0, dtype=np.int64)
+from kvoffload_ext.copies.ranges import CopyGroup, as_ids, check_ids, check_pair
 
 
 class RowTable:
@@ -32,9 +30,9 @@ class RowTable:
     __slots__ = ("_dst_rows", "_native", "_row_bytes", "_src_rows", "_table", "_table_ptr", "pairs")
 
     def __init__(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.pairs = [(s, d) for s, d in pairs if s.shape[1]]  # rows of 0 bytes copy nothing
         for s, d in pairs:
-            check_group(s, d, _EMPTY, _EMPTY)
+            check_pair(s, d)
+        self.pairs = [(s, d) for s, d in pairs if s.shape[1]]  # rows of 0 bytes copy nothing
         self._table = np.array([(s.data_ptr(), s.stride(0), s.shape[0], d.data_ptr(), d.stride(0), d.shape[0],
                                  s.shape[1]) for s, d in self.pairs], dtype=np.int64).reshape(-1, 7)
         self._table_ptr = self._table.ctypes.data
@@ -47,7 +45,7 @@ class RowTable:
     def copy(self, src_ids: np.ndarray, dst_ids: np.ndarray) -> None:
         """Issue the job (on a CPU: done on return); ids out of any pair's bounds raise
         ``IndexError`` before anything is copied."""
-        src_ids, dst_ids = as_ids(src_ids), as_ids(dst_ids)
+        src_ids, dst_ids = as_ids(src_ids), as_ids(dst_ids)  # copies: checked and used as they are
         n = len(src_ids)
         if n != len(dst_ids):
             raise ValueError(f"{n} source ids but {len(dst_ids)} destination ids")
@@ -57,10 +55,9 @@ class RowTable:
             groups: list[CopyGroup] = [(s, d, src_ids, dst_ids) for s, d in self.pairs]
             bounds: dict[int, tuple[int, int]] = {}
             for group in groups:
-                check_group(*group, bounds=bounds)
+                check_ids(*group, bounds=bounds)
             copy_checked_groups(groups)
             return
-        src_ids, dst_ids = np.ascontiguousarray(src_ids), np.ascontiguousarray(dst_ids)
         bad = self._native.kvo_copy_rows(self._table_ptr, len(self._table), src_ids.ctypes.data,
                                          dst_ids.ctypes.data, n)
         if bad:
