@@ -26,12 +26,18 @@ class TenantClaims:
 
     def may_take(self, h: Hashable, s: Session, owner: Session, standing: Standing) -> bool:
         """Whether ``s`` takes block ``h`` from ``owner`` (another session), the claims moved
-        along: across tenants only when ``s`` stands no lower."""
+        along: across tenants only when ``s`` stands no lower. A claim stays with the session
+        the block was first taken from: a relay through a third tenant (D takes from A what A
+        took from B, then moves on) used to hand it to A as A's own, which A then lowered."""
         if owner.tenant != s.tenant:
             if standing(s) < standing(owner):
                 return False
-            self.displaced[h] = owner
-            s.adopted.add(h)
+            first = self.displaced.get(h) if h in owner.adopted else None
+            if first is not None and first.tenant == s.tenant:
+                del self.displaced[h]  # back with the tenant it was taken from: its claim is settled
+            else:
+                self.displaced[h] = first if first is not None else owner
+                s.adopted.add(h)
         elif h in owner.adopted:  # within a tenant the claim of the tenant it came from goes with it
             s.adopted.add(h)
         owner.adopted.discard(h)

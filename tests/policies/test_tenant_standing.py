@@ -115,3 +115,50 @@ def test_a_better_hint_of_another_tenant_still_raises_a_shared_block():
     _request(mgr, ["a-9"], RequestHint("a-agent", expect_return_s=86400.0, priority=-5), tenant_a, 2.0)
     assert all(policy.owner[h] is b_session for h in SYSTEM)
     assert not policy.claims.displaced and not a_session.adopted
+
+
+def test_a_relay_through_a_third_tenant_does_not_hand_b_s_blocks_to_a():
+    """Round 7: A takes B's system prompt with a good hint; D sends the same public prefix
+    'back in 0.1 s' and moves on; the blocks went back to A as A's own, and A's -1000 then
+    evicted B's system prompt first (['a-0', 'sys-1', 'sys-2', 'sys-3'])."""
+    good = RequestHint("a-evil", expect_return_s=1.0)
+    relay = RequestHint("d-relay", expect_return_s=0.1)
+    moved_on = RequestHint("d-relay", expect_return_s=0.1)
+    evil = RequestHint("a-evil", expect_return_s=86400.0, priority=-1000)
+    steps = [("a", good, ["a-0"]), ("d", relay, []), ("d", moved_on, ["elsewhere"]), ("a", evil, ["a-0"])]
+    assert _scenario_of(steps) & set(SYSTEM) == set()
+
+
+def _scenario_of(steps: list[tuple[str, RequestHint, list[str]]], touch_system: bool = True) -> set[str]:
+    """B's system prompt (back in 5 s), a third party's one-off blocks (back in a day), other
+    tenants' requests ``steps`` (tenant, hint, their own tail after B's prefix, or 'elsewhere':
+    a request of their own), then an eviction of four blocks: what it takes. Without
+    ``touch_system`` the same requests leave B's prefix out (what B's blocks face anyway)."""
+    capacity = 32
+    mgr, _ = _tier(capacity)
+    _request(mgr, [*SYSTEM, "b-0"], RequestHint("b-agent", expect_return_s=5.0), tenant_digest(["b"]), 0.0)
+    _request(mgr, ["c-0", "c-1", "c-2", "c-3"], RequestHint("c-batch", expect_return_s=86400.0),
+             tenant_digest(["c"]), 1.0)
+    seen = [*SYSTEM, "b-0", "c-0", "c-1", "c-2", "c-3"]
+    for k, (tenant, hint, tail) in enumerate(steps):
+        prefix = SYSTEM if touch_system else [f"{tenant}-lead"]
+        hashes = [f"{tenant}-{hint.session}-{k}"] if tail == ["elsewhere"] else [*prefix, *tail]
+        seen += hashes
+        _request(mgr, hashes, hint, tenant_digest([tenant]), 2.0 + 0.1 * k)
+    held = sum(1 for h in dict.fromkeys(seen) if mgr.lookup([h]))
+    out = mgr.prepare_store([f"new-{i}" for i in range(capacity - held + 4)])
+    assert out is not None and len(out.block_hashes_evicted) == 4
+    return set(out.block_hashes_evicted)
+
+
+@settings(max_examples=200, deadline=None)  # 3,000 passed once by hand
+@given(st.lists(st.tuples(st.sampled_from(["a", "d"]), st.sampled_from(["s1", "s2"]),
+                          st.sampled_from([0.1, 1.0, 86400.0]), st.sampled_from([-1000, 0, 2]),
+                          st.sampled_from([[], ["own"], ["elsewhere"]])), max_size=6))
+def test_no_sequence_of_other_tenants_hints_lowers_b_s_blocks(steps):
+    """Whatever other tenants send about B's prefix, in any order, from any of their sessions:
+    B's system prompt leaves no sooner than if they had never sent it (their own blocks may
+    rightly outrank it; their hints about it may raise it, never lower it)."""
+    hinted = [(t, RequestHint(f"{t}-{name}", expect_return_s=ret, priority=prio),
+               [f"{t}-own"] if tail == ["own"] else tail) for t, name, ret, prio, tail in steps]
+    assert _scenario_of(hinted) & set(SYSTEM) <= _scenario_of(hinted, touch_system=False) & set(SYSTEM)
