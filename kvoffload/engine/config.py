@@ -39,6 +39,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"EngineConfig.{name}={value!r}: must be a positive integer")
+        if self.block_size > self.max_model_len:
+            raise ValueError(f"EngineConfig.block_size={self.block_size}: a block holds more tokens than the longest "
+                             f"request (max_model_len={self.max_model_len}); give a block of at most that, e.g. 16")
         if self.num_gpu_blocks < 2:
             raise ValueError(f"EngineConfig.num_gpu_blocks={self.num_gpu_blocks}: need >= 2 (block 0 is reserved)")
         if self.long_prefill_token_threshold < 0:

@@ -14,6 +14,7 @@ from kvoffload.connector.base import KVConnectorBase, KVConnectorRole, RequestHi
 from kvoffload.connector.factory import KVConnectorFactory
 from kvoffload.engine.beam_search import BeamSearchController
 from kvoffload.engine.config import EngineConfig
+from kvoffload.engine.device_memory import check_device_cache
 from kvoffload.engine.kv_cache_manager import KVCacheManager
 from kvoffload.engine.kv_namespace import engine_kv_info
 from kvoffload.engine.model_config import BUILTIN_MODELS, ModelConfig
@@ -60,6 +61,8 @@ class LLM:
             if config.load_format == "dummy":
                 self.model_config = dataclasses.replace(self.model_config, checkpoint_dir=None)
         self.kv_info = engine_kv_info(config, self.model_config)
+        check_device_cache(self.model_config, config.num_gpu_blocks, config.block_size, getattr(torch, config.dtype),
+                           torch.device(config.device))
         self.scheduler_connector: KVConnectorBase | None = None
         self.worker_connector: KVConnectorBase | None = None
         self.metrics_server: MetricsServer | None = None

@@ -267,3 +267,31 @@ def test_start_up_builds_the_host_copy_loop_before_the_first_store(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "['kvo_copy']"
     assert [p.name.split("_")[:2] for p in tmp_path.glob("*.so")] == [["kvo", "copy"]]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--num-gpu-blocks", "2000000"], "the device KV cache of 2000000 blocks x 16 tokens needs"),
+    (["--block-size", "100000"], "block_size=100000: a block holds more tokens than the longest request"),
+])
+def test_a_device_cache_past_the_machine_is_one_line_before_it_is_allocated(flags, words, capsys, monkeypatch):
+    """Round 7: `run --num-gpu-blocks 2000000` asked for 32.8 GB at start (the kernel's OOM killer
+    took the process at 18.8 GB); `--block-size 100000` for 6.5 GB. Refused before any tensor,
+    whatever this machine has free (told here as 1 GiB)."""
+    from kvoffload.engine import device_memory
+
+    monkeypatch.setattr(device_memory, "available_bytes", lambda device: 1 << 30)
+    allocated: list[int] = []
+    import torch
+
+    real_zeros = torch.zeros
+
+    def zeros(*shape, **kw):  # type: ignore[no-untyped-def]
+        t = real_zeros(*shape, **kw)
+        allocated.append(t.numel())
+        return t
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    assert main(["run", "--model", "tiny", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+    assert not [n for n in allocated if n > 1 << 24]  # no device cache tensor was made
