@@ -24,6 +24,8 @@ _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|min)$")
 _PRICE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)/(KiB|MiB|GiB|TiB)$")
 _SCALE = {"ms": 1e-3, "s": 1.0, "min": 60.0}
 _UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+#: The longest objective taken: a day (a bound past it is no service level).
+MAX_SECONDS = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +64,12 @@ def parse_slo(text: str) -> list[Objective]:
         if name.strip() not in OBJECTIVES or not m:
             raise TierSpecError(f"--slo {describe_value(part)}: write NAME=DURATION with NAME one of "
                                 f"{', '.join(OBJECTIVES)}, e.g. ttft_p95=2s or ttft_p50=500ms")
-        out.append(Objective(name.strip(), float(m.group(1)) * _SCALE[m.group(2)]))
+        bound = float(m.group(1)) * _SCALE[m.group(2)]
+        if not bound <= MAX_SECONDS:  # 400 digits: inf, and the answer read "<= inf s"
+            raise TierSpecError(f"--slo {describe_value(part)}: give a duration of at most a day, e.g. ttft_p95=2s")
+        if any(o.name == name.strip() for o in out):
+            raise TierSpecError(f"--slo {describe_value(part)}: {name.strip()} is given twice; give each objective once")
+        out.append(Objective(name.strip(), bound))
     if not out:
         raise TierSpecError("--slo '': give at least one objective, e.g. ttft_p95=2s")
     return out
@@ -77,7 +84,13 @@ def parse_prices(text: str) -> dict[str, float]:
         if not medium.strip() or not m:
             raise TierSpecError(f"--price {describe_value(part)}: write MEDIUM=AMOUNT/UNIT, e.g. cpu=4/GiB or "
                                 "disk=0.1/GiB (any currency and period, the same for every medium)")
-        prices[medium.strip()] = float(m.group(1)) / _UNIT[m.group(2)]
+        if medium.strip() in prices:
+            raise TierSpecError(f"--price {describe_value(part)}: {medium.strip()} is priced twice; give each medium "
+                                "one price")
+        amount = float(m.group(1))
+        if not amount <= 1e15:
+            raise TierSpecError(f"--price {describe_value(part)}: give an amount of at most 1e15 per unit")
+        prices[medium.strip()] = amount / _UNIT[m.group(2)]
     if not prices:
         raise TierSpecError("--price '': give each medium's price, e.g. cpu=4/GiB,disk=0.1/GiB")
     return prices

@@ -64,6 +64,11 @@ def test_a_log_that_meets_the_objectives_without_offload_is_told_so():
     ("price", "cpu=4", "--price 'cpu=4': write MEDIUM=AMOUNT/UNIT"),
     ("price", "cpu=-4/GiB", "--price 'cpu=-4/GiB'"),
     ("price", "=4/GiB", "--price '=4/GiB'"),
+    # Round 7: 400 digits answered "<= inf s"; a repeated objective or price was taken silently.
+    ("slo", "ttft_p95=" + "9" * 400 + "s", "give a duration of at most a day"),
+    ("slo", "ttft_p95=2s,ttft_p95=9s", "--slo 'ttft_p95=9s': ttft_p95 is given twice"),
+    ("price", "cpu=4/GiB,cpu=1/GiB", "--price 'cpu=1/GiB': cpu is priced twice"),
+    ("price", "cpu=" + "9" * 400 + "/GiB", "give an amount of at most 1e15"),
 ])
 def test_bad_objectives_and_prices_are_refused_in_one_line(flag, text, words):
     with pytest.raises(TierSpecError) as exc:
