@@ -57,7 +57,7 @@ class Objective:
 
 def parse_slo(text: str) -> list[Objective]:
     """``ttft_p95=2s,ttft_p50=500ms,prefill_saved=60s``."""
-    out = []
+    out: list[Objective] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, _, value = part.partition("=")
         m = _DURATION.match(value.strip())

@@ -325,6 +325,22 @@ class DiskTier(LedgerTier):
         return replace(super().report(), blocks_recovered=self.num_recovered)
 
     def close(self) -> None:
+        if self._fds:
+            self._say_if_unlinked(self._fds[0])
         for fd in self._fds:
             os.close(fd)  # releases the lock
         self._fds = []
+
+    def _say_if_unlinked(self, fd: int) -> None:
+        """Another process deleted or replaced the file while this one used it: the tokens stay
+        right (every read checks its record), but what the tier held is gone with this process,
+        and the next run starts cold; said once, here, rather than not at all."""
+        ours = os.fstat(fd)
+        try:
+            there = os.stat(self.path)
+        except OSError:
+            there = None
+        if there is None or (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
+            logger.warning("kvoffload: disk tier %s was %s by another process while this one used it: the %d blocks it "
+                           "held are lost at exit and the next run starts cold; give each process its own directory",
+                           self.path, "deleted" if there is None else "replaced", self.num_used_blocks)

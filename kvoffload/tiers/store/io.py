@@ -118,10 +118,10 @@ class StoreIO(TierIO):
                 io, held = True, held + len(batch)
                 continue
             batch_names = [names[i] for i in batch]
-            called_at = time.monotonic()
             if addrs is not None:  # header from the arena, the block from where it lies
                 headers = b"".join([make_header(names[i], blocks[i], self.tagger) for i in batch])
                 records[rows, :HEADER_BYTES] = np.frombuffer(headers, dtype=np.uint8).reshape(len(rows), HEADER_BYTES)
+                called_at = time.monotonic()  # the store's own time: a batch's tags are not its slowness
                 status = self.store.put_from_parts(
                     batch_names, [[self.arena.address(r), addrs[i]] for r, i in zip(rows, batch)],
                     [[HEADER_BYTES, self.block_bytes]] * len(rows))
@@ -129,6 +129,7 @@ class StoreIO(TierIO):
                 for row, i in zip(rows, batch):
                     records[row, HEADER_BYTES:] = np.frombuffer(blocks[i], dtype=np.uint8)
                     write_header(records[row], names[i], self.tagger)
+                called_at = time.monotonic()
                 status = self.store.put_from(batch_names, [self.arena.address(r) for r in rows],
                                              [self.arena.record_bytes] * len(rows))
             for i, code in zip(batch, status):

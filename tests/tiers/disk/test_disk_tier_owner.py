@@ -122,3 +122,21 @@ def test_the_worker_opens_its_file_once_across_threads_and_never_after_close(tmp
         worker.write([block], [0], [b"k" * 16])
     assert len(os.listdir("/proc/self/fd")) == before
     mgr.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_file_deleted_or_replaced_by_another_process_is_said_at_close(tmp_path, caplog, how):
+    """Round 7: another process deleting the tier's file mid-run left tokens right, but the run
+    wrote an unlinked inode and its cache was gone at exit with no line saying so."""
+    layout = DiskLayout("d", BLOCK_BYTES, 16, 4)
+    tier = DiskTier(tmp_path, layout)
+    path = tier_file(tmp_path, layout)
+    os.unlink(path)
+    if how == "replaced":
+        path.write_bytes(b"someone else's")
+    tier.close()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and how in r.getMessage()]
+    assert len(said) == 1 and "lost at exit" in said[0] and str(tmp_path) in said[0]
+    caplog.clear()
+    DiskTier(tmp_path / "own", layout).close()  # left alone: nothing said
+    assert not [r for r in caplog.records if "lost at exit" in r.getMessage()]

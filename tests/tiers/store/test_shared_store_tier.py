@@ -270,6 +270,28 @@ def test_an_unreachable_store_is_not_called_again_until_the_hold_ends(op):
     assert len(store.calls) == 3 and err.value.io and unheld.num_held == 0
 
 
+def test_a_quick_unreachable_after_slow_tags_holds_nothing():
+    """Round 7: the hold timed a failure from before the batch's tags were computed, so a quick
+    'unreachable' after a large tagged batch was classed slow and held the store."""
+    from kvoffload.auth import RecordTagger
+
+    class SlowTags(RecordTagger):
+        def tag(self, key: bytes, payload: memoryview) -> bytes:
+            time.sleep(0.03)
+            return super().tag(key, payload)
+
+    data, hashes = _blocks(3), [bytes([i]) * 16 for i in range(3)]
+    for staged in (True, False):  # blocks copied next to their headers, or sent from where they lie
+        store = DictStore(needs_registration=staged)
+        store.down = True
+        io = StoreIO(store, KEYS, 0, 256, staging_bytes=3 * (HEADER_BYTES + 256), tagger=SlowTags(),
+                     unreachable_hold_s=5.0)
+        io.SLOW_FAILURE_S = 0.05
+        with pytest.raises(BlockTransferError) as err:
+            io.write([row.data for row in data], list(range(3)), hashes)  # 0.09 s of tags, a quick failure
+        assert err.value.io and io.num_held == 0 and not io._held()
+
+
 # ---- KV events -----------------------------------------------------------------------------
 def test_events_say_what_this_replica_can_read_from_the_store():
     """Stored when our write lands or a lookup finds a block; removed when a lookup finds it gone
