@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from kvoffload.log_lines import RequestLogError, number, parse_json, read_lines
 
 #: A reply longer than this is a broken log line, not a request.
 MAX_TOKENS = 10_000_000
+#: The most words a text prompt is read to (a few million tokens is the longest context served).
+MAX_TEXT_TOKENS = 4_000_000
 #: A timestamp past this (milliseconds: the year 5138) is corrupt, not a time.
 MAX_TIMESTAMP = 1e14
 #: A request that took longer than this (about four months) is a broken line.
@@ -51,11 +54,18 @@ class LoggedRequest:
     duration_s: float | None = None
 
 
-def stand_in_tokens(text: str, vocab: int) -> tuple[int, ...]:
-    """Words and punctuation of ``text``, each hashed into ``[FIRST_ID, vocab)``."""
+def stand_in_tokens(text: str, vocab: int, line: int = 0) -> tuple[int, ...]:
+    """Words and punctuation of ``text``, each hashed into ``[FIRST_ID, vocab)``. Word by word
+    into 8 bytes a token, never a list of every word (a 50 MB line's 25M words took 2 GB), and
+    at most ``MAX_TEXT_TOKENS`` of them."""
     span = vocab - FIRST_ID
-    return tuple(FIRST_ID + xxhash.xxh64_intdigest(w.encode("utf-8", "surrogatepass")) % span
-                 for w in _WORDS.findall(text))
+    ids = array("q")
+    for n, m in enumerate(_WORDS.finditer(text)):
+        if n >= MAX_TEXT_TOKENS:
+            raise RequestLogError(f"line {line}: the prompt's text is longer than {MAX_TEXT_TOKENS:,} words, past "
+                                  "any model's context; give prompt_token_ids, or cut the line")
+        ids.append(FIRST_ID + xxhash.xxh64_intdigest(m.group().encode("utf-8", "surrogatepass")) % span)
+    return tuple(ids)
 
 
 def _messages_text(messages: Any, line: int) -> str:
@@ -88,7 +98,7 @@ def _prompt(rec: dict[str, Any], line: int, vocab: int, vocab_flag: str | None) 
         text = rec["prompt"]
     else:
         raise RequestLogError(f"line {line}: no prompt: give prompt_token_ids, prompt (text) or messages")
-    tokens = stand_in_tokens(text, vocab)
+    tokens = stand_in_tokens(text, vocab, line)
     if not tokens:
         raise RequestLogError(f"line {line}: the prompt has no words to replay")
     return tokens, True
