@@ -14,7 +14,7 @@ ROOT = Path(kvoffload.__file__).parent
 LAYERS = [
     ("kvoffload.namespace",),
     ("kvoffload.errors", "kvoffload.kv_info", "kvoffload.logs", "kvoffload.examples",
-     "kvoffload.safe_files", "kvoffload.kv_events", "kvoffload.help_format"),
+     "kvoffload.safe_files", "kvoffload.kv_events", "kvoffload.help_format", "kvoffload.host_memory"),
     ("kvoffload.weight_digests",),
     ("kvoffload.metrics", "kvoffload.auth"),
     ("kvoffload.registry", "kvoffload"),  # the package root: its version and log set-up

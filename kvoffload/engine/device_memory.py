@@ -7,12 +7,11 @@ the device has free is refused in one line, as the disk tier refuses a file past
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from kvoffload.engine.kv_groups import kv_cache_layout
 from kvoffload.engine.model_config import ModelConfig
+from kvoffload.host_memory import available_memory_bytes
 
 
 def device_cache_bytes(model_config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype) -> int:
@@ -25,18 +24,7 @@ def available_bytes(device: torch.device) -> int | None:
     """Memory free for a new allocation on ``device`` (None where it cannot be told)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return None
+    return available_memory_bytes() if device.type == "cpu" else None
 
 
 def check_device_cache(model_config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,

@@ -24,6 +24,10 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from kvoffload.config.values import format_bytes
+from kvoffload.errors import ConfigError
+from kvoffload.host_memory import available_memory_bytes
+
 DEFAULT_CHUNK_BYTES = 256 << 20
 #: Linux >= 5.14: populate (fault in, writable) without touching the contents.
 MADV_POPULATE_WRITE = 23
@@ -43,6 +47,11 @@ class HostBlockBuffer:
             raise ValueError(f"host buffer of {num_rows} rows x {row_bytes} bytes: both must be >= 1")
         self.num_rows = num_rows
         self.row_bytes = row_bytes
+        free = available_memory_bytes()
+        if free is not None and self.nbytes > free:
+            raise ConfigError(f"the CPU tier's {format_bytes(self.nbytes)} is more than the {format_bytes(free)} of host "
+                              "memory available now (beside the engine's own KV cache and weights): lower the tier's "
+                              "capacity, or the engine's share (vLLM: --gpu-memory-utilization)")
         # An offloaded block's rows (row_multiple of them) never straddle two chunks.
         per_chunk = max(1, chunk_bytes // row_bytes)
         self.rows_per_chunk = max(row_multiple, per_chunk - per_chunk % row_multiple)

@@ -98,10 +98,13 @@ def test_auto_gives_up_loads_from_a_tier_that_slowed_down(tmp_path, model, degra
     assert outs == plain  # every phase's tokens, whatever was loaded or given up
     # The warm-up loaded its hits from disk (the tier was fast) ...
     assert warm["hit_tokens_by_tier"].get("disk", 0) >= 5 * 128 and warm["cancelled_load_blocks"] == 0
-    # ... the burst's loads planned on that fit were given up, and no burst hit waited for the
-    # slow disk to finish a load: its disk hits are the warm-up's.
-    assert burst["cancelled_load_blocks"] > 0
-    assert burst["hit_tokens_by_tier"].get("disk", 0) == warm["hit_tokens_by_tier"].get("disk", 0)
+    # ... the burst's loads planned on that fit were given up: of its 8 contexts (16 blocks of
+    # 128 tokens each) at most two landed, the rest recomputed. Which ones land is timing: a
+    # load is given up once it runs past what recomputing would take, and recomputing the
+    # burst's batch takes longer (on a busy machine, longer still); measured here, 0 or 1 landed
+    # quiet and beside two CPU-bound processes.
+    landed = burst["hit_tokens_by_tier"].get("disk", 0) - warm["hit_tokens_by_tier"].get("disk", 0)
+    assert landed <= 2 * 128 and burst["cancelled_load_blocks"] >= 6 * 16
     assert burst["failed_load_blocks"] == 0  # given up is not failed: no record was bad
     # Later hits of the slow tier are recomputed outright (its fit restarted from what the given-up
     # load read; a probe comes only after 30 s).

@@ -52,3 +52,21 @@ def test_prefault_keeps_what_the_pages_hold():
 def test_small_buffers_are_left_to_fault_in_on_first_use():
     assert HostBlockBuffer(4, 4096).prefaulted == 0
     assert prefault([torch.empty(16, dtype=torch.uint8)]) == 0  # not one whole page
+
+
+def test_a_cpu_tier_past_the_memory_available_now_is_one_line_before_it_is_allocated(monkeypatch):
+    """#84: the packaged vllm_tiers example (an 8 GiB CPU tier) beside vLLM's default share of
+    RAM ran a 24 GB host out of memory; the tier now checks what the host has available when it
+    is built (after the engine's own reservation) and refuses in one line."""
+    import pytest
+
+    from kvoffload.errors import ConfigError
+    from kvoffload.transfer import host_buffer
+
+    monkeypatch.setattr(host_buffer, "available_memory_bytes", lambda: 5 << 30)
+    made: list[int] = []
+    monkeypatch.setattr(host_buffer.torch, "empty", lambda *a, **k: made.append(1))
+    with pytest.raises(ConfigError) as exc:
+        host_buffer.HostBlockBuffer(8 << 10, 1 << 20)
+    assert "the CPU tier's 8.00 GiB is more than the 5.00 GiB of host memory available now" in str(exc.value)
+    assert "--gpu-memory-utilization" in str(exc.value) and not made
