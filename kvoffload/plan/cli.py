@@ -194,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
               "with (--profile)")
     print(_table(plan, scaled=fitted.scaled, prices=prices))
     advice = advise(plan.results, args.within, args.knee_share, plan.working_set_bytes, plan.device_bytes)
-    print()
-    print(advice.paragraph)
     slo = answer(plan.results, objectives, prices, plan.queueing) if objectives else None
-    if slo is not None:
-        print()
+    print()
+    if slo is not None:  # the decision asked for comes first; the sweep's own advice after it
         print(slo.paragraph)
+        print()
+        print(f"Without the objectives: {advice.paragraph[0].lower()}{advice.paragraph[1:]}")
+    else:
+        print(advice.paragraph)
     if args.json:
         doc = {"log": str(args.log), "model": shape.name, "block_tokens": log.block_tokens, "block_bytes": block_bytes,
                "device_blocks": device, "stand_in_tokenizer": log.stand_in,

@@ -83,6 +83,12 @@ def test_the_command_runs_on_a_fresh_install_and_its_json_carries_the_answer(tmp
                      "--price", "cpu=4/GiB", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "For ttft_p95 <= 1.00 s:" in text and "price (--price units)" in text
+    # The decision comes first: the objective's answer is the first line after the table, the
+    # sweep's own advice after it (#84: "Buy cpu:4MiB" used to open an answer saying no tier is
+    # needed).
+    after_table = text.split("\n\n")[1:]
+    assert after_table[0].startswith("For ttft_p95 <= 1.00 s:")
+    assert after_table[1].startswith("Without the objectives: buy ")
     doc = json.loads(out.read_text())
     assert doc["slo"]["objectives"] == ["ttft_p95 <= 1.00 s"] and doc["slo"]["answer"] in text
     assert set(doc["costs"]) == {"cpu:1MiB", "cpu:4MiB"}
