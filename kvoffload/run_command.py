@@ -167,19 +167,22 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{args.threads} torch thread(s)"
           + ("; preemption: swap (the run without offload recomputes)" if args.preemption_mode == "swap" else ""))
     print(_model_note(args.model))
+    offload: Any = args.config
+    if args.config and not args.no_offload:
+        from kvoffload.config import OffloadConfig
+
+        if args.prometheus_port is not None and not 0 < args.prometheus_port < 65536:
+            print(f"error: --prometheus-port {args.prometheus_port} is not a TCP port (1-65535)", file=sys.stderr)
+            return 2
+        cfg = OffloadConfig.coerce(args.config)
+        if args.prometheus_port is not None:
+            offload = cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics,
+                                                                                  prometheus_port=args.prometheus_port))
+        if cfg.metrics.prometheus_port:  # a port in use, said now: not after the baseline run
+            _check_port_free(cfg.metrics.prometheus_port)
     base_summary, base_tokens, _ = _run_once(args, None)
     columns["no offload"] = base_summary
     if args.config and not args.no_offload:
-        offload: Any = args.config
-        if args.prometheus_port is not None:
-            from kvoffload.config import OffloadConfig
-
-            if not 0 < args.prometheus_port < 65536:
-                print(f"error: --prometheus-port {args.prometheus_port} is not a TCP port (1-65535)", file=sys.stderr)
-                return 2
-
-            cfg = OffloadConfig.coerce(args.config)
-            offload = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, prometheus_port=args.prometheus_port))
         same = True
         with contextlib.ExitStack() as replicas:  # every replica stays up until the last has run
             for r in range(args.replicas):
@@ -194,6 +197,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_table(columns))
     _write_json(args.json, columns, None)
     return 0
+
+
+def _check_port_free(port: int) -> None:
+    """The metrics port can be listened on (the offload run binds it after the baseline's ~20 s)."""
+    import socket
+
+    from kvoffload.errors import ConfigError
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise ConfigError(f"metrics.prometheus_port: cannot listen on 0.0.0.0:{port} ({exc.strerror}); "
+                              "pick a free port") from None
 
 
 def _write_json(path: str | None, columns: dict[str, dict[str, Any]], identical: bool | None) -> None:

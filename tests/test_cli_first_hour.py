@@ -59,3 +59,26 @@ def test_a_policy_module_in_the_current_directory_resolves_from_the_console_scri
     proc = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "mypolicies:MRUCachePolicy" in proc.stdout
+
+
+def test_first_day_mistakes_are_named_before_any_run(capsys):
+    """#84 item 8: a misspelt model lists the built-in ones, a missing config the packaged
+    examples, and a metrics port in use is said before the ~20 s baseline run, not after."""
+    import socket
+    import time
+
+    from kvoffload.cli import main
+
+    assert main(["run", "--model", "tinyy"]) == 2
+    assert "built-in model (tiny, small, tiny-hybrid)" in capsys.readouterr().err
+    assert main(["run", "--config", "nope.yaml"]) == 2
+    assert "a packaged example by name (cpu, cpu_disk," in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        t0 = time.monotonic()
+        assert main(["run", "--model", "tiny", "--prometheus-port", str(busy.getsockname()[1])]) == 2
+        took = time.monotonic() - t0
+    err = capsys.readouterr()
+    assert "cannot listen on" in err.err and "pick a free port" in err.err
+    assert "no offload" not in err.out and took < 30  # refused before the baseline ran

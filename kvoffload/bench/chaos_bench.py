@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     from tqdm import tqdm
 
-    with tqdm(total=args.cases, desc="cases", unit="case") as bar:
+    with tqdm(total=args.cases, desc="cases", unit="case", disable=None) as bar:
         for i in range(args.cases):
             result = run_case(draw_case(args.seed + i), reference)
             if not result.ok:

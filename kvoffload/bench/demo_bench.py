@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, dict[str, list[float]]] = {"none": {m: [] for m in METRICS}, "auto": {m: [] for m in METRICS}}
         identical = True
         run_once(model, None)  # warm-up: the first engine of a process pays for imports and allocator growth
-        for _ in tqdm(range(args.reps), desc=f"{model}: runs (no offload, then offload)", unit="rep"):
+        for _ in tqdm(range(args.reps), desc=f"{model}: runs (no offload, then offload)", unit="rep", disable=None):
             base_tokens, base = run_once(model, None)
             off_tokens, off = run_once(model, resolve_config(OFFLOAD))
             identical = identical and base_tokens == off_tokens

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.conversations} chats x {args.turns} turns; {preamble(args.reps)}")
     timings: dict[str, dict[str, list[float]]] = {"base": {}, "off": {}}
     identical = True
-    for _ in tqdm(range(args.reps), desc="runs (each: no offload, then cpu offload)", unit="rep"):
+    for _ in tqdm(range(args.reps), desc="runs (each: no offload, then cpu offload)", unit="rep", disable=None):
         # alternating, so drift hits both alike
         base_tokens, base, base_s = run(wl, args.num_gpu_blocks, None, args.model)
         off_tokens, off, off_s = run(wl, args.num_gpu_blocks, offload, args.model)

@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
     total_turns = sum(len(s.turns) for s in wl.sessions)
     if args.url:
         server = VllmServer.attach(args.url, args.model or "")
-        with tqdm(total=total_turns * args.reps, desc="requests", unit="req") as bar:
+        with tqdm(total=total_turns * args.reps, desc="requests", unit="req", disable=None) as bar:
             attached = {"url": [run_once("url", server, wl, bar) for _ in range(args.reps)]}
         print(report(attached)[0])
         return 0
@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace, wl: Workload, work: Path) -> int:
             servers[name].start()
         runs: dict[str, list[RunResult]] = {n: [] for n in servers}
         names = list(servers)
-        with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
+        with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req", disable=None) as bar:
             for rep in range(args.reps):
                 for name in rotation(names, rep):
                     runs[name].append(run_once(name, servers[name], wl, bar, sends_hints(name)))
@@ -243,7 +243,7 @@ def _run_bundled(args: argparse.Namespace, wl: Workload, work: Path) -> int:
                 max_num_batched_tokens=args.max_batched_tokens or BUNDLED_BATCH_TOKENS, device=args.device,
                 kv_offload=offload[name]))
         runs: dict[str, list[RunResult]] = {n: [] for n in names}
-        with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req") as bar:
+        with tqdm(total=total_turns * args.reps * len(names), desc="requests", unit="req", disable=None) as bar:
             for rep in range(args.reps):
                 for name in rotation(names, rep):
                     llm = engines[name]

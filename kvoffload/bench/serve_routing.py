@@ -125,7 +125,7 @@ def run_routed(args: argparse.Namespace, wl: Workload, work: Path, model: str, e
             gateways.append(dynamo_gateway.serve(gw, "127.0.0.1", port))
             urls[name] = f"http://127.0.0.1:{port}"
         runs: dict[str, list[RunResult]] = {n: [] for n in ROUTERS}
-        with tqdm(total=total * args.reps * len(ROUTERS), desc="requests", unit="req") as bar:
+        with tqdm(total=total * args.reps * len(ROUTERS), desc="requests", unit="req", disable=None) as bar:
             for rep in range(args.reps):
                 for name in ROUTERS if rep % 2 == 0 else ROUTERS[::-1]:
                     runs[name].append(_run_once(name, urls[name], model, servers, wl, bar,

@@ -17,7 +17,7 @@ from kvoffload.config.sections import HintsConfig, MetricsConfig, TransferConfig
 from kvoffload.config.tiers import TierConfig, parse_tiers
 from kvoffload.config.values import check_keys, int_key, load_mode_of, section
 from kvoffload.errors import ConfigError, UnknownPluginError, describe_value
-from kvoffload.examples import resolve_config
+from kvoffload.examples import known_examples, resolve_config
 from kvoffload.registry import SPECS, TIER_KINDS
 from kvoffload.yaml_input import load_yaml
 
@@ -47,7 +47,8 @@ class OffloadConfig:
             text = path.read_text()
         except (OSError, ValueError) as exc:  # missing, unreadable, binary (UnicodeDecodeError), NUL in name
             reason = getattr(exc, "strerror", None) or type(exc).__name__
-            raise ConfigError(f"cannot read config file {str(path)[:200]!r} ({reason}); give a readable YAML file") from None
+            raise ConfigError(f"cannot read config file {str(path)[:200]!r} ({reason}); give a readable YAML file "
+                              f"or a packaged example by name ({', '.join(known_examples())})") from None
         raw = load_yaml(text, str(path)[:200])
         try:
             return cls.from_dict(raw if raw is not None else {})

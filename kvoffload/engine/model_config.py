@@ -94,7 +94,8 @@ class ModelConfig:
         path = Path(path)
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
-            raise FileNotFoundError(f"model={str(path)!r}: no config.json there; pass a checkpoint directory")
+            raise FileNotFoundError(f"model={str(path)!r}: no config.json there; pass a checkpoint directory or a "
+                                    f"built-in model ({', '.join(BUILTIN_MODELS)})")
         raw = json.loads(cfg_file.read_text())
         model_type = raw.get("model_type", "llama")
         if model_type == "gemma3_text":
