@@ -131,7 +131,7 @@ def _validate(args: Any, name: str, wl: Workload, bt: int, speeds: dict[str, Any
     def note(config: str, figure: str, predicted: float, measured: float) -> str:
         ratio = predicted / measured if measured else 1.0 if predicted == 0 else math.inf
         ratios.setdefault((name, config, figure), []).append(ratio)
-        return f"{figure} {measured:,.1f} vs {predicted:,.1f} ({ratio:.2f})"
+        return f"{figure} {predicted:,.1f} vs {measured:,.1f} ({ratio:.2f})"
 
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
@@ -150,7 +150,7 @@ def _validate(args: Any, name: str, wl: Workload, bt: int, speeds: dict[str, Any
     chains = {"cpu": parse_chain(f"cpu:{big}B"), "cpu+disk": parse_chain(f"cpu:{small}B+disk:{big}B")}
     print(f"\n{name} on the {args.engine} engine: {len(wl.sessions)} sessions, working set {ws_blocks} blocks of {bt} "
           f"tokens, device {device} blocks; " + " and ".join(f"{chain_label(c)} ({k})" for k, c in chains.items())
-          + "; measured vs predicted (ratio)")
+          + "; predicted vs measured (their ratio, predicted / measured, as in the summary)")
     runs: LiveRuns = (ServedRuns(wl, device, args.max_batched_tokens, work, model, args.model is None, chains, VOCAB)
                       if args.engine == "vllm" else BundledRuns(wl, device, args.max_batched_tokens, work))
     try:
