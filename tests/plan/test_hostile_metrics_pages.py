@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 from kvoffload import cli
 from kvoffload.bench.profile_scrape import scrape
 from kvoffload.plan.profile import ProfileError, load_profile
+from tests.test_gateway_faults import RawServer
 
 GOOD = (b'kvoffload_prefill_tokens_per_second{tokens="16"} 2000\n'
         b'kvoffload_prefill_tokens_per_second{tokens="128"} 9000\n'
@@ -29,28 +29,13 @@ GOOD = (b'kvoffload_prefill_tokens_per_second{tokens="16"} 2000\n'
         b'kvoffload_tier_load_latency_seconds{tier="cpu"} 0.0001\n')
 
 
-class Page:
-    """A /metrics endpoint whose handler writes whatever ``send(sock)`` sends."""
-
-    def __init__(self, send) -> None:  # type: ignore[no-untyped-def]
-        self.stop = threading.Event()
-        outer = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                self.request.recv(65536)
-                with contextlib.suppress(OSError):
-                    send(self.request, outer.stop)
-
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+def metrics_page(send) -> RawServer:  # type: ignore[no-untyped-def]
+    """A /metrics endpoint whose handler reads the request, then lets ``send(sock)`` answer."""
+    def handle(sock: socket.socket, stop: threading.Event) -> None:
+        sock.recv(65536)
+        with contextlib.suppress(OSError):
+            send(sock, stop)
+    return RawServer(handle)
 
 
 def whole(body: bytes):  # type: ignore[no-untyped-def]
@@ -61,10 +46,10 @@ def whole(body: bytes):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def page():
-    made: list[Page] = []
+    made: list[RawServer] = []
 
-    def make(send) -> Page:  # type: ignore[no-untyped-def]
-        made.append(Page(send))
+    def make(send) -> RawServer:  # type: ignore[no-untyped-def]
+        made.append(metrics_page(send))
         return made[-1]
     yield make
     for p in made:
