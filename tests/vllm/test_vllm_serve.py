@@ -40,7 +40,7 @@ def _metrics(base: str) -> dict[tuple[str, tuple], float]:
 def serve(model, tmp_path):
     procs, logs = [], []
 
-    def start(kv_transfer_config: dict, env: dict | None = None) -> str:
+    def start(kv_transfer_config: dict, env: dict | None = None, extra: tuple[str, ...] = (), dev_mode: bool = True) -> str:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -50,8 +50,10 @@ def serve(model, tmp_path):
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
              "--host", "127.0.0.1", "--skip-tokenizer-init", "--max-model-len", "1024", "--dtype", "bfloat16",
              "--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details", "--gpu-memory-utilization", "0.1",
-             "--kv-transfer-config", json.dumps(kv_transfer_config)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})})
+             "--kv-transfer-config", json.dumps(kv_transfer_config), *extra],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**{k: v for k, v in os.environ.items() if k != "VLLM_SERVER_DEV_MODE"},
+                 **({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {}), **(env or {})})
         procs.append(proc)
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, proc, "vllm serve", 400, lambda: (tmp_path / "serve.log").read_text()[-3000:], poll_s=2)
@@ -113,6 +115,29 @@ def test_vllm_serve_reports_kvoffload_hits_in_its_metrics(model, serve):
     # The external reset reaches kvoffload: nothing stored before it is served after it.
     assert _post(f"{base}/reset_prefix_cache?reset_external=true") == {"success": True}
     assert _round(base, model) == [0, 0, 0]
+
+
+def test_the_docs_first_check_sees_a_cpu_tier_hit_without_dev_mode(model, serve):
+    """#84 item 7, docs/vllm.md's first check: no VLLM_SERVER_DEV_MODE, no /reset_prefix_cache;
+    a device cache that holds about one prompt, prompts A, B, C, then A again: A's blocks left
+    the device for B's and C's, and come back from the CPU tier, as /metrics and the answer's
+    cached tokens both show."""
+    base = serve({"kv_connector": "KVOffloadConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"config": {"tiers": [{"medium": "cpu", "capacity": "64MiB"}]}}},
+                 extra=("--num-gpu-blocks-override", "5", "--max-model-len", "512"), dev_mode=False)
+    with pytest.raises(urllib.error.HTTPError):
+        _post(f"{base}/reset_prefix_cache")  # not there without dev mode: the check must not need it
+    assert _round(base, model) == [0, 0, 0]  # A, B, C: nothing to reuse yet
+    time.sleep(1)  # stores of the last request land
+    again = _post(f"{base}/v1/completions", {"model": model, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
+    assert (again["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) >= 256
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        hits = _metrics(base).get(("kvoffload_hit_tokens_total", (("tier", "cpu"),)), 0)
+        if hits > 0:
+            break
+        time.sleep(1)
+    assert hits >= 128  # at least one of A's blocks came back from the CPU tier
 
 
 def test_vllm_serve_spec_route_feeds_vllms_offload_metrics(model, serve):
