@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.parse
 from typing import Any
 
@@ -109,6 +110,7 @@ def open_url(url: str, body: Any, method: str, timeout_s: float, what: str,
     by the socket's silence timeout)."""
     data = None if body is None else json.dumps(body).encode()
     conn, path = _connection(url, timeout_s)
+    started = time.monotonic()
     try:
         conn.connect()
     except TimeoutError:
@@ -118,7 +120,8 @@ def open_url(url: str, body: Any, method: str, timeout_s: float, what: str,
         conn.close()
         raise Unreachable(f"{what} at {url} is unreachable ({exc})") from None
     assert conn.sock is not None
-    alarm = WATCHDOG.arm(conn.sock, timeout_s if whole is None else whole)
+    # The connection's own time counts: the exchange as a whole stays within its bound.
+    alarm = WATCHDOG.arm(conn.sock, max((timeout_s if whole is None else whole) - (time.monotonic() - started), 1e-3))
     try:
         conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
         response = conn.getresponse()
