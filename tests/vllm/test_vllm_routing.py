@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from kvoffload.testing.mooncake_master import free_port  # below the kernel's ephemeral range
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -48,28 +48,6 @@ FILLERS = [[(i * 53 + j * 3) % 500 + 1 for j in range(5 * BLOCK)] for i in range
 def partial_a(blocks: int) -> list[int]:
     """A's first blocks, then other tokens."""
     return A[: blocks * BLOCK] + [(13 * j) % 500 + 1 for j in range(BLOCK)]
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range: a port from that range, found free here,
-    was taken as another connection's source port in the ~80 s before vLLM bound it (its KV event
-    publisher then failed with 'Address already in use', 1 of 3 CI runs one day)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(low - 12000, 1024), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: Any = None) -> Any:
