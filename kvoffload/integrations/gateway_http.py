@@ -145,10 +145,8 @@ def make_handler(gateway: Router) -> type[BaseHTTPRequestHandler]:
                 length = _length(self)
             except GatewayError:
                 length = None
-            if length is not None and length <= MAX_BODY_BYTES and len(self.rfile.read(length)) == length:
-                pass
-            elif length is not None:
-                self.close_connection = True
+            if length is not None and (length > MAX_BODY_BYTES or len(self.rfile.read(length)) < length):
+                self.close_connection = True  # a body not read whole: the next request cannot be found
             if self._alarm is not None:
                 self._alarm.disarm()
 
