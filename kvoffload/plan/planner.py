@@ -134,6 +134,7 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
     prompt = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
     outputs = np.array([r.output_tokens or output_tokens for r in reqs], dtype=np.int64)
     returning = returning_mask(log)
+    keys = [r.blocks for r in reqs]  # running requests share the device blocks of a common prefix
     eng = profile.engine
     # The caches see a request when the engine schedules it, not when it arrives: order the
     # replays by when the run without offload starts each prefill (from a first pass in
@@ -144,7 +145,7 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
         dev_tok = np.minimum(dev * bt, np.maximum(prompt - 1, 0))
         base_new = prompt - dev_tok
         replay = simulate_ttft(arrival, np.zeros(len(reqs)), base_new, dev_tok, outputs, eng, block_tokens=bt,
-                               capacity=device_blocks, after=after, think_s=think)
+                               capacity=device_blocks, after=after, think_s=think, prefix_keys=keys)
         base = replay.ttft
         order = np.argsort(replay.started, kind="stable").tolist()
     span = max(log.duration_s, PEAK_WINDOW_S)
@@ -172,7 +173,7 @@ def make_plan(log: RequestLog, chains: Sequence[tuple[PlannedTier, ...]], block_
         hit = np.minimum(hit, np.maximum(prompt - 1, 0))
         new = prompt - hit
         ttft = simulate_ttft(arrival, load_s, new, hit, outputs, eng, block_tokens=bt, capacity=device_blocks,
-                             after=after, think_s=think).ttft
+                             after=after, think_s=think, prefix_keys=keys).ttft
         prefill = float(eng.prefill_s(new, hit).sum())
         ret = returning if returning.any() else np.ones(len(reqs), dtype=bool)
         plan.results.append(PlanResult(

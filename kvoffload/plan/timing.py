@@ -17,9 +17,10 @@ in (with nothing else to run, empty steps of ``idle_step_s``), and it runs from 
 request's first token comes at the end of the step that computes its prompt's last token; it
 then decodes its reply a token a step; a server's front end adds ``request_s`` to the wait.
 
-Two simplifications, both said: device blocks are never shared between running requests (two
-requests on one system prompt hold two copies), and a request's prefix hits count as blocks
-taken from the head of the free queue. A request that alone outgrows the cache runs over it
+The device's blocks are the engine's (``block_tables``): given each request's prefix keys,
+running requests on one system prompt share its blocks, and a hit on a freed block takes it
+back from the free queue; without keys, no two requests share a block. A preempted request
+comes back to the leading blocks of its own still cached. A request that alone outgrows the cache runs over it
 (the engine would refuse such a cache at start). Runs of identical steps (one long prefill
 filling every step, or decoding alone) are priced in one go, so a log of long prompts costs
 its events, not its steps.
@@ -30,11 +31,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvoffload.plan.free_queue import FreeQueue
+from kvoffload.plan.block_tables import BlockTables
 from kvoffload.plan.profile import EngineSpeed
 from kvoffload.plan.step_price import largest, steps_time
 
@@ -58,13 +60,15 @@ class TtftReplay:
 def simulate_ttft(arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarray, cached_tokens: np.ndarray,
                   output_tokens: np.ndarray, engine: EngineSpeed, *, block_tokens: int = 16, capacity: int = 0,
                   max_num_seqs: int = 256, watermark: int = 0, after: np.ndarray | None = None,
-                  think_s: np.ndarray | None = None) -> TtftReplay:
+                  think_s: np.ndarray | None = None,
+                  prefix_keys: Sequence[Sequence[Hashable]] | None = None) -> TtftReplay:
     """``capacity``: device blocks of ``block_tokens`` tokens (0: room for everything). With
     ``after`` (the request each one follows, -1: none) and ``think_s``, a request that follows
     another arrives ``think_s`` after that one's last token (a client waiting for its answer),
-    not at its logged time."""
+    not at its logged time. ``prefix_keys``: each request's full prompt blocks' keys (equal
+    keys, equal prefixes), for the blocks running requests share."""
     replay = _Replay(arrival, load_s, new_tokens, cached_tokens, output_tokens, engine, block_tokens, capacity,
-                     max_num_seqs, watermark, after, think_s)
+                     max_num_seqs, watermark, after, think_s, prefix_keys)
     replay.run()
     return TtftReplay(np.array(replay.ttft) + engine.request_s, np.array(replay.started), np.array(replay.first_step),
                       np.array(replay.token_step), np.array(replay.preempts), replay.busy)
@@ -73,7 +77,8 @@ def simulate_ttft(arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarra
 class _Replay:
     def __init__(self, arrival: np.ndarray, load_s: np.ndarray, new_tokens: np.ndarray, cached_tokens: np.ndarray,
                  output_tokens: np.ndarray, engine: EngineSpeed, block_tokens: int, capacity: int,
-                 max_num_seqs: int, watermark: int, after: np.ndarray | None, think_s: np.ndarray | None) -> None:
+                 max_num_seqs: int, watermark: int, after: np.ndarray | None, think_s: np.ndarray | None,
+                 prefix_keys: Sequence[Sequence[Hashable]] | None) -> None:
         n = len(arrival)
         self.eng = engine
         self.arr = [float(a) for a in arrival]
@@ -93,10 +98,9 @@ class _Replay:
         self.outputs = [max(int(o), 1) for o in output_tokens]
         self.comp = [0] * n
         self.gen = [0] * n
-        self.held = [0] * n
         self.state = [NEW] * n
         self.ready = [0.0] * n
-        self.gave: list[tuple[int, int, int]] = [(0, 0, 0)] * n  # a preempted one's (position, blocks, cached)
+        self.gave = [0] * n  # a preempted one's blocks that held KV when it was preempted
         self.ttft = [0.0] * n
         self.started = [math.nan] * n
         self.first_step = [-1] * n
@@ -104,10 +108,10 @@ class _Replay:
         self.preempts = [0] * n
         self.bs = block_tokens if capacity > 0 else 0
         self.cap = capacity if capacity > 0 else 1 << 62
-        self.queue = FreeQueue(self.cap if capacity > 0 else 0)
+        self.tables = BlockTables(self.cap if capacity > 0 else 0, prefix_keys or [()] * n)
+        self.hits = [c // self.bs if self.bs else 0 for c in self.cached]  # leading blocks found cached
         self.max_num_seqs = max_num_seqs
         self.watermark = watermark
-        self.used = 0
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.loading: set[int] = set()
@@ -119,9 +123,13 @@ class _Replay:
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs) if self.bs else 0
 
+    @property
+    def used(self) -> int:
+        return self.tables.used
+
     def grow(self, i: int, tokens: int) -> int:
         """Blocks ``i`` must add to hold ``tokens`` (a landed load holds its prompt's already)."""
-        return max(self.blocks(tokens) - self.held[i], 0)
+        return max(self.blocks(tokens) - self.tables.held(i), 0)
 
     def run(self) -> None:
         while self.arrivals or self.waiting or self.running:
@@ -169,9 +177,8 @@ class _Replay:
         return min((self.ready[i] for i in self.loading if self.ready[i] > self.t), default=math.inf)
 
     def _take_blocks(self, i: int, n: int) -> None:
-        self.held[i] += n
-        self.used += n
-        self.queue.take(n)
+        if n:
+            self.tables.take(i, n, self.hits[i])
 
     def _schedule(self) -> tuple[list[tuple[int, int]], bool]:
         """One step's (request, tokens), and whether it preempted or admitted anyone (the next
@@ -185,7 +192,7 @@ class _Replay:
             i = running[idx]
             take = min(self.total[i] - self.comp[i], budget)
             need = self.grow(i, self.comp[i] + take)
-            while need > self.cap - self.used and not (len(running) == 1 and self.used == self.held[i]):
+            while need > self.cap - self.used and not (len(running) == 1 and self.used == self.tables.held(i)):
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -200,9 +207,9 @@ class _Replay:
         return takes, self._admit(budget, takes)
 
     def _preempt(self, i: int) -> None:
-        self.used -= self.held[i]
-        self.gave[i] = (self.queue.give(self.held[i]), self.held[i], self.comp[i] // self.bs if self.bs else 0)
-        self.held[i] = self.comp[i] = 0
+        self.gave[i] = self.comp[i] // self.bs if self.bs else 0
+        self.tables.release(i)
+        self.comp[i] = 0
         self.state[i] = PREEMPTED
         self.preempts[i] += 1
         self.waiting.appendleft(i)
@@ -226,16 +233,15 @@ class _Replay:
                     landed_left -= 1
             elif len(self.running) + num_loading >= self.max_num_seqs:
                 break
-            kept = first = gave = 0
             if self.state[i] == NEW:
                 self.comp[i] = self.cached[i]
             elif self.state[i] == PREEMPTED:
-                first, gave, cached = self.gave[i]
-                kept = self.queue.survivors(first, gave, min(cached, (self.total[i] - 1) // self.bs))
-                self.comp[i] = kept * self.bs
+                self.hits[i] = self.tables.survivors(i, min(self.gave[i], (self.total[i] - 1) // self.bs))
+                self.comp[i] = self.hits[i] * self.bs
             load = self.state[i] == NEW and self.loads[i] > 0
             take = 0 if load else min(self.total[i] - self.comp[i], budget)
-            need = self.grow(i, self.total[i] if load else self.comp[i] + take)
+            grow = self.grow(i, self.total[i] if load else self.comp[i] + take)
+            need = self.tables.room(i, grow, self.hits[i]) if self.bs else 0  # shared blocks take no room
             reserve = self.watermark if self.running else 0
             if self.used > 0 and need + reserve > 0 and need + reserve > self.cap - self.used:
                 if landed_left < 0:
@@ -246,12 +252,7 @@ class _Replay:
                 continue
             waiting.popleft()
             changed = True
-            if self.state[i] == PREEMPTED:
-                self.queue.reclaim(first, gave, kept)
-                self.held[i] += kept
-                self.used += kept
-                need -= kept
-            self._take_blocks(i, need)
+            self._take_blocks(i, grow)
             if self.first_step[i] < 0:
                 self.started[i] = self.t
                 self.first_step[i] = self.step
@@ -286,12 +287,11 @@ class _Replay:
             else:
                 k = min(k, left // take)
         if k > 1 and self.bs and self.used > self.cap:  # only one that alone outgrows the cache
-            if self.used != self.held[self.running[0]] or len(self.running) > 1:
+            if self.used != self.tables.held(self.running[0]) or len(self.running) > 1:
                 return 1
-        elif k > 1 and self.bs:
-            others = self.used - sum(self.held[i] for i, _ in takes)
-            k = largest(k, lambda m: others + sum(self.held[i] + self.grow(i, self.comp[i] + m * take)
-                                                   for i, take in takes) <= self.cap)
+        elif k > 1 and self.bs:  # a running prompt's next chunks are blocks of its own
+            k = largest(k, lambda m: self.used + sum(self.grow(i, self.comp[i] + m * take)
+                                                     for i, take in takes) <= self.cap)
         if k > 1:
             gap = min(self._next_arrival(), self._next_landing()) - self.t  # the next request or landed load
             if gap < math.inf:  # the largest k whose last step starts before it
@@ -319,9 +319,7 @@ class _Replay:
 
     def _finish(self, i: int) -> None:
         self.running.remove(i)
-        self.used -= self.held[i]
-        self.queue.give(self.held[i])
-        self.held[i] = 0
+        self.tables.release(i)
         self.state[i] = DONE
         for j in self.followers.get(i, ()):  # whoever waited for its answer sends next
             self.arr[j] = self.t + self.thinks[j]
