@@ -31,8 +31,10 @@ VOCAB = 250
 def _workloads(args: Any, block_tokens: int) -> dict[str, Workload]:
     from kvoffload.bench import serve_workloads
 
-    out = {"chat": serve_workloads.chat(conversations=args.conversations, turns=4, context=args.context, user=64,
-                                        max_tokens=16, think_s=0.2, vocab=VOCAB)}
+    out: dict[str, Workload] = {}
+    if not (args.log and (args.tiers or args.device_blocks)):  # checking a plan's answer: that log alone
+        out["chat"] = serve_workloads.chat(conversations=args.conversations, turns=4, context=args.context, user=64,
+                                           max_tokens=16, think_s=0.2, vocab=VOCAB)
     if args.log:  # the user's own: the bundled engine runs the tiny model (ids below its 258)
         from kvoffload.plan.request_log import RequestLogError
 
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="bundled: kvoffload's engine in process; vllm: real vllm serve over HTTP (run this with the "
                         "python that has vLLM), its steps timed offline with the same settings for the engine's speed")
     p.add_argument("--model", default=None,
-                   help="--engine vllm: a checkpoint directory (default: a Llama shape, 8 layers of 512, dummy weights)")
+                   help="--engine vllm: a checkpoint directory (default: a Llama shape, 8 layers of 512, dummy weights); "
+                        "the bundled engine runs tiny (plan's --model tiny)")
     p.add_argument("--profile", default=None,
                    help="tier speeds YAML (default: measure this machine's tiers now); the engine's speed is always "
                         "fitted on the engine's own steps")
@@ -83,20 +86,43 @@ def main(argv: list[str] | None = None) -> int:
                    help="your own request log (OpenAI-style JSONL, as plan reads it): also validate on it, served live")
     p.add_argument("--log-limit", type=int, default=200, help="--log: its first N requests")
     p.add_argument("--device-fraction", type=float, default=0.25, help="device cache as a share of the working set")
+    p.add_argument("--device-blocks", type=int, default=None,
+                   help="device cache in the engine's blocks, as plan's --device-blocks (instead of --device-fraction)")
+    p.add_argument("--tiers", default=None, metavar="CHAIN",
+                   help="the chains to run and predict, in plan's syntax (cpu:4MiB, cpu:{1,4}MiB+disk:64MiB); default: "
+                        "a CPU tier of twice the working set, and a quarter of it in front of a disk. With --log, "
+                        "this or --device-blocks checks a plan answer: that log alone runs")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step budget")
     p.add_argument("--speeds", choices=["served", "alone"], default="served",
                    help="tier load speeds: as each chain's live run timed them while serving (calibrated from the "
                         "server, as bench profile --from reads them), or as profiled alone")
     add_reps(p, 1)
     args = p.parse_args(argv)
-    if args.model and args.engine != "vllm":
-        p.error(f"--model {args.model}: the bundled engine runs its own model; add --engine vllm")
+    if args.model and args.engine != "vllm" and args.model != "tiny":
+        p.error(f"--model {args.model}: the bundled engine runs tiny; leave --model out, or add --engine vllm")
+    if args.engine != "vllm":
+        args.model = None
+    if args.device_blocks is not None and args.device_blocks < 1:
+        p.error(f"--device-blocks {args.device_blocks}: give at least 1 (the engine's blocks)")
+    if args.tiers is not None:
+        from kvoffload.plan.tier_spec import expand, parse_chain
+
+        args.chains = [parse_chain(spec) for spec in expand(args.tiers)]  # a bad chain: its one line, now
     import torch
 
     from kvoffload.plan.profile import load_profile
 
     torch.set_num_threads(1)
     print(preamble(args.reps))
+    from kvoffload.bench.plan_runs import BundledRuns, ServedRuns
+
+    block = (ServedRuns if args.engine == "vllm" else BundledRuns).block_tokens
+    workloads = _workloads(args, block)
+    for name, wl in workloads.items():  # before anything is measured: the engine would refuse it
+        longest = wl.max_context // block + 2
+        if args.device_blocks is not None and args.device_blocks < longest:
+            p.error(f"--device-blocks {args.device_blocks}: the {name} workload's longest request needs {longest} "
+                    f"blocks of {block} tokens to run; give at least that")
     with tempfile.TemporaryDirectory() as tmp:
         if args.profile is None:
             from kvoffload.bench.profile_bench import measure_tier
@@ -105,11 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             speeds = {m: measure_tier(m, "tiny", 16, args.max_batched_tokens, 3, tmp) for m in ("cpu", "disk")}
         else:
             speeds = load_profile(args.profile).tiers
-        from kvoffload.bench.plan_runs import BundledRuns, ServedRuns
-
         ratios: dict[tuple[str, str, str], list[float]] = {}
-        block = (ServedRuns if args.engine == "vllm" else BundledRuns).block_tokens
-        for name, wl in _workloads(args, block).items():
+        for name, wl in workloads.items():
             _validate(args, name, wl, block, speeds, Path(tmp) / name, ratios)
         print("\nsummary, predicted / measured (median ± half-range of the reps; every rep):")
         for (workload, config, figure), values in ratios.items():
@@ -145,9 +168,12 @@ def _validate(args: Any, name: str, wl: Workload, bt: int, speeds: dict[str, Any
     # The log holds the engine's answers too: any id of the model's vocabulary (the tiny one's 258).
     vocab = shape.vocab_size or VOCAB + 8
     ws_blocks = math.ceil(wl.working_set_tokens / bt)
-    device = max(math.ceil(args.device_fraction * ws_blocks), wl.max_context // bt + 2)
-    big, small = ws_blocks * 2 * block_bytes, max(ws_blocks // 4, 64 * 16 // bt) * block_bytes
-    chains = {"cpu": parse_chain(f"cpu:{big}B"), "cpu+disk": parse_chain(f"cpu:{small}B+disk:{big}B")}
+    device = args.device_blocks or max(math.ceil(args.device_fraction * ws_blocks), wl.max_context // bt + 2)
+    if args.tiers is not None:
+        chains = {chain_label(c): c for c in args.chains}
+    else:
+        big, small = ws_blocks * 2 * block_bytes, max(ws_blocks // 4, 64 * 16 // bt) * block_bytes
+        chains = {"cpu": parse_chain(f"cpu:{big}B"), "cpu+disk": parse_chain(f"cpu:{small}B+disk:{big}B")}
     print(f"\n{name} on the {args.engine} engine: {len(wl.sessions)} sessions, working set {ws_blocks} blocks of {bt} "
           f"tokens, device {device} blocks; " + " and ".join(f"{chain_label(c)} ({k})" for k, c in chains.items())
           + "; predicted vs measured (their ratio, predicted / measured, as in the summary)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shlex
 from pathlib import Path
 
 from kvoffload.errors import describe_value
@@ -126,6 +127,25 @@ def _table(plan: Plan, scaled: bool = False, prices: dict[str, float] | None = N
     return format_table(cols)
 
 
+def check_live_command(args: argparse.Namespace, form: str, block_tokens: int, device: int,
+                       requests: int, longest_prompt: int) -> str | None:
+    """The `bench plan` command that runs this answer's log live with the same model, device
+    cache and tiers (its blocks in the live engine's size), where one can: an OpenAI-style log,
+    and the bundled engine's model or a checkpoint vLLM serves."""
+    if form != "openai" or (args.model != "tiny" and not Path(args.model).is_dir()):
+        return None
+    engine_tokens = 16 if args.model == "tiny" else 128  # the bundled engine's blocks; vLLM's CPU backend's
+    blocks = device * block_tokens // engine_tokens
+    if blocks < (longest := longest_prompt // engine_tokens + 3):  # bench plan's replies are 16 tokens
+        return (f"note: a live engine needs at least {longest} device blocks of {engine_tokens} tokens for this "
+                f"log's longest request, so this device cache cannot be checked live; with --device-blocks "
+                f"{longest * engine_tokens // block_tokens} or more, plan prints the `bench plan` command that does")
+    head = "kvoffload bench plan" if args.model == "tiny" else \
+        f"python -m kvoffload.cli bench plan --engine vllm --model {shlex.quote(args.model)}"
+    return (f"{head} --log {shlex.quote(str(args.log))} --tiers {shlex.quote(args.tiers)} "
+            f"--device-blocks {blocks} --log-limit {requests}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from tqdm import tqdm
@@ -220,4 +240,9 @@ def main(argv: list[str] | None = None) -> int:
 
         plot_plan(plan.results, advice, args.plot, slo.chosen if slo is not None else None)
         print(f"plot: {args.plot}")
+    live = check_live_command(args, log.form, log.block_tokens, device, plan.requests,
+                              max(r.prompt_tokens for r in log.requests))
+    if live:
+        print("\n" + (live if live.startswith("note:") else
+                      f"To check this against a live run of the same model, device cache and tiers:\n  {live}"))
     return 0

@@ -174,3 +174,16 @@ def test_a_profile_of_the_same_model_prices_without_a_note_and_unknown_sizes_can
                    "tiers: {cpu: {load_gb_per_s: 1, store_gb_per_s: 1}}\n")
     assert plan("--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB", "--profile", str(own)) == 0
     assert "does not say which model its engine was timed on" in capsys.readouterr().out
+
+
+def test_the_answer_ends_with_the_command_that_checks_it_live(capsys):
+    """#84 item 6: the same log, model, device cache and tiers, in bench plan's units; a device
+    cache no engine can run says so instead."""
+    assert plan("--log", "sample", "--model", "tiny", "--tiers", "cpu:{1,4}MiB", "--device-blocks", "96") == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last == "  kvoffload bench plan --log sample --tiers 'cpu:{1,4}MiB' --device-blocks 96 --log-limit 24"
+    assert plan("--log", "sample", "--model", "tiny", "--tiers", "cpu:1MiB", "--device-blocks", "12",
+                "--block-size", "32") == 0  # 12 blocks of 32 tokens: 24 of the bundled engine's 16
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("note: a live engine needs at least 86 device blocks of 16 tokens")
+    assert "--device-blocks 43 or more" in last  # in plan's own blocks of 32 tokens
